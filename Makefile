@@ -1,0 +1,38 @@
+# Developer entry points. `make demo` and `make test` are the README's quick start; both set
+# up everything they need from scratch (virtual environment, Kubernetes test binaries).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint unit e2e k8s-bins wheel-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+## demo: set up and run the main job on its built-in example
+demo: $(STAMP)
+	$(BIN)/gpupart simulate
+
+## lint: ruff, mypy --strict on the core, import contracts
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+## k8s-bins: build etcd, kube-apiserver, kube-scheduler, kwok (cached by version) and fetch kubectl, helm
+k8s-bins: $(STAMP)
+	scripts/build-k8s-bins.sh
+
+## test: everything CI runs: lint, unit, integration and e2e tests against a real control plane
+test: lint k8s-bins
+	GPUPART_K8S_BIN="$$(scripts/build-k8s-bins.sh --print-dir)" $(BIN)/pytest
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""FastAPI kube-scheduler extender: filter, prioritize and bind GPU pods (gpupart_extender)."""

@@ -1,0 +1,60 @@
+"""The `gpupart` command line: parses flags and files at the edge, then calls the core or starts a component."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Protocol, cast
+
+from gpupart import __version__
+
+# Subcommands that live in their own shell module: name -> module exposing
+# `add_arguments(parser) -> None` and `run(args) -> int`. Imported only when chosen, so
+# `gpupart plan` never pays for kopf, grpc or FastAPI.
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "plan": ("gpupart.planner", "Show the MIG placement chosen for a GpuPartition, per GPU"),
+    "simulate": ("gpupart.simulate", "Replay a workload on a simulated cluster and score the policy"),
+    "operator": ("gpupart_operator.main", "Run the GpuPartition operator (kopf)"),
+    "node": ("gpupart_plugin.main", "Run the node agent and kubelet device plugin"),
+    "extender": ("gpupart_extender.main", "Run the kube-scheduler extender (FastAPI)"),
+}
+
+
+class Component(Protocol):
+    """What a subcommand's module provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    """Only the chosen subcommand's module is imported, to add its flags."""
+    parser = argparse.ArgumentParser(prog="gpupart", description="Partition NVIDIA GPUs on Kubernetes.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("version", help="Print the gpupart version")
+    for name, (module_name, help_text) in COMPONENTS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.set_defaults(module=module_name)
+        if name == chosen:
+            load_component(module_name).add_arguments(sub_parser)
+    return parser
+
+
+def load_component(module_name: str) -> Component:
+    module = importlib.import_module(module_name)
+    return cast(Component, module)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
+    if args.command == "version":
+        print(f"gpupart {__version__}")
+        return 0
+    return load_component(args.module).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""kopf operator: reconciles GpuPartition resources into per-node desired layouts (gpupart_operator)."""

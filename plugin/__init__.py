@@ -1,0 +1,1 @@
+"""Node agent: NVML actuator, MPS daemons and the kubelet device plugin (gpupart_plugin)."""
