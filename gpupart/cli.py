@@ -15,7 +15,10 @@ from gpupart import __version__
 # `gpupart plan` never pays for kopf, grpc or FastAPI.
 COMPONENTS: dict[str, tuple[str, str]] = {
     "plan": ("gpupart.planner", "Show the MIG placement chosen for a GpuPartition, per GPU"),
-    "simulate": ("gpupart.simulate", "Replay a workload on a simulated cluster and score the policy"),
+    "simulate": (
+        "gpupart.simulate",
+        "Replay a workload on a simulated cluster and score the policy",
+    ),
     "operator": ("gpupart_operator.main", "Run the GpuPartition operator (kopf)"),
     "node": ("gpupart_plugin.main", "Run the node agent and kubelet device plugin"),
     "extender": ("gpupart_extender.main", "Run the kube-scheduler extender (FastAPI)"),
@@ -31,7 +34,9 @@ class Component(Protocol):
 
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     """Only the chosen subcommand's module is imported, to add its flags."""
-    parser = argparse.ArgumentParser(prog="gpupart", description="Partition NVIDIA GPUs on Kubernetes.")
+    parser = argparse.ArgumentParser(
+        prog="gpupart", description="Partition NVIDIA GPUs on Kubernetes."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("version", help="Print the gpupart version")
     for name, (module_name, help_text) in COMPONENTS.items():

@@ -1,0 +1,54 @@
+"""The one error vocabulary of gpupart: every failure the core can name, each adapter maps it once."""
+
+from __future__ import annotations
+
+
+class GpupartError(Exception):
+    """Base of every error gpupart raises on purpose; the message is written for a person."""
+
+
+class InvalidInput(GpupartError):
+    """Input that can never be valid: a malformed spec, quantity, trace row or annotation.
+
+    `where` names the place (a field path like ``spec.mig.devices``, or ``file.csv:12``) so the
+    message can point at it.
+    """
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}" if where else problem)
+        self.where = where
+        self.problem = problem
+
+
+class UnknownProduct(GpupartError):
+    """A GPU product that the catalogue does not know; gpupart never guesses its MIG tables."""
+
+    def __init__(self, product: str, known: tuple[str, ...]) -> None:
+        super().__init__(
+            f"unknown GPU product {product!r}: gpupart has no MIG profile table for it "
+            f"(known: {', '.join(known)})"
+        )
+        self.product = product
+
+
+class UnknownProfile(GpupartError):
+    """A MIG profile name that the GPU in question does not offer."""
+
+    def __init__(self, profile: str, product: str, offered: tuple[str, ...]) -> None:
+        super().__init__(
+            f"MIG profile {profile!r} is not offered by {product} (offered: {', '.join(offered)})"
+        )
+        self.profile = profile
+        self.product = product
+
+
+class InfeasibleLayout(GpupartError):
+    """The requested MIG instances cannot be placed on one GPU; the message says why."""
+
+
+class PlanBlocked(GpupartError):
+    """Reaching the desired layout would destroy a GPU instance that is in use."""
+
+
+class WireFormatError(GpupartError):
+    """An annotation that does not parse, or whose format version this build does not know."""

@@ -1,0 +1,93 @@
+"""Strict reading of untrusted JSON-like records (specs, annotations), with the field path in every error."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpupart.core.errors import InvalidInput
+
+
+class Record:
+    """A mapping read at the edge: typed getters, and `done()` rejects fields nobody asked for."""
+
+    def __init__(self, raw: object, where: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(where, f"must be a mapping, got {_kind(raw)}")
+        self.raw: Mapping[str, Any] = raw
+        self.where = where
+        self._seen: set[str] = set()
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def has(self, key: str) -> bool:
+        return self.raw.get(key) is not None
+
+    def _get(self, key: str, required: bool) -> Any:
+        self._seen.add(key)
+        value = self.raw.get(key)
+        if value is None and required:
+            raise InvalidInput(self.path(key), "is required")
+        return value
+
+    def value(self, key: str) -> Any:
+        """The raw value, for fields that another parser reads (quantities)."""
+        return self._get(key, True)
+
+    def string(self, key: str, default: str | None = None) -> str:
+        value = self._get(key, default is None)
+        if value is None:
+            return default or ""
+        if not isinstance(value, str):
+            raise InvalidInput(self.path(key), f"must be a string, got {_kind(value)}")
+        return value
+
+    def integer(self, key: str, default: int | None = None, *, minimum: int | None = None) -> int:
+        value = self._get(key, default is None)
+        if value is None:
+            assert default is not None
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(self.path(key), f"must be a whole number, got {_kind(value)}")
+        if minimum is not None and value < minimum:
+            raise InvalidInput(self.path(key), f"must be ≥ {minimum}, got {value}")
+        return value
+
+    def optional_integer(self, key: str, *, minimum: int | None = None) -> int | None:
+        return self.integer(key, minimum=minimum) if self.has(key) else self._get(key, False)
+
+    def optional_record(self, key: str) -> Record | None:
+        value = self._get(key, False)
+        return None if value is None else Record(value, self.path(key))
+
+    def record(self, key: str) -> Record:
+        return Record(self._get(key, True), self.path(key))
+
+    def items(self, key: str, *, required: bool = False) -> list[Any]:
+        value = self._get(key, required)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise InvalidInput(self.path(key), f"must be a list, got {_kind(value)}")
+        return value
+
+    def done(self) -> None:
+        unknown = sorted(set(self.raw) - self._seen)
+        if unknown:
+            raise InvalidInput(
+                self.path(unknown[0]),
+                f"unknown field (known here: {', '.join(sorted(self._seen))})",
+            )
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"

@@ -1,0 +1,341 @@
+"""Annotation keys and their versioned JSON formats: the contracts between operator, node agent and extender.
+
+Every payload carries ``"version"``; a reader refuses versions it does not know rather than guess.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from gpupart.core.errors import InvalidInput, WireFormatError
+from gpupart.core.mig import Layout, MigInstance, Placement
+from gpupart.core.records import Record
+from gpupart.core.spec import Disruption, Mode, MpsSettings
+
+DESIRED_ANNOTATION = "gpupart.io/desired"
+"""On a Node, written by the operator: the configuration each partition wants there."""
+STATE_ANNOTATION = "gpupart.io/state"
+"""On a Node, written by the node agent: what it applied, per GPU, and why not when it could not."""
+INVENTORY_ANNOTATION = "gpupart.io/inventory"
+"""On a Node, written by the node agent: GPUs and slices as the extender needs them."""
+ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
+"""On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
+WIRE_VERSION = "v1"
+
+
+class GpuState(StrEnum):
+    APPLIED = "Applied"
+    PENDING = "Pending"
+    BLOCKED = "Blocked"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredGroup:
+    """One partition's wish for some GPUs of a node (all of them when `gpus` is None)."""
+
+    partition: str
+    generation: int
+    gpus: tuple[int, ...] | None
+    mode: Mode
+    mig: tuple[tuple[str, int], ...] = ()
+    mps: MpsSettings | None = None
+    replicas: int | None = None
+    disruption: Disruption = Disruption.WHEN_IDLE
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    index: int
+    state: GpuState
+    mode: Mode
+    layout: Layout = ()
+    message: str = ""
+    blocking_pods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """The node agent's answer to the desired annotation, with the generations it acted on."""
+
+    observed: tuple[tuple[str, int], ...]
+    gpus: tuple[GpuReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    uuid: str
+    instance: MigInstance
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    mode: Mode
+    mig_devices: tuple[MigDevice, ...] = ()
+    max_clients: int = 0
+    """Client slots when the GPU is shared (MPS or time-slicing), else 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodAssignment:
+    node: str
+    gpu: int
+    gpu_uuid: str
+    memory_mib: int = 0
+    compute_percent: int = 0
+
+
+T = TypeVar("T")
+
+
+def _encode(payload: dict[str, Any]) -> str:
+    return json.dumps({"version": WIRE_VERSION, **payload}, sort_keys=True, separators=(",", ":"))
+
+
+def _decode(text: str, annotation: str, read: Callable[[Record], T]) -> T:
+    try:
+        raw = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise WireFormatError(f"{annotation}: not JSON ({error})") from None
+    if not isinstance(raw, Mapping):
+        raise WireFormatError(f"{annotation}: expected a JSON object")
+    version = raw.get("version")
+    if version != WIRE_VERSION:
+        raise WireFormatError(
+            f"{annotation}: unknown format version {version!r} (this build reads {WIRE_VERSION!r})"
+        )
+    record = Record(raw, annotation)
+    record.string("version")
+    try:
+        value = read(record)
+        record.done()
+    except InvalidInput as error:
+        raise WireFormatError(str(error)) from None
+    return value
+
+
+def _enum(record: Record, key: str, kind: type[StrEnum]) -> Any:
+    text = record.string(key)
+    try:
+        return kind(text)
+    except ValueError:
+        raise InvalidInput(record.path(key), f"{text!r} is not one of {', '.join(kind)}") from None
+
+
+def _layout_json(layout: Layout) -> list[dict[str, Any]]:
+    return [
+        {"profile": i.profile, "start": i.placement.start, "size": i.placement.size} for i in layout
+    ]
+
+
+def _read_instance(record: Record) -> MigInstance:
+    return MigInstance(
+        Placement(record.integer("start", minimum=0), record.integer("size", minimum=1)),
+        record.string("profile"),
+    )
+
+
+def _read_layout(record: Record, key: str) -> Layout:
+    instances = []
+    for n, raw in enumerate(record.items(key)):
+        item = Record(raw, f"{record.path(key)}[{n}]")
+        instances.append(_read_instance(item))
+        item.done()
+    return tuple(sorted(instances))
+
+
+def _counts(record: Record, key: str) -> tuple[tuple[str, int], ...]:
+    counts = record.optional_record(key)
+    if counts is None:
+        return ()
+    pairs = tuple((name, counts.integer(name, minimum=0)) for name in sorted(counts.raw))
+    counts.done()
+    return pairs
+
+
+def _read_mps(record: Record) -> MpsSettings | None:
+    mps = record.optional_record("mps")
+    if mps is None:
+        return None
+    settings = MpsSettings(
+        mps.integer("maxClients", minimum=1),
+        mps.optional_integer("defaultMemoryMiB", minimum=1),
+        mps.optional_integer("defaultComputePercent", minimum=1),
+    )
+    mps.done()
+    return settings
+
+
+def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:
+    def group(g: DesiredGroup) -> dict[str, Any]:
+        mps = None
+        if g.mps is not None:
+            mps = {"maxClients": g.mps.max_clients}
+            if g.mps.default_memory_mib is not None:
+                mps["defaultMemoryMiB"] = g.mps.default_memory_mib
+            if g.mps.default_compute_percent is not None:
+                mps["defaultComputePercent"] = g.mps.default_compute_percent
+        return {
+            "partition": g.partition,
+            "generation": g.generation,
+            "gpus": None if g.gpus is None else list(g.gpus),
+            "mode": g.mode.value,
+            "mig": dict(g.mig),
+            "mps": mps,
+            "replicas": g.replicas,
+            "disruption": g.disruption.value,
+        }
+
+    return _encode({"groups": [group(g) for g in groups]})
+
+
+def decode_desired(text: str) -> tuple[DesiredGroup, ...]:
+    def read(record: Record) -> tuple[DesiredGroup, ...]:
+        groups = []
+        for n, raw in enumerate(record.items("groups", required=True)):
+            g = Record(raw, f"{record.path('groups')}[{n}]")
+            gpus = g.items("gpus")
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpus):
+                raise InvalidInput(g.path("gpus"), f"must list GPU indices, got {gpus!r}")
+            groups.append(
+                DesiredGroup(
+                    partition=g.string("partition"),
+                    generation=g.integer("generation", minimum=0),
+                    gpus=tuple(gpus) if g.has("gpus") else None,
+                    mode=_enum(g, "mode", Mode),
+                    mig=_counts(g, "mig"),
+                    mps=_read_mps(g),
+                    replicas=g.integer("replicas", 0) or None,
+                    disruption=_enum(g, "disruption", Disruption),
+                )
+            )
+            g.done()
+        return tuple(groups)
+
+    return _decode(text, DESIRED_ANNOTATION, read)
+
+
+def encode_report(report: NodeReport) -> str:
+    return _encode(
+        {
+            "observed": [{"partition": p, "generation": g} for p, g in report.observed],
+            "gpus": [
+                {
+                    "index": gpu.index,
+                    "state": gpu.state.value,
+                    "mode": gpu.mode.value,
+                    "layout": _layout_json(gpu.layout),
+                    "message": gpu.message,
+                    "blockingPods": list(gpu.blocking_pods),
+                }
+                for gpu in report.gpus
+            ],
+        }
+    )
+
+
+def decode_report(text: str) -> NodeReport:
+    def read(record: Record) -> NodeReport:
+        observed = []
+        for n, raw in enumerate(record.items("observed")):
+            o = Record(raw, f"{record.path('observed')}[{n}]")
+            observed.append((o.string("partition"), o.integer("generation", minimum=0)))
+            o.done()
+        gpus = []
+        for n, raw in enumerate(record.items("gpus")):
+            g = Record(raw, f"{record.path('gpus')}[{n}]")
+            gpus.append(
+                GpuReport(
+                    index=g.integer("index", minimum=0),
+                    state=_enum(g, "state", GpuState),
+                    mode=_enum(g, "mode", Mode),
+                    layout=_read_layout(g, "layout"),
+                    message=g.string("message", ""),
+                    blocking_pods=tuple(str(p) for p in g.items("blockingPods")),
+                )
+            )
+            g.done()
+        return NodeReport(tuple(observed), tuple(gpus))
+
+    return _decode(text, STATE_ANNOTATION, read)
+
+
+def encode_inventory(gpus: tuple[InventoryGpu, ...]) -> str:
+    return _encode(
+        {
+            "gpus": [
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "product": gpu.product,
+                    "memoryMiB": gpu.memory_mib,
+                    "mode": gpu.mode.value,
+                    "migDevices": [
+                        {"uuid": d.uuid, **_layout_json((d.instance,))[0]} for d in gpu.mig_devices
+                    ],
+                    "maxClients": gpu.max_clients,
+                }
+                for gpu in gpus
+            ]
+        }
+    )
+
+
+def decode_inventory(text: str) -> tuple[InventoryGpu, ...]:
+    def read(record: Record) -> tuple[InventoryGpu, ...]:
+        gpus = []
+        for n, raw in enumerate(record.items("gpus")):
+            g = Record(raw, f"{record.path('gpus')}[{n}]")
+            devices = []
+            for m, device in enumerate(g.items("migDevices")):
+                d = Record(device, f"{g.path('migDevices')}[{m}]")
+                devices.append(MigDevice(d.string("uuid"), _read_instance(d)))
+                d.done()
+            gpus.append(
+                InventoryGpu(
+                    index=g.integer("index", minimum=0),
+                    uuid=g.string("uuid"),
+                    product=g.string("product"),
+                    memory_mib=g.integer("memoryMiB", minimum=0),
+                    mode=_enum(g, "mode", Mode),
+                    mig_devices=tuple(devices),
+                    max_clients=g.integer("maxClients", 0, minimum=0),
+                )
+            )
+            g.done()
+        return tuple(gpus)
+
+    return _decode(text, INVENTORY_ANNOTATION, read)
+
+
+def encode_assignment(assignment: PodAssignment) -> str:
+    return _encode(
+        {
+            "node": assignment.node,
+            "gpu": assignment.gpu,
+            "gpuUUID": assignment.gpu_uuid,
+            "memoryMiB": assignment.memory_mib,
+            "computePercent": assignment.compute_percent,
+        }
+    )
+
+
+def decode_assignment(text: str) -> PodAssignment:
+    def read(record: Record) -> PodAssignment:
+        return PodAssignment(
+            node=record.string("node"),
+            gpu=record.integer("gpu", minimum=0),
+            gpu_uuid=record.string("gpuUUID"),
+            memory_mib=record.integer("memoryMiB", 0, minimum=0),
+            compute_percent=record.integer("computePercent", 0, minimum=0),
+        )
+
+    return _decode(text, ASSIGNMENT_ANNOTATION, read)

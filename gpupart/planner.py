@@ -1,0 +1,151 @@
+"""`gpupart plan`: reads GpuPartition YAML, asks the core for each GPU's layout, prints it or why it can't be."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupart.core.catalogue import GpuModel, require_gpu_model
+from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.mig import Layout
+from gpupart.core.resources import mig_resource_name
+from gpupart.core.spec import Mode, PartitionSpec, check_mps_fits, parse_partition, plan_gpu_layout
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--product",
+        required=True,
+        help="GPU product as NVML or the GFD label nvidia.com/gpu.product names it "
+        "(e.g. 'NVIDIA A100-SXM4-80GB', NVIDIA-H100-80GB-HBM3, H200-141GB)",
+    )
+    parser.add_argument("file", type=Path, help="GpuPartition YAML file (one or more documents)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per partition")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        model = require_gpu_model(args.product)
+        documents = _read_documents(args.file)
+    except GpupartError as error:
+        print(f"gpupart plan: {error}", file=sys.stderr)
+        return 2
+    status = 0
+    for number, document in enumerate(documents, start=1):
+        where = f"{args.file}" + (f" (document {number})" if len(documents) > 1 else "")
+        try:
+            spec = parse_partition(document)
+            layout = _plan(spec, model)
+        except GpupartError as error:
+            print(f"gpupart plan: {where}: {error}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"file": str(args.file), "feasible": False, "reason": str(error)}))
+            status = 2
+            continue
+        if args.json:
+            print(json.dumps(_as_json(spec, model, layout), sort_keys=True))
+        else:
+            print(_as_text(spec, model, layout))
+    return status
+
+
+def _read_documents(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise InvalidInput(str(path), f"cannot read: {error.strerror}") from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise InvalidInput(f"{path}{line}", f"malformed YAML: {problem}") from None
+    if not documents:
+        raise InvalidInput(str(path), "holds no GpuPartition")
+    for number, document in enumerate(documents, start=1):
+        if not isinstance(document, dict):
+            raise InvalidInput(f"{path} (document {number})", "must be a mapping (a GpuPartition)")
+    return documents
+
+
+def _plan(spec: PartitionSpec, model: GpuModel) -> Layout:
+    if spec.mode is Mode.MIG:
+        return plan_gpu_layout(spec, model)
+    check_mps_fits(spec, model)
+    return ()
+
+
+def _gpus_text(spec: PartitionSpec) -> str:
+    if spec.gpus is None:
+        return "every GPU"
+    return "GPU " + ", ".join(str(i) for i in spec.gpus)
+
+
+def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
+    lines = [f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"]
+    if spec.mode is Mode.MIG:
+        lines.append(f"  {'slots':<7}{'profile':<12}{'memory':>10}  resource")
+        used = set()
+        for instance in layout:
+            profile = model.require_profile(instance.profile)
+            start, size = instance.placement.start, instance.placement.size
+            used.update(range(start, start + size))
+            slots = str(start) if size == 1 else f"{start}-{start + size - 1}"
+            lines.append(
+                f"  {slots:<7}{profile.name:<12}{profile.memory_mib:>6} MiB  "
+                f"{mig_resource_name(profile.name)}"
+            )
+        free = [s for s in range(model.memory_slices) if s not in used]
+        if free:
+            lines.append(f"  free memory slots: {', '.join(map(str, free))}")
+    elif spec.mode is Mode.MPS and spec.mps is not None:
+        memory = spec.mps.default_memory_mib
+        lines.append(
+            f"  up to {spec.mps.max_clients} MPS clients per GPU"
+            + (f", {memory} MiB each by default" if memory else "")
+            + (
+                f", {spec.mps.default_compute_percent}% of SMs each"
+                if spec.mps.default_compute_percent
+                else ""
+            )
+        )
+    elif spec.mode is Mode.TIME_SLICING:
+        lines.append(f"  {spec.replicas} time-sliced replicas per GPU (nvidia.com/gpu.shared)")
+    else:
+        lines.append("  whole GPUs, no partitioning (nvidia.com/gpu)")
+    return "\n".join(lines)
+
+
+def _as_json(spec: PartitionSpec, model: GpuModel, layout: Layout) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "partition": spec.name,
+        "product": model.product,
+        "mode": spec.mode.value,
+        "gpus": "all" if spec.gpus is None else list(spec.gpus),
+        "feasible": True,
+        "layout": [
+            {
+                "profile": i.profile,
+                "start": i.placement.start,
+                "size": i.placement.size,
+                "memoryMiB": model.require_profile(i.profile).memory_mib,
+                "resource": mig_resource_name(i.profile),
+            }
+            for i in layout
+        ],
+    }
+    if spec.mps is not None:
+        result["mps"] = {
+            "maxClients": spec.mps.max_clients,
+            "defaultMemoryMiB": spec.mps.default_memory_mib,
+            "defaultComputePercent": spec.mps.default_compute_percent,
+        }
+    if spec.replicas is not None:
+        result["replicas"] = spec.replicas
+    return result
