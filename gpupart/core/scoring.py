@@ -1,0 +1,374 @@
+"""Node scoring policies for shared-GPU pods: one pod against one node state, pure and memoised.
+
+This is the module the scheduler extender serves: `score_node(policy, state, request, ...)`
+answers "how good is this node for this pod, and which GPUs would it use", or None when the
+node cannot host the pod. The replay engine (`gpupart.core.replay`) calls the same function.
+
+Policies:
+- ``random``: any feasible node; a random GPU among those that fit (paper baseline 01).
+- ``bestfit``: least CPU and GPU left after placement, tightest GPU (paper baseline 05).
+- ``fgd``: Fragmentation Gradient Descent (Weng et al., ATC '23), as the authors implement it,
+  including the integer 0-100 score that makes many nodes tie.
+- ``gpupart``: ours; see `score_gpupart` and docs/simulator.md.
+
+A `FragmentationModel` holds the typical-pod mix and the memo tables; it is created per workload
+and passed in, so nothing here is global. Node states that differ only in GPU order share memo
+entries, because fragmentation depends on the multiset of free shares, not on GPU indices.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpupart.core.trace import MILLI, Pod
+
+TYPICAL_COVERAGE = 0.95
+"""FGD's typical pods are the most frequent shapes that together cover this share of all pods."""
+DEFAULT_CPU_REQUEST = 100
+"""kube-scheduler counts a pod with no CPU request as 100m when scoring (GetNonzeroRequests)."""
+BESTFIT_MAX_CPU = 128_000
+BESTFIT_MAX_GPU = 8 * MILLI
+"""The authors' BestFit normalises CPU and GPU leftovers by the largest node shape."""
+
+
+class Policy(StrEnum):
+    RANDOM = "random"
+    BESTFIT = "bestfit"
+    FGD = "fgd"
+    GPUPART = "gpupart"
+
+
+DEFAULT_POLICY = Policy.GPUPART
+"""What the extender scores with unless configured otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The resource shape of a pod: everything scoring looks at, nothing else (hashable)."""
+
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...] = ()
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_shared(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+
+    def accepts(self, model: str) -> bool:
+        if self.num_gpu == 0 or not self.gpu_spec:
+            return True
+        return model in self.gpu_spec
+
+
+def request_of(pod: Pod) -> Request:
+    return Request(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What is left on one node; `gpu_left[i]` is GPU i's free share in thousandths."""
+
+    cpu_left: int
+    memory_left: int
+    gpu_left: tuple[int, ...]
+    model: str
+
+    @property
+    def gpu_left_total(self) -> int:
+        return sum(self.gpu_left)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A scored way to put a pod on a node: higher `score` is better; `gpus` are GPU indices."""
+
+    score: float
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalPod:
+    request: Request
+    weight: float
+
+
+def typical_pods(
+    pods: Iterable[Pod], *, coverage: float = TYPICAL_COVERAGE
+) -> tuple[TypicalPod, ...]:
+    """FGD's target workload: the most popular pod shapes covering `coverage` of the pods.
+
+    Shapes are (CPU, per-GPU share, GPU count, GPU models), CPU-only pods included; ties in
+    popularity go to the larger shape, as in the authors' sort. Weights sum to 1.
+    """
+    counts: Counter[tuple[int, int, int, tuple[str, ...]]] = Counter()
+    for pod in pods:
+        cpu = pod.cpu_milli if pod.cpu_milli > 0 else DEFAULT_CPU_REQUEST
+        spec = pod.gpu_spec if pod.num_gpu > 0 else ()
+        counts[(cpu, pod.gpu_milli, pod.num_gpu, spec)] += 1
+    total = sum(counts.values())
+    if total == 0:
+        return ()
+    ranked = sorted(counts.items(), key=lambda item: (item[1], item[0]), reverse=True)
+    chosen: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    covered = 0
+    for shape, count in ranked:
+        if covered >= coverage * total:
+            break
+        chosen.append((shape, count))
+        covered += count
+    return tuple(
+        TypicalPod(Request(cpu, 0, num, milli, spec), count / covered)
+        for (cpu, milli, num, spec), count in chosen
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuClass:
+    """Typical pods that share a GPU shape; they differ only in CPU, kept as a step function."""
+
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...]
+    cpu_steps: tuple[int, ...]
+    """Sorted CPU requests of the class's typical pods."""
+    cumulative: tuple[float, ...]
+    """cumulative[k] = total weight of the first k pods of `cpu_steps` (length len+1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentationModel:
+    """Typical-pod mix plus memo tables for node fragmentation (FGD's F(n)), one per workload.
+
+    F(n) = sum over typical pods t of w_t * frag_t(n), where frag_t(n) is the free GPU share on
+    GPUs too small for t when n can host t, and all of n's free GPU share otherwise. Rewritten
+    by GPU class c: F = L - sum_c [c fits the GPUs] * W_c(cpu_left) * (L - small_c), where L is
+    the node's free share and W_c(cpu) the weight of c's pods asking no more CPU than is left.
+    """
+
+    typical: tuple[TypicalPod, ...]
+    classes: tuple[_GpuClass, ...] = ()
+    _weights: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False)
+    _gains: dict[tuple[tuple[int, ...], str], tuple[tuple[int, int], ...]] = field(
+        default_factory=dict, compare=False
+    )
+    _frag: dict[tuple[int, tuple[int, ...], str], float] = field(
+        default_factory=dict, compare=False
+    )
+
+    @staticmethod
+    def of(typical: tuple[TypicalPod, ...]) -> FragmentationModel:
+        grouped: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float]]] = {}
+        for pod in typical:
+            r = pod.request
+            if r.num_gpu == 0:
+                continue  # a CPU-only pod sees every free GPU share as fragment: no gain term
+            grouped.setdefault((r.num_gpu, r.gpu_milli, r.gpu_spec), []).append(
+                (r.cpu_milli, pod.weight)
+            )
+        classes = []
+        for (num, milli, spec), members in sorted(grouped.items()):
+            members.sort()
+            cumulative = [0.0]
+            for _, weight in members:
+                cumulative.append(cumulative[-1] + weight)
+            classes.append(
+                _GpuClass(num, milli, spec, tuple(c for c, _ in members), tuple(cumulative))
+            )
+        return FragmentationModel(typical, tuple(classes))
+
+    def fragmentation(self, state: NodeState) -> float:
+        """F(n) in GPU thousandths; states with the same free shares in any order share the memo."""
+        key = (state.cpu_left, tuple(sorted(state.gpu_left, reverse=True)), state.model)
+        value = self._frag.get(key)
+        if value is None:
+            value = self._fragmentation(*key)
+            self._frag[key] = value
+        return value
+
+    def fragmentation_sorted(self, cpu_left: int, gpus: tuple[int, ...], model: str) -> float:
+        """`fragmentation` for free shares already sorted in decreasing order (hot path)."""
+        key = (cpu_left, gpus, model)
+        value = self._frag.get(key)
+        if value is None:
+            value = self._fragmentation(cpu_left, gpus, model)
+            self._frag[key] = value
+        return value
+
+    def _fragmentation(self, cpu_left: int, gpus: tuple[int, ...], model: str) -> float:
+        left = sum(gpus)
+        if left == 0:
+            return 0.0
+        weights = self._weights.get(cpu_left)
+        if weights is None:
+            weights = tuple(c.cumulative[bisect_right(c.cpu_steps, cpu_left)] for c in self.classes)
+            self._weights[cpu_left] = weights
+        gains = self._gains.get((gpus, model))
+        if gains is None:
+            gains = self._class_gains(gpus, model)
+            self._gains[(gpus, model)] = gains
+        value = float(left)
+        for index, usable in gains:
+            value -= weights[index] * usable
+        return value
+
+    def _class_gains(self, gpus: tuple[int, ...], model: str) -> tuple[tuple[int, int], ...]:
+        """For each class that fits these GPUs: (class index, free share it could use)."""
+        gains = []
+        for index, c in enumerate(self.classes):
+            if c.gpu_spec and model not in c.gpu_spec:
+                continue
+            fitting = 0
+            small = 0
+            for share in gpus:
+                if share >= c.gpu_milli:
+                    fitting += 1
+                else:
+                    small += share
+            if fitting >= c.num_gpu:
+                gains.append((index, sum(gpus) - small))
+        return tuple(gains)
+
+
+def fits(state: NodeState, request: Request) -> bool:
+    """The filter: CPU, memory, GPU model, and enough GPUs with enough free share."""
+    if state.cpu_left < request.cpu_milli or state.memory_left < request.memory_mib:
+        return False
+    if request.num_gpu == 0:
+        return True
+    if not state.gpu_left or not request.accepts(state.model):
+        return False
+    need = request.gpu_milli
+    return sum(1 for share in state.gpu_left if share >= need) >= request.num_gpu
+
+
+def take(state: NodeState, request: Request, gpus: tuple[int, ...]) -> NodeState:
+    """The node state after placing `request` on GPU indices `gpus` (assumed feasible)."""
+    left = list(state.gpu_left)
+    for index in gpus:
+        left[index] -= request.gpu_milli
+    return NodeState(
+        state.cpu_left - request.cpu_milli,
+        state.memory_left - request.memory_mib,
+        tuple(left),
+        state.model,
+    )
+
+
+def score_node(
+    policy: Policy,
+    state: NodeState,
+    request: Request,
+    *,
+    model: FragmentationModel,
+    rng: random.Random | None = None,
+) -> Placement | None:
+    """Score one node for one pod under `policy`; None if the node cannot host the pod.
+
+    `rng` is needed only by ``random``. GPU indices follow the paper: whole-GPU pods take the
+    lowest-index free GPUs; a shared pod's GPU is the policy's choice, lowest index on ties.
+    """
+    if not fits(state, request):
+        return None
+    if policy is Policy.RANDOM:
+        if rng is None:
+            raise ValueError("the random policy needs an rng")
+        return Placement(rng.random(), _random_gpu(state, request, rng))
+    if policy is Policy.BESTFIT:
+        return Placement(float(bestfit_score(state, request)), _tightest_gpus(state, request))
+    if policy is Policy.FGD:
+        return _fgd(state, request, model)
+    return score_gpupart(state, request, model)
+
+
+def bestfit_score(state: NodeState, request: Request) -> int:
+    """The authors' BestFit: 100 * (1 - mean of CPU and GPU left after placement, normalised)."""
+    cpu = (state.cpu_left - request.cpu_milli) / BESTFIT_MAX_CPU
+    gpu = (state.gpu_left_total - request.total_gpu_milli) / BESTFIT_MAX_GPU
+    return int((1.0 - (0.5 * cpu + 0.5 * gpu)) * 100)
+
+
+def _lowest_free(state: NodeState, count: int) -> tuple[int, ...]:
+    free = [i for i, share in enumerate(state.gpu_left) if share == MILLI]
+    return tuple(free[:count])
+
+
+def _candidates(state: NodeState, request: Request) -> list[int]:
+    """For a shared pod: one GPU index per distinct free share that fits (lowest index first)."""
+    seen: set[int] = set()
+    out = []
+    for index, share in enumerate(state.gpu_left):
+        if share >= request.gpu_milli and share not in seen:
+            seen.add(share)
+            out.append(index)
+    return out
+
+
+def _tightest_gpus(state: NodeState, request: Request) -> tuple[int, ...]:
+    if request.num_gpu == 0:
+        return ()
+    if not request.is_shared:
+        return _lowest_free(state, request.num_gpu)
+    best = -1
+    for index, share in enumerate(state.gpu_left):
+        if share >= request.gpu_milli and (best < 0 or share < state.gpu_left[best]):
+            best = index
+    return (best,)
+
+
+def _random_gpu(state: NodeState, request: Request, rng: random.Random) -> tuple[int, ...]:
+    if not request.is_shared:
+        return _lowest_free(state, request.num_gpu) if request.num_gpu else ()
+    fitting = [i for i, share in enumerate(state.gpu_left) if share >= request.gpu_milli]
+    return (fitting[rng.randrange(len(fitting))],)
+
+
+def _sigmoid_score(delta: float) -> int:
+    """The authors' FGD node score: int(sigmoid(dF / 1000) * 100), 0-100."""
+    return int(100.0 / (1.0 + math.exp(-delta / 1000.0)))
+
+
+def _fgd(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
+    before = model.fragmentation(state)
+    if not request.is_shared:
+        gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
+        after = model.fragmentation(take(state, request, gpus))
+        return Placement(float(_sigmoid_score(before - after)), gpus)
+    best_score = -1
+    best_gpu = -1
+    for index in _candidates(state, request):
+        after = model.fragmentation(take(state, request, (index,)))
+        score = _sigmoid_score(before - after)
+        if score > best_score:
+            best_score, best_gpu = score, index
+    return Placement(float(best_score), (best_gpu,))
+
+
+def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
+    """Ours: placeholder until tuned (FGD gradient without quantisation, best-fit tie-break)."""
+    before = model.fragmentation(state)
+    remaining = state.gpu_left_total - request.total_gpu_milli
+    if not request.is_shared:
+        gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
+        after = model.fragmentation(take(state, request, gpus))
+        return Placement(before - after - 1e-3 * remaining, gpus)
+    best: Placement | None = None
+    for index in _candidates(state, request):
+        after = model.fragmentation(take(state, request, (index,)))
+        tight = state.gpu_left[index] - request.gpu_milli
+        score = before - after - 1e-3 * remaining - 1e-6 * tight
+        if best is None or score > best.score:
+            best = Placement(score, (index,))
+    assert best is not None  # `fits` guaranteed a candidate
+    return best

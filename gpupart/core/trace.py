@@ -1,0 +1,242 @@
+"""Workload traces in Alibaba's `cluster-trace-gpu-v2023` CSV format: node and pod types, and parsing.
+
+Parsing takes text already read by the shell and a source name for messages; it never opens a
+file. Every rejected row raises `TraceError` naming the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from gpupart.core.errors import InvalidInput
+
+MILLI = 1000
+"""One whole GPU, in the trace's per-GPU thousandths."""
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS_FULL = (
+    "name",
+    "cpu_milli",
+    "memory_mib",
+    "num_gpu",
+    "gpu_milli",
+    "gpu_spec",
+    "qos",
+    "pod_phase",
+    "creation_time",
+    "deletion_time",
+    "scheduled_time",
+)
+POD_COLUMNS_SHORT = POD_COLUMNS_FULL[:5]
+"""The `multigpu*` workloads carry only the resource columns."""
+
+
+class TraceError(InvalidInput):
+    """A trace file that cannot be replayed; `source` and `line` point at the offending row."""
+
+    def __init__(self, source: str, line: int, problem: str) -> None:
+        super().__init__(f"{source}:{line}" if line else source, problem)
+        self.source = source
+        self.line = line
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One machine of the simulated cluster; `model` is empty on a CPU-only node."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+    line: int = 0
+    """Where the node was defined (1-based line of its file); 0 for generated nodes."""
+
+    @property
+    def gpu_milli(self) -> int:
+        return self.gpus * MILLI
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """One workload request: `gpu_milli` is per GPU and below 1000 only for a single shared GPU."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...] = ()
+    """GPU models the pod accepts; empty accepts any model."""
+    line: int = 0
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_shared(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+
+    def accepts(self, model: str) -> bool:
+        """Whether a node with GPUs of `model` may host this pod (CPU-only pods go anywhere)."""
+        if self.num_gpu == 0 or not self.gpu_spec:
+            return True
+        return model in self.gpu_spec
+
+
+def parse_nodes(text: str, *, source: str) -> tuple[Node, ...]:
+    """Nodes from a `sn,cpu_milli,memory_mib,gpu,model` CSV; raises `TraceError`."""
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for line, row in _rows(text, source=source, allowed=(NODE_COLUMNS,)):
+        name = row["sn"]
+        if not name:
+            raise TraceError(source, line, "empty node name in column 'sn'")
+        if name in seen:
+            raise TraceError(source, line, f"node {name!r} appears twice")
+        seen.add(name)
+        gpus = _count(row, "gpu", source=source, line=line)
+        model = row["model"]
+        if gpus > 0 and not model:
+            raise TraceError(source, line, f"node {name!r} has {gpus} GPUs but no 'model'")
+        nodes.append(
+            Node(
+                name=name,
+                cpu_milli=_count(row, "cpu_milli", source=source, line=line),
+                memory_mib=_count(row, "memory_mib", source=source, line=line),
+                gpus=gpus,
+                model=model if gpus > 0 else "",
+                line=line,
+            )
+        )
+    return tuple(nodes)
+
+
+def parse_pods(text: str, *, source: str) -> tuple[Pod, ...]:
+    """Pods from either pod column set (11 columns, or the 5 of `multigpu*`); raises `TraceError`."""
+    pods: list[Pod] = []
+    for line, row in _rows(text, source=source, allowed=(POD_COLUMNS_FULL, POD_COLUMNS_SHORT)):
+        name = row["name"]
+        if not name:
+            raise TraceError(source, line, "empty pod name in column 'name'")
+        num_gpu = _count(row, "num_gpu", source=source, line=line)
+        gpu_milli = _count(row, "gpu_milli", source=source, line=line)
+        if gpu_milli > MILLI:
+            raise TraceError(source, line, f"gpu_milli {gpu_milli} is more than one GPU (1000)")
+        if num_gpu == 0 and gpu_milli != 0:
+            raise TraceError(source, line, f"gpu_milli {gpu_milli} with num_gpu 0")
+        if num_gpu > 0 and gpu_milli == 0:
+            raise TraceError(source, line, f"num_gpu {num_gpu} with gpu_milli 0")
+        if num_gpu > 1 and gpu_milli != MILLI:
+            raise TraceError(
+                source, line, f"num_gpu {num_gpu} needs whole GPUs, got gpu_milli {gpu_milli}"
+            )
+        spec = tuple(part for part in row.get("gpu_spec", "").split("|") if part)
+        pods.append(
+            Pod(
+                name=name,
+                cpu_milli=_count(row, "cpu_milli", source=source, line=line),
+                memory_mib=_count(row, "memory_mib", source=source, line=line),
+                num_gpu=num_gpu,
+                gpu_milli=gpu_milli,
+                gpu_spec=spec,
+                line=line,
+            )
+        )
+    return tuple(pods)
+
+
+def require_hostable(nodes: Sequence[Node], pods: Iterable[Pod], *, source: str) -> None:
+    """Raise `TraceError` for the first pod that no node could host even when empty.
+
+    Such a pod would fail in every policy and says more about the input than about scheduling.
+    """
+    if not nodes:
+        raise TraceError(source, 0, "no nodes to replay on")
+    shapes = {(n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes}
+    for pod in pods:
+        if not any(
+            cpu >= pod.cpu_milli
+            and memory >= pod.memory_mib
+            and gpus >= pod.num_gpu
+            and (pod.num_gpu == 0 or pod.accepts(model))
+            for cpu, memory, gpus, model in shapes
+        ):
+            raise TraceError(
+                source,
+                pod.line,
+                f"pod {pod.name!r} (cpu {pod.cpu_milli}m, memory {pod.memory_mib} MiB, "
+                f"{pod.num_gpu} x {pod.gpu_milli}m GPU"
+                + (f" of {'|'.join(pod.gpu_spec)}" if pod.gpu_spec else "")
+                + ") is larger than any node",
+            )
+
+
+def _rows(
+    text: str, *, source: str, allowed: tuple[tuple[str, ...], ...]
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line, row) after checking the header against one of the allowed column sets."""
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader, None)
+    except csv.Error as error:
+        raise TraceError(source, 1, f"unreadable CSV header: {error}") from error
+    if header is None or not any(cell.strip() for cell in header):
+        raise TraceError(source, 1, "empty file: expected a CSV header")
+    columns = tuple(cell.strip() for cell in header)
+    if columns not in allowed:
+        raise TraceError(source, 1, _describe_header(columns, allowed))
+    count = 0
+    while True:
+        try:
+            cells = next(reader, None)
+        except csv.Error as error:
+            raise TraceError(source, reader.line_num, f"unreadable CSV row: {error}") from error
+        if cells is None:
+            break
+        line = reader.line_num
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
+            continue  # blank line, e.g. a trailing newline pair
+        if len(cells) != len(columns):
+            raise TraceError(
+                source,
+                line,
+                f"expected {len(columns)} fields ({','.join(columns)}), got {len(cells)}",
+            )
+        count += 1
+        yield line, {column: cell.strip() for column, cell in zip(columns, cells, strict=True)}
+    if count == 0:
+        raise TraceError(source, 2, "no data rows after the header")
+
+
+def _describe_header(columns: tuple[str, ...], allowed: tuple[tuple[str, ...], ...]) -> str:
+    expected = " or ".join(",".join(option) for option in allowed)
+    closest = min(allowed, key=lambda option: len(set(option) ^ set(columns)))
+    missing = [column for column in closest if column not in columns]
+    extra = [column for column in columns if column not in closest]
+    details = []
+    if missing:
+        details.append(f"missing {', '.join(missing)}")
+    if extra:
+        details.append(f"unexpected {', '.join(extra)}")
+    if not details:
+        details.append("columns out of order")
+    return f"bad header ({'; '.join(details)}): expected {expected}"
+
+
+def _count(row: dict[str, str], column: str, *, source: str, line: int) -> int:
+    """A non-negative integer cell; the trace writes every quantity as an integer."""
+    text = row[column]
+    try:
+        value = int(text)
+    except ValueError:
+        raise TraceError(
+            source, line, f"column {column!r}: {text!r} is not a whole number"
+        ) from None
+    if value < 0:
+        raise TraceError(source, line, f"column {column!r}: {value} is negative")
+    return value
