@@ -17,7 +17,7 @@ from functools import cache
 
 from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile
 
-PROFILE_PATTERN = re.compile(r"^(?:(\d)c\.)?(\d)g\.(\d+)gb(\+me(?:\.all)?|-me|\+gfx)?$")
+PROFILE_PATTERN = re.compile(r"^(?:([1-7])c\.)?([1-7])g\.(\d+)gb(\+me(?:\.all)?|-me|\+gfx)?$")
 
 
 @dataclass(frozen=True, slots=True)

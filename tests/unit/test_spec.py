@@ -1,0 +1,108 @@
+"""GpuPartition parsing: a valid object per mode, node selection, and every rejected field with its path."""
+
+import copy
+
+import pytest
+
+from gpupart.core.catalogue import require_gpu_model
+from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
+from gpupart.core.spec import (
+    Disruption,
+    Mode,
+    check_mps_fits,
+    parse_partition,
+    plan_gpu_layout,
+)
+
+MIG = {
+    "apiVersion": "gpupart.io/v1alpha1",
+    "kind": "GpuPartition",
+    "metadata": {"name": "mig", "generation": 3, "uid": "abc"},
+    "spec": {
+        "nodeSelector": {
+            "matchLabels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "b"]}],
+        },
+        "gpus": [1, 0],
+        "mode": "MIG",
+        "mig": {"devices": {"1g.10gb": 2, "3g.40gb": 1}},
+        "priority": 5,
+    },
+}
+
+
+def with_spec(**changes):
+    document = copy.deepcopy(MIG)
+    for key, value in changes.items():
+        if value is None:
+            document["spec"].pop(key, None)
+        else:
+            document["spec"][key] = value
+    return document
+
+
+def test_mig_partition_parses():
+    spec = parse_partition(MIG)
+    assert (spec.name, spec.generation, spec.mode, spec.priority) == ("mig", 3, Mode.MIG, 5)
+    assert spec.gpus == (0, 1)
+    assert spec.mig_counts == {"1g.10gb": 2, "3g.40gb": 1}
+    assert spec.disruption is Disruption.WHEN_IDLE
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "pool": "b"}
+    assert spec.node_selector.matches(labels)
+    assert not spec.node_selector.matches(labels | {"pool": "c"})
+
+
+def test_mps_and_time_slicing_and_none_parse():
+    mps = parse_partition(with_spec(mode="MPS", mig=None, mps={"maxClients": 8, "defaultMemory": "10Gi", "defaultComputePercent": 25}))
+    assert mps.mps is not None and mps.mps.default_memory_mib == 10240
+    sliced = parse_partition(with_spec(mode="TimeSlicing", mig=None, timeSlicing={"replicas": 4}))
+    assert sliced.replicas == 4
+    plain = parse_partition(with_spec(mode="None", mig=None, gpus=None, nodeSelector=None))
+    assert plain.gpus is None and plain.node_selector.matches({})
+
+
+@pytest.mark.parametrize(
+    ("changes", "where", "words"),
+    [
+        ({"mode": "Mig"}, "spec.mode", "not a mode"),
+        ({"mode": "MPS"}, "spec.mig", "is set but mode is MPS"),
+        ({"mig": {"devices": {"1g.10gb": -1}}}, "spec.mig.devices.1g.10gb", "≥ 0"),
+        ({"mig": {"devices": {"1g.10gb": "two"}}}, "spec.mig.devices.1g.10gb", "whole number"),
+        ({"mig": {"devices": {"1g.10gb": 0}}}, "spec.mig.devices", "no MIG instance"),
+        ({"mig": {"devices": {"big": 1}}}, "spec.mig.devices.big", "not a MIG profile name"),
+        ({"mig": {"device": {"1g.10gb": 1}}}, "spec.mig.devices", "is required"),
+        ({"gpus": [0, 0]}, "spec.gpus", "twice"),
+        ({"gpus": [-1]}, r"spec.gpus\[0\]", "GPU index"),
+        ({"disruption": "Sometimes"}, "spec.disruption", "WhenIdle or Never"),
+        ({"colour": "blue"}, "spec.colour", "unknown field"),
+        ({"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}, "operator", "not In"),
+        ({"mode": "MPS", "mig": None, "mps": {"maxClients": 64}}, "spec.mps.maxClients", "at most 48"),
+        ({"mode": "TimeSlicing", "mig": None, "timeSlicing": {"replicas": 0}}, "spec.timeSlicing.replicas", "≥ 1"),
+    ],
+)
+def test_bad_fields_are_rejected_with_their_path(changes, where, words):
+    with pytest.raises(InvalidInput, match=words) as error:
+        parse_partition(with_spec(**changes))
+    assert error.value.where.startswith(where.replace("\\", "")) or where in error.value.where
+
+
+def test_wrong_kind_is_rejected():
+    with pytest.raises(InvalidInput, match="expected gpupart.io/v1alpha1 GpuPartition"):
+        parse_partition(MIG | {"kind": "Pod"})
+
+
+def test_layout_per_product_and_its_errors():
+    spec = parse_partition(MIG)
+    assert len(plan_gpu_layout(spec, require_gpu_model("H100-SXM5-80GB"))) == 3
+    with pytest.raises(UnknownProfile, match="A30-24GB"):
+        plan_gpu_layout(spec, require_gpu_model("A30"))
+    too_many = parse_partition(with_spec(mig={"devices": {"3g.40gb": 3}}))
+    with pytest.raises(InfeasibleLayout, match="at most 2"):
+        plan_gpu_layout(too_many, require_gpu_model("A100-SXM4-80GB"))
+
+
+def test_mps_defaults_must_fit_the_gpu():
+    spec = parse_partition(with_spec(mode="MPS", mig=None, mps={"maxClients": 32, "defaultMemory": "4Gi"}))
+    with pytest.raises(InvalidInput, match="32 clients × 4096 MiB"):
+        check_mps_fits(spec, require_gpu_model("A100-SXM4-80GB"))
+    check_mps_fits(spec, require_gpu_model("H200"))
