@@ -91,7 +91,7 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
     lines = [f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"]
     if spec.mode is Mode.MIG:
         lines.append(f"  {'slots':<7}{'profile':<12}{'memory':>10}  resource")
-        used = set()
+        used: set[int] = set()
         for instance in layout:
             profile = model.require_profile(instance.profile)
             start, size = instance.placement.start, instance.placement.size

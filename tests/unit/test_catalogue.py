@@ -17,17 +17,61 @@ from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile
 # product -> (memory slices, max instances, profile names) as the MIG user guide lists them
 EXPECTED = {
     "A30-24GB": (4, 4, {"1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"}),
-    "A100-SXM4-40GB": (8, 7, {"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}),
-    "A100-PCIE-40GB": (8, 7, {"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}),
-    "A100-SXM4-80GB": (8, 7, {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}),
-    "A100-PCIE-80GB": (8, 7, {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}),
-    "H100-SXM5-80GB": (8, 7, {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}),
-    "H100-PCIE-80GB": (8, 7, {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}),
-    "H100-NVL-94GB": (8, 7, {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"}),
-    "H100-96GB": (8, 7, {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"}),
-    "H20-96GB": (8, 7, {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"}),
-    "H200-141GB": (8, 7, {"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"}),
-    "B200-180GB": (8, 7, {"1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"}),
+    "A100-SXM4-40GB": (
+        8,
+        7,
+        {"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
+    ),
+    "A100-PCIE-40GB": (
+        8,
+        7,
+        {"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
+    ),
+    "A100-SXM4-80GB": (
+        8,
+        7,
+        {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+    ),
+    "A100-PCIE-80GB": (
+        8,
+        7,
+        {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+    ),
+    "H100-SXM5-80GB": (
+        8,
+        7,
+        {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+    ),
+    "H100-PCIE-80GB": (
+        8,
+        7,
+        {"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+    ),
+    "H100-NVL-94GB": (
+        8,
+        7,
+        {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
+    ),
+    "H100-96GB": (
+        8,
+        7,
+        {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
+    ),
+    "H20-96GB": (
+        8,
+        7,
+        {"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
+    ),
+    "H200-141GB": (
+        8,
+        7,
+        {"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
+    ),
+    "B200-180GB": (
+        8,
+        7,
+        {"1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"},
+    ),
 }
 
 
@@ -45,7 +89,9 @@ def test_profiles_match_the_mig_guide(product):
         compute, gpu_slices, _, suffix = parse_profile_name(profile.name)
         assert compute == gpu_slices == profile.compute_slices
         assert all(s + profile.memory_slices <= slices for s in profile.starts)
-        assert all(s % profile.memory_slices == 0 or profile.memory_slices == 1 for s in profile.starts)
+        assert all(
+            s % profile.memory_slices == 0 or profile.memory_slices == 1 for s in profile.starts
+        )
         assert 0 < profile.memory_mib <= model.memory_mib
         # memory grows with memory slices; +me variants match their plain twin
         assert profile.media_extensions == (suffix == "+me")
@@ -84,7 +130,9 @@ def test_products_match_nvml_and_gfd_names(name, product):
     assert require_gpu_model(name).product == product
 
 
-@pytest.mark.parametrize("name", ["NVIDIA T4", "Tesla V100-SXM2-16GB", "NVIDIA-A100", "", "A100-SXM4"])
+@pytest.mark.parametrize(
+    "name", ["NVIDIA T4", "Tesla V100-SXM2-16GB", "NVIDIA-A100", "", "A100-SXM4"]
+)
 def test_unknown_product_is_an_error_naming_it(name):
     assert find_gpu_model(name) is None
     with pytest.raises(UnknownProduct, match="unknown GPU product") as error:
@@ -99,7 +147,9 @@ def test_unknown_profile_names_the_product_and_what_it_offers():
     assert "2g.12gb" in str(error.value)
 
 
-@pytest.mark.parametrize("name", ["1g", "8g.10gb", "1g.10", "1g.10gb+xx", "g.10gb", "1g.10gb ", "mig-1g.10gb"])
+@pytest.mark.parametrize(
+    "name", ["1g", "8g.10gb", "1g.10", "1g.10gb+xx", "g.10gb", "1g.10gb ", "mig-1g.10gb"]
+)
 def test_malformed_profile_names_are_rejected(name):
     with pytest.raises(InvalidInput, match="not a MIG profile name"):
         parse_profile_name(name, where="spec.mig.devices")

@@ -50,7 +50,7 @@ def brute_force_fits(model: GpuModel, counts: dict[str, int]) -> bool:
 def all_multisets(model: GpuModel):
     ranges = [range(p.max_count + 1) for p in model.profiles]
     for vector in itertools.product(*ranges):
-        yield {p.name: n for p, n in zip(model.profiles, vector) if n}
+        yield {p.name: n for p, n in zip(model.profiles, vector, strict=True) if n}
 
 
 @cache
@@ -77,7 +77,7 @@ def test_solver_agrees_with_exhaustive_search_on_every_multiset(product):
     model = require_gpu_model(product)
     reference = geometry_model[geometry_of(model)]
     answers = oracle_answers(geometry_of(model))
-    rename = {a.name: b.name for a, b in zip(reference.profiles, model.profiles)}
+    rename = {a.name: b.name for a, b in zip(reference.profiles, model.profiles, strict=True)}
     checked = feasible = 0
     for key, fits in answers.items():
         counts = {rename[name]: n for name, n in key}
@@ -168,7 +168,10 @@ def test_bad_counts_and_unknown_profiles_are_rejected():
 def test_check_layout_rejects_overlaps_and_wrong_starts():
     model = require_gpu_model("A100-SXM4-40GB")
     with pytest.raises(InfeasibleLayout, match="overlaps"):
-        check_layout(model, [MigInstance(Placement(0, 4), "3g.20gb"), MigInstance(Placement(2, 2), "2g.10gb")])
+        check_layout(
+            model,
+            [MigInstance(Placement(0, 4), "3g.20gb"), MigInstance(Placement(2, 2), "2g.10gb")],
+        )
     with pytest.raises(InfeasibleLayout, match="start slot 0 or 4"):
         check_layout(model, [MigInstance(Placement(2, 4), "3g.20gb")])
     with pytest.raises(InfeasibleLayout, match="start slot 0, 1, 2, 3, 4, 5 or 6"):
@@ -177,7 +180,11 @@ def test_check_layout_rejects_overlaps_and_wrong_starts():
 
 # ---- laws over random occupied GPUs -------------------------------------------------
 
-MODELS = [require_gpu_model("A100-SXM4-80GB"), require_gpu_model("A30-24GB"), require_gpu_model("H200-141GB")]
+MODELS = [
+    require_gpu_model("A100-SXM4-80GB"),
+    require_gpu_model("A30-24GB"),
+    require_gpu_model("H200-141GB"),
+]
 
 
 @cache
@@ -205,7 +212,9 @@ def test_law_solver_keeps_in_use_instances_and_meets_counts(case):
     model, current, busy, counts = case
     wanted = counts | {}
     for instance in busy:  # ask for at least what is in use, so keeping it is possible
-        wanted[instance.profile] = max(wanted.get(instance.profile, 0), layout_counts(busy)[instance.profile])
+        wanted[instance.profile] = max(
+            wanted.get(instance.profile, 0), layout_counts(busy)[instance.profile]
+        )
     layout = fit_layout(model, wanted, keep=busy, prefer=current)
     exists = brute_force_fits(model, wanted)
     if layout is None:

@@ -12,7 +12,10 @@ EXAMPLE = Path(__file__).parents[2] / "charts" / "gpupart" / "examples" / "mig-a
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpupart.cli", "plan", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpupart.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -39,7 +42,10 @@ def test_plan_json_for_machines(product):
     answer = json.loads(result.stdout)
     assert answer["feasible"] is True and answer["partition"] == "mig-a100"
     assert sorted((i["profile"], i["start"]) for i in answer["layout"]) == [
-        ("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)
+        ("1g.10gb", 0),
+        ("1g.10gb", 1),
+        ("2g.20gb", 2),
+        ("3g.40gb", 4),
     ]
 
 
@@ -63,7 +69,9 @@ def test_bad_input_exits_2_with_the_reason_on_stderr(tmp_path, product, devices,
 
 def test_malformed_yaml_names_file_and_line(tmp_path):
     path = tmp_path / "broken.yaml"
-    path.write_text("apiVersion: gpupart.io/v1alpha1\nkind: GpuPartition\nspec:\n  mig: {devices: {1g.10gb: 1}\n")
+    path.write_text(
+        "apiVersion: gpupart.io/v1alpha1\nkind: GpuPartition\nspec:\n  mig: {devices: {1g.10gb: 1}\n"
+    )
     result = plan("--product", "A100-SXM4-80GB", str(path))
     assert result.returncode == 2
     assert f"{path}:" in result.stderr and "malformed YAML" in result.stderr

@@ -24,8 +24,15 @@ from gpupart.core.resources import (
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("1", 1), ("500m", Fraction(1, 2)), ("10Gi", 10 * 2**30), ("1k", 1000), ("1e3", 1000),
-        ("2.5", Fraction(5, 2)), (".5", Fraction(1, 2)), ("128Mi", 128 * 2**20), (3, 3),
+        ("1", 1),
+        ("500m", Fraction(1, 2)),
+        ("10Gi", 10 * 2**30),
+        ("1k", 1000),
+        ("1e3", 1000),
+        ("2.5", Fraction(5, 2)),
+        (".5", Fraction(1, 2)),
+        ("128Mi", 128 * 2**20),
+        (3, 3),
     ],
 )
 def test_quantities_parse_exactly(text, value):
@@ -53,7 +60,6 @@ def test_law_mig_resource_name_round_trips(profile):
 
 def pod(*containers, init=()):
     return {"spec": {"containers": list(containers), "initContainers": list(init)}}
-
 
 
 def container(limits=None, requests=None):
@@ -84,7 +90,15 @@ def test_init_container_counts_when_larger_than_the_sum():
 
 def test_shared_gpu_with_memory_and_compute():
     request = parse_pod_request(
-        pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 10240, "gpupart.io/gpu-compute": 25}))
+        pod(
+            container(
+                {
+                    "nvidia.com/gpu.shared": 1,
+                    "gpupart.io/gpu-memory": 10240,
+                    "gpupart.io/gpu-compute": 25,
+                }
+            )
+        )
     )
     assert (request.shared, request.memory_mib, request.compute_percent) == (1, 10240, 25)
 
@@ -100,15 +114,27 @@ def test_pod_without_gpu_is_empty():
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        (pod(container({"nvidia.com/gpu": "1.5"})), r"containers\[0\].resources.limits.nvidia.com/gpu: must be a whole number"),
+        (
+            pod(container({"nvidia.com/gpu": "1.5"})),
+            r"containers\[0\].resources.limits.nvidia.com/gpu: must be a whole number",
+        ),
         (pod(container({"nvidia.com/gpu": "-1"})), "whole number"),
         (pod(container({"nvidia.com/gpu": "lots"})), "not a Kubernetes quantity"),
         (pod(container({"nvidia.com/mig-9g.1tb": 1})), "not a MIG profile name"),
-        (pod(container({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2})), "requests .2. and limits .1. differ"),
+        (
+            pod(container({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2})),
+            "requests .2. and limits .1. differ",
+        ),
         (pod(container({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 1})), "at once"),
         (pod(container({"gpupart.io/gpu-memory": 1024})), "need nvidia.com/gpu.shared"),
-        (pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "10Gi"})), "write 10240"),
-        (pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-compute": 150})), "at most 100"),
+        (
+            pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "10Gi"})),
+            "write 10240",
+        ),
+        (
+            pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-compute": 150})),
+            "at most 100",
+        ),
         ({"spec": {"containers": "x"}}, "must be a list"),
         ({"spec": {"containers": [{"resources": "x"}]}}, "must be a mapping"),
     ],

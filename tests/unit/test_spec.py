@@ -53,7 +53,13 @@ def test_mig_partition_parses():
 
 
 def test_mps_and_time_slicing_and_none_parse():
-    mps = parse_partition(with_spec(mode="MPS", mig=None, mps={"maxClients": 8, "defaultMemory": "10Gi", "defaultComputePercent": 25}))
+    mps = parse_partition(
+        with_spec(
+            mode="MPS",
+            mig=None,
+            mps={"maxClients": 8, "defaultMemory": "10Gi", "defaultComputePercent": 25},
+        )
+    )
     assert mps.mps is not None and mps.mps.default_memory_mib == 10240
     sliced = parse_partition(with_spec(mode="TimeSlicing", mig=None, timeSlicing={"replicas": 4}))
     assert sliced.replicas == 4
@@ -75,9 +81,21 @@ def test_mps_and_time_slicing_and_none_parse():
         ({"gpus": [-1]}, r"spec.gpus\[0\]", "GPU index"),
         ({"disruption": "Sometimes"}, "spec.disruption", "WhenIdle or Never"),
         ({"colour": "blue"}, "spec.colour", "unknown field"),
-        ({"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}, "operator", "not In"),
-        ({"mode": "MPS", "mig": None, "mps": {"maxClients": 64}}, "spec.mps.maxClients", "at most 48"),
-        ({"mode": "TimeSlicing", "mig": None, "timeSlicing": {"replicas": 0}}, "spec.timeSlicing.replicas", "≥ 1"),
+        (
+            {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
+            "operator",
+            "not In",
+        ),
+        (
+            {"mode": "MPS", "mig": None, "mps": {"maxClients": 64}},
+            "spec.mps.maxClients",
+            "at most 48",
+        ),
+        (
+            {"mode": "TimeSlicing", "mig": None, "timeSlicing": {"replicas": 0}},
+            "spec.timeSlicing.replicas",
+            "≥ 1",
+        ),
     ],
 )
 def test_bad_fields_are_rejected_with_their_path(changes, where, words):
@@ -102,7 +120,9 @@ def test_layout_per_product_and_its_errors():
 
 
 def test_mps_defaults_must_fit_the_gpu():
-    spec = parse_partition(with_spec(mode="MPS", mig=None, mps={"maxClients": 32, "defaultMemory": "4Gi"}))
+    spec = parse_partition(
+        with_spec(mode="MPS", mig=None, mps={"maxClients": 32, "defaultMemory": "4Gi"})
+    )
     with pytest.raises(InvalidInput, match="32 clients × 4096 MiB"):
         check_mps_fits(spec, require_gpu_model("A100-SXM4-80GB"))
     check_mps_fits(spec, require_gpu_model("H200"))

@@ -1,4 +1,4 @@
-"""Annotation wire formats: decode(encode(x)) == x for every kind, and unknown versions or malformed payloads are errors."""
+"""Annotation wire formats: decode(encode(x)) == x for each kind; unknown versions and bad payloads are errors."""
 
 import json
 
@@ -30,17 +30,26 @@ from gpupart.core.wire import (
 names = st.text("abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=20)
 instances = st.builds(
     lambda start, size, profile: MigInstance(Placement(start, size), profile),
-    st.integers(0, 7), st.integers(1, 8), st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]),
+    st.integers(0, 7),
+    st.integers(1, 8),
+    st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]),
 )
 layouts = st.lists(instances, max_size=4).map(lambda xs: tuple(sorted(xs)))
-mps = st.none() | st.builds(MpsSettings, st.integers(1, 48), st.none() | st.integers(1, 10**6), st.none() | st.integers(1, 100))
+mps = st.none() | st.builds(
+    MpsSettings,
+    st.integers(1, 48),
+    st.none() | st.integers(1, 10**6),
+    st.none() | st.integers(1, 100),
+)
 groups = st.builds(
     DesiredGroup,
     partition=names,
     generation=st.integers(0, 10**6),
     gpus=st.none() | st.lists(st.integers(0, 15), unique=True).map(tuple),
     mode=st.sampled_from(Mode),
-    mig=st.dictionaries(st.sampled_from(["1g.10gb", "2g.20gb"]), st.integers(0, 7)).map(lambda d: tuple(sorted(d.items()))),
+    mig=st.dictionaries(st.sampled_from(["1g.10gb", "2g.20gb"]), st.integers(0, 7)).map(
+        lambda d: tuple(sorted(d.items()))
+    ),
     mps=mps,
     replicas=st.none() | st.integers(1, 64),
     disruption=st.sampled_from(Disruption),
@@ -49,16 +58,32 @@ reports = st.builds(
     NodeReport,
     observed=st.lists(st.tuples(names, st.integers(0, 99))).map(tuple),
     gpus=st.lists(
-        st.builds(GpuReport, st.integers(0, 15), st.sampled_from(GpuState), st.sampled_from(Mode), layouts, names, st.lists(names).map(tuple))
+        st.builds(
+            GpuReport,
+            st.integers(0, 15),
+            st.sampled_from(GpuState),
+            st.sampled_from(Mode),
+            layouts,
+            names,
+            st.lists(names).map(tuple),
+        )
     ).map(tuple),
 )
 inventories = st.lists(
     st.builds(
-        InventoryGpu, st.integers(0, 15), names, names, st.integers(0, 200_000), st.sampled_from(Mode),
-        st.lists(st.builds(MigDevice, names, instances)).map(tuple), st.integers(0, 48),
+        InventoryGpu,
+        st.integers(0, 15),
+        names,
+        names,
+        st.integers(0, 200_000),
+        st.sampled_from(Mode),
+        st.lists(st.builds(MigDevice, names, instances)).map(tuple),
+        st.integers(0, 48),
     )
 ).map(tuple)
-assignments = st.builds(PodAssignment, names, st.integers(0, 15), names, st.integers(0, 10**6), st.integers(0, 100))
+assignments = st.builds(
+    PodAssignment, names, st.integers(0, 15), names, st.integers(0, 10**6), st.integers(0, 100)
+)
 
 
 @given(st.lists(groups, max_size=3).map(tuple))
@@ -94,7 +119,10 @@ def test_unknown_version_is_refused_with_the_annotation_name():
         ("[]", "JSON object"),
         ('{"version":"v1","groups":[{"partition":"a"}]}', "generation: is required"),
         ('{"version":"v1","groups":[],"extra":1}', "extra: unknown field"),
-        ('{"version":"v1","groups":[{"partition":"a","generation":1,"mode":"Fast","disruption":"Never"}]}', "not one of"),
+        (
+            '{"version":"v1","groups":[{"partition":"a","generation":1,"mode":"Fast","disruption":"Never"}]}',
+            "not one of",
+        ),
     ],
 )
 def test_malformed_payloads_are_refused(text, words):
