@@ -1,0 +1,186 @@
+"""Operator logic on plain values: node selection, conflicts, desired groups, status and conditions.
+
+Aspects: selection by labels, per-node validation (unknown product, profile not offered,
+infeasible layout, GPU index beyond the node), conflict resolution by priority then age,
+status from node reports, conditions and their transition times, deletion release.
+"""
+
+import copy
+
+from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.partitioning import (
+    NodeView,
+    Partition,
+    merge_conditions,
+    released,
+    resolve,
+    transitions,
+)
+from gpupart.core.spec import Mode, parse_partition
+from gpupart.core.wire import GpuReport, GpuState, NodeReport
+
+BASE = {
+    "apiVersion": "gpupart.io/v1alpha1",
+    "kind": "GpuPartition",
+    "metadata": {"name": "a", "generation": 2},
+    "spec": {
+        "nodeSelector": {"matchLabels": {"pool": "mig"}},
+        "mode": "MIG",
+        "mig": {"devices": {"1g.10gb": 7}},
+    },
+}
+
+
+def partition(name="a", created="2026-01-01T00:00:00Z", deleting=False, **spec):
+    document = copy.deepcopy(BASE)
+    document["metadata"]["name"] = name
+    document["spec"].update(spec)
+    return Partition(parse_partition(document), created, deleting)
+
+
+def node(name, product="NVIDIA-A100-SXM4-80GB", count="2", report=None, **labels):
+    all_labels = {"pool": "mig", "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": count}
+    all_labels.update(labels)
+    return NodeView(name, {k: v for k, v in all_labels.items() if v is not None}, report)
+
+
+def conditions(status):
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def test_selected_nodes_get_the_partition_and_status_waits_for_agents():
+    result = resolve([partition()], [node("n1"), node("n2"), node("cpu", pool="cpu")])
+    assert set(result.desired) == {"n1", "n2"}
+    (group,) = result.desired["n1"]
+    assert (group.partition, group.generation, group.gpus, group.mode) == ("a", 2, None, Mode.MIG)
+    status = result.statuses["a"]
+    assert [n for n, _ in status.nodes] == ["n1", "n2"]
+    assert conditions(status)["Ready"] == ("False", "NotApplied")
+    assert conditions(status)["Progressing"] == ("True", "Applying")
+
+
+def test_applied_reports_make_the_partition_ready():
+    report = NodeReport(
+        observed=(("a", 2),),
+        gpus=tuple(
+            GpuReport(i, GpuState.APPLIED, Mode.MIG, (MigInstance(Placement(0, 1), "1g.10gb"),))
+            for i in (0, 1)
+        ),
+    )
+    status = resolve([partition()], [node("n1", report=report)]).statuses["a"]
+    assert conditions(status)["Ready"] == ("True", "Applied")
+    assert conditions(status)["Degraded"] == ("False", "Healthy")
+
+
+def test_old_generation_in_report_is_still_pending():
+    report = NodeReport(observed=(("a", 1),), gpus=(GpuReport(0, GpuState.APPLIED, Mode.MIG),))
+    status = resolve([partition()], [node("n1", report=report)]).statuses["a"]
+    assert dict(status.nodes)["n1"].state is GpuState.PENDING
+    assert "generation 2" in dict(status.nodes)["n1"].message
+
+
+def test_blocked_gpu_names_the_pods_in_the_way():
+    report = NodeReport(
+        observed=(("a", 2),),
+        gpus=(
+            GpuReport(
+                1,
+                GpuState.BLOCKED,
+                Mode.MIG,
+                message="3 instances in use",
+                blocking_pods=("team/train-1",),
+            ),
+        ),
+    )
+    status = resolve([partition()], [node("n1", report=report)]).statuses["a"]
+    assert conditions(status)["Degraded"] == ("True", "Blocked")
+    assert "team/train-1" in dict(status.nodes)["n1"].message
+
+
+def test_profile_not_offered_by_a_nodes_gpu_fails_only_that_node():
+    result = resolve([partition()], [node("a100"), node("a30", product="NVIDIA-A30")])
+    status = result.statuses["a"]
+    failed = dict(status.nodes)["a30"]
+    assert (
+        failed.state is GpuState.FAILED
+        and "1g.10gb" in failed.message
+        and "A30-24GB" in failed.message
+    )
+    assert "a30" not in result.desired, "bad input changes nothing on the node"
+    assert conditions(status)["Ready"] == ("False", "InvalidForNode")
+
+
+def test_unknown_product_and_missing_label_are_named():
+    result = resolve([partition()], [node("t4", product="Tesla-T4"), node("bare", product=None)])
+    messages = {n: s.message for n, s in result.statuses["a"].nodes}
+    assert "'Tesla-T4' is not in gpupart's catalogue" in messages["t4"]
+    assert "no nvidia.com/gpu.product label" in messages["bare"]
+    assert result.desired == {}
+
+
+def test_gpu_index_beyond_the_node_is_refused():
+    result = resolve([partition(gpus=[3])], [node("n1", count="2")])
+    assert "has 2 GPUs" in dict(result.statuses["a"].nodes)["n1"].message
+
+
+def test_selector_matching_nothing_is_a_condition_not_an_error():
+    status = resolve([partition()], [node("cpu", pool="cpu")]).statuses["a"]
+    assert conditions(status)["Ready"] == ("False", "NoMatchingNodes")
+
+
+def test_higher_priority_wins_a_shared_gpu_and_the_loser_keeps_the_rest():
+    low = partition("low", gpus=[0, 1])
+    high = partition("high", created="2026-02-01T00:00:00Z", gpus=[1], priority=5)
+    result = resolve([low, high], [node("n1")])
+    groups = {g.partition: g.gpus for g in result.desired["n1"]}
+    assert groups == {"high": (1,), "low": (0,)}
+    assert conditions(result.statuses["low"])["Conflict"][0] == "True"
+    assert (
+        "taken by high"
+        in [c for c in result.statuses["low"].conditions if c.type == "Conflict"][0].message
+    )
+    assert conditions(result.statuses["high"])["Conflict"][0] == "False"
+
+
+def test_equal_priority_goes_to_the_older_partition():
+    older = partition("older", created="2026-01-01T00:00:00Z")
+    newer = partition("newer", created="2026-03-01T00:00:00Z")
+    result = resolve([newer, older], [node("n1")])
+    assert [g.partition for g in result.desired["n1"]] == ["older"]
+    assert conditions(result.statuses["newer"])["Conflict"][0] == "True"
+
+
+def test_label_change_moves_a_node_between_partitions():
+    a = partition("a")
+    b = partition("b", nodeSelector={"matchLabels": {"pool": "other"}})
+    before = resolve([a, b], [node("n1")])
+    after = resolve([a, b], [node("n1", pool="other")])
+    assert [g.partition for g in before.desired["n1"]] == ["a"]
+    assert [g.partition for g in after.desired["n1"]] == ["b"]
+
+
+def test_deleting_partition_releases_its_nodes_and_waits_for_reports():
+    result = resolve([partition(deleting=True)], [node("n1")])
+    assert result.desired == {} and result.statuses == {}
+    still = node("n1", report=NodeReport(observed=(("a", 2),), gpus=()))
+    assert released("a", [still, node("n2")]) == ["n1"]
+    assert released("a", [node("n2")]) == []
+
+
+def test_resolve_is_deterministic_whatever_the_input_order():
+    parts = [partition("x", created="2026-01-02T00:00:00Z"), partition("y")]
+    nodes = [node("n2"), node("n1")]
+    assert resolve(parts, nodes) == resolve(list(reversed(parts)), list(reversed(nodes)))
+
+
+def test_condition_times_move_only_on_status_flips():
+    first = resolve([partition()], [node("n1")]).statuses["a"].conditions
+    old = merge_conditions([], first, now="T1")
+    again = merge_conditions(old, first, now="T2")
+    assert all(c["lastTransitionTime"] == "T1" for c in again)
+    assert transitions(old, first) == []
+    applied = NodeReport(observed=(("a", 2),), gpus=(GpuReport(0, GpuState.APPLIED, Mode.MIG),))
+    later = resolve([partition()], [node("n1", count="1", report=applied)]).statuses["a"].conditions
+    merged = {c["type"]: c["lastTransitionTime"] for c in merge_conditions(old, later, now="T3")}
+    assert merged["Ready"] == "T3" and merged["Degraded"] == "T1"
+    assert {c.type for c in transitions(old, later)} == {"Ready", "Progressing"}
