@@ -56,6 +56,8 @@ class ReplayResult:
     fragmentation_curve: tuple[float, ...]
     """FGD's fragmentation amount as % of capacity, sampled like `curve`."""
     failed_by_kind: dict[str, int] = field(default_factory=dict)
+    final_states: tuple[tuple[Node, NodeState], ...] = field(default=(), repr=False)
+    """Each node (name order) with what was left on it at the end."""
 
     @property
     def allocation_ratio(self) -> float:
@@ -146,15 +148,25 @@ def replay(
     load: float = 1.3,
     typical: tuple[TypicalPod, ...] | None = None,
     progress: Progress | None = None,
+    shuffle_nodes: bool = True,
 ) -> ReplayResult:
     """Replay `pods` on `nodes` under `policy`; see the module docstring for the protocol.
 
     `typical` overrides FGD's typical-pod mix (default: computed from `pods`, before tuning).
     """
     rng = random.Random(seed)
-    ordered_nodes = sorted(nodes, key=lambda node: node.name)  # index = tie-break rank
-    capacity = sum(node.gpu_milli for node in ordered_nodes)
+    by_name = sorted(nodes, key=lambda node: node.name)
+    capacity = sum(node.gpu_milli for node in by_name)
     sequence = arrivals(pods, capacity, load=load, rng=rng)
+    if shuffle_nodes:
+        # The authors' simulator renames node i (in name order) to f"{perm[i]:04d}-{name}" with
+        # a random permutation drawn after tuning; ties then go to the smallest new name.
+        ranks = list(range(len(by_name)))
+        rng.shuffle(ranks)
+        ordered_nodes = [node for _, node in sorted(zip(ranks, by_name, strict=True))]
+    else:
+        ordered_nodes = by_name
+    # from here on a node's index is its tie-break rank
     model = FragmentationModel.of(typical if typical is not None else typical_pods(pods))
 
     states = [initial_state(node) for node in ordered_nodes]
@@ -231,6 +243,7 @@ def replay(
         curve=tuple(curve),
         fragmentation_curve=tuple(frag_curve),
         failed_by_kind=failed_by_kind,
+        final_states=tuple(zip(ordered_nodes, states, strict=True)),
     )
 
 

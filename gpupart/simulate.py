@@ -1,0 +1,271 @@
+"""`gpupart simulate`: the shell around the replay engine (files, progress bar, table, JSON, plot).
+
+Reads the CSVs, calls the pure core (`gpupart.core.replay`), and prints. Bad input exits with
+code 2 and one line on stderr naming the file and line. matplotlib is imported only for --plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpupart.core.errors import GpupartError
+from gpupart.core.example import EXAMPLE_SEED, example_workload
+from gpupart.core.replay import ReplayResult, replay
+from gpupart.core.scoring import DEFAULT_POLICY, Policy
+from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods, require_hostable
+
+EXIT_BAD_INPUT = 2
+PROGRESS_AFTER_S = 1.0
+"""Runs shorter than this never show a progress bar."""
+POLICY_ORDER = (Policy.RANDOM, Policy.BESTFIT, Policy.FGD, Policy.GPUPART)
+
+
+class InputError(Exception):
+    """Bad input found by the shell (unreadable file, flag misuse); exit code 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nodes", metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)"
+    )
+    parser.add_argument(
+        "--pods", metavar="CSV", help="pod list in Alibaba cluster-trace-gpu-v2023 format"
+    )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        help="random, bestfit, fgd, gpupart (ours), a comma list, or 'all' "
+        "(default: all for the built-in example, gpupart for a trace)",
+    )
+    parser.add_argument("--seed", type=int, default=42, help="replay seed (default 42)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=1.3,
+        help="arrived GPU demand as a multiple of capacity (default 1.3; 0 = the trace as is)",
+    )
+    parser.add_argument(
+        "--tie-break",
+        choices=("shuffled", "name"),
+        default="shuffled",
+        help="node order for equal scores: 'shuffled' renames nodes with a seeded permutation "
+        "as the FGD authors' simulator does (default); 'name' uses the names as given",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="draw allocation and fragmentation curves"
+    )
+    parser.add_argument(
+        "--mig",
+        action="store_true",
+        help="built-in example in MIG mode: requests rounded up to MIG profiles, layouts planned",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (GpupartError, InputError) as error:
+        sys.stderr.write(f"gpupart simulate: error: {error}\n")
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.mig:
+        if args.nodes or args.pods:
+            raise InputError("--mig runs the built-in example; it takes no --nodes/--pods")
+        return _run_mig(args)
+    nodes, pods, source, label = _workload(args)
+    policies = _policies(args.policy, default_all=label == "built-in example")
+    if args.load < 0:
+        raise InputError(f"--load must be 0 or more, got {args.load}")
+    if args.plot:
+        _require_matplotlib()
+    results: list[tuple[ReplayResult, float]] = []
+    for policy in policies:
+        bar = _ProgressBar(sys.stderr, f"{policy.value:>8}")
+        started = time.perf_counter()
+        result = replay(
+            nodes,
+            pods,
+            policy=policy,
+            seed=args.seed,
+            load=args.load,
+            progress=bar.update,
+            shuffle_nodes=args.tie_break == "shuffled",
+        )
+        bar.close()
+        results.append((result, time.perf_counter() - started))
+    if args.json:
+        sys.stdout.write(json.dumps(_json(results, source=source), separators=(",", ":")) + "\n")
+    else:
+        sys.stdout.write(_table(results, label=label))
+    if args.plot:
+        _plot(results, Path(args.plot), title=label)
+        if not args.json:
+            sys.stdout.write(f"plot written to {args.plot}\n")
+    return 0
+
+
+def _workload(args: argparse.Namespace) -> tuple[tuple[Node, ...], tuple[Pod, ...], str, str]:
+    if not args.nodes and not args.pods:
+        example = example_workload(EXAMPLE_SEED)
+        return example.nodes, example.pods, "built-in example", "built-in example"
+    if not args.nodes or not args.pods:
+        raise InputError("a trace needs both --nodes and --pods")
+    nodes = parse_nodes(_read(args.nodes), source=args.nodes)
+    pods = parse_pods(_read(args.pods), source=args.pods)
+    require_hostable(nodes, pods, source=args.pods)
+    label = f"{Path(args.pods).stem} on {Path(args.nodes).stem}"
+    return nodes, pods, f"{args.nodes} + {args.pods}", label
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not a UTF-8 text file ({error.reason})") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot read: {error.strerror or error}") from None
+
+
+def _policies(text: str | None, *, default_all: bool) -> tuple[Policy, ...]:
+    if text is None:
+        return POLICY_ORDER if default_all else (DEFAULT_POLICY,)
+    if text.strip() == "all":
+        return POLICY_ORDER
+    chosen = []
+    for name in text.split(","):
+        name = name.strip().lower()
+        try:
+            chosen.append(Policy(name))
+        except ValueError:
+            known = ", ".join(p.value for p in POLICY_ORDER)
+            raise InputError(f"unknown policy {name!r} (known: {known}, all)") from None
+    return tuple(dict.fromkeys(chosen))
+
+
+def _json(results: Sequence[tuple[ReplayResult, float]], *, source: str) -> dict[str, Any]:
+    runs = [_run_json(result, seconds) for result, seconds in results]
+    main = next((run for run in runs if run["policy"] == DEFAULT_POLICY.value), runs[0])
+    out = dict(main)
+    out["source"] = source
+    if len(runs) > 1:
+        out["runs"] = runs
+    return out
+
+
+def _run_json(result: ReplayResult, seconds: float) -> dict[str, Any]:
+    return {
+        "policy": result.policy.value,
+        "seed": result.seed,
+        "load": result.load,
+        "allocation_ratio": round(result.allocation_ratio, 4),
+        "unallocated_gpus": round(result.unallocated_gpus, 3),
+        "failed_pods": result.failed,
+        "failed_by_kind": dict(sorted(result.failed_by_kind.items())),
+        "placed_pods": result.placed,
+        "arrived_pods": result.pods,
+        "nodes": result.nodes,
+        "gpus": result.gpus,
+        "fragmentation": round(result.fragmentation, 4),
+        "curve": [round(value, 4) for value in result.curve],
+        "fragmentation_curve": [round(value, 4) for value in result.fragmentation_curve],
+        "curve_note": "index = percent of GPU capacity arrived; value = percent allocated",
+        "seconds": round(seconds, 3),
+    }
+
+
+def _table(results: Sequence[tuple[ReplayResult, float]], *, label: str) -> str:
+    first = results[0][0]
+    lines = [
+        f"{label}: {first.nodes} nodes, {first.gpus} GPUs, {first.pods} pods arrived "
+        f"(load {first.load:g}, seed {first.seed})",
+        "",
+        f"{'policy':<9} {'alloc@100%':>10} {'alloc@end':>9} {'unalloc GPUs':>12} "
+        f"{'failed pods':>11} {'frag %':>7} {'time s':>7}",
+    ]
+    for result, seconds in results:
+        at_100 = result.curve[100] if len(result.curve) > 100 else result.curve[-1]
+        lines.append(
+            f"{result.policy.value:<9} {at_100:>10.2f} {result.allocation_ratio:>9.2f} "
+            f"{result.unallocated_gpus:>12.1f} {result.failed:>11d} {result.fragmentation:>7.2f} "
+            f"{seconds:>7.2f}"
+        )
+    lines.append("")
+    lines.append("alloc = % of cluster GPU capacity allocated, by % of capacity arrived")
+    return "\n".join(lines) + "\n"
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401 - optional, only for --plot
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'gpupart[plot]'") from None
+
+
+def _plot(results: Sequence[tuple[ReplayResult, float]], path: Path, *, title: str) -> None:
+    import matplotlib  # optional, only for --plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    for result, _ in results:
+        x = list(range(len(result.curve)))
+        top.plot(x, list(result.curve), label=result.policy.value)
+        bottom.plot(x, list(result.fragmentation_curve), label=result.policy.value)
+    top.set_ylabel("GPU allocation (% of capacity)")
+    top.set_title(title)
+    top.legend()
+    top.grid(True, alpha=0.3)
+    bottom.set_ylabel("fragmentation (% of capacity)")
+    bottom.set_xlabel("arrived GPU demand (% of capacity)")
+    bottom.grid(True, alpha=0.3)
+    figure.tight_layout()
+    try:
+        figure.savefig(path)
+    except OSError as error:
+        raise InputError(f"{path}: cannot write plot: {error.strerror or error}") from None
+    finally:
+        plt.close(figure)
+
+
+class _ProgressBar:
+    """A one-line bar on stderr, only on a terminal and only once a run has taken a second."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream = stream
+        self.label = label
+        self.started = time.perf_counter()
+        self.enabled = stream.isatty()
+        self.shown = False
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled or time.perf_counter() - self.started < PROGRESS_AFTER_S:
+            return
+        filled = self.WIDTH * done // total if total else self.WIDTH
+        percent = 100 * done // total if total else 100
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {percent:3d}% {done}/{total} pods")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * (self.WIDTH + len(self.label) + 30) + "\r")
+            self.stream.flush()
+
+
+def _run_mig(_args: argparse.Namespace) -> int:
+    raise InputError("MIG mode is not available yet")
