@@ -1,0 +1,258 @@
+"""Device ids the node agent advertises, and the pure choices behind Allocate, preferred allocation and health.
+
+Device ids: a MIG device is its MIG UUID, a whole GPU its GPU UUID, a shared client slot
+``<GPU UUID>::<n>`` (NVIDIA's annotated-id form). No I/O here: the gRPC servicer and the health
+loop call these functions with what they read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpupart.core.errors import InvalidInput
+from gpupart.core.mig import MigInstance
+from gpupart.core.resources import GPU, GPU_SHARED, GpuRequest, mig_resource_name
+from gpupart.core.spec import Mode
+from gpupart.core.wire import PodAssignment
+
+SLOT_SEPARATOR = "::"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+"""Xids caused by applications, not the GPU (NVIDIA's device plugin ignores the same)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlice:
+    """A MIG device (GPU instance with its full compute instance) as read from the GPU."""
+
+    uuid: str
+    instance: MigInstance
+    gpu_instance_id: int
+    compute_instance_id: int
+    cap_minors: tuple[int, ...] = ()
+    """Minors of ``/dev/nvidia-caps/nvidia-cap<M>`` for GI and CI access (from mig-minors)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU as the device plugin offers it after a reconcile pass."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    minor: int
+    numa_node: int | None
+    mode: Mode
+    mig: tuple[MigSlice, ...] = ()
+    slots: int = 0
+    """Shared client slots (MPS max clients or time-slicing replicas); 0 unless shared."""
+    mps_pipe_directory: str = ""
+    """Host path of the GPU's MPS pipe directory when the mode is MPS."""
+    mps_memory_mib: int = 0
+    mps_compute_percent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device id under one resource name, with the GPU it lives on."""
+
+    id: str
+    resource: str
+    gpu: GpuView
+    mig: MigSlice | None = None
+
+
+def slot_id(gpu_uuid: str, n: int) -> str:
+    return f"{gpu_uuid}{SLOT_SEPARATOR}{n}"
+
+
+def node_devices(gpus: Iterable[GpuView]) -> dict[str, tuple[Device, ...]]:
+    """Every resource this node offers and its devices; a GPU in MIG mode with no instance offers nothing."""
+    found: dict[str, list[Device]] = {}
+    for gpu in sorted(gpus, key=lambda g: g.index):
+        if gpu.mode is Mode.MIG:
+            for mig in sorted(gpu.mig, key=lambda m: m.instance):
+                resource = mig_resource_name(mig.instance.profile)
+                found.setdefault(resource, []).append(Device(mig.uuid, resource, gpu, mig))
+        elif gpu.mode in (Mode.MPS, Mode.TIME_SLICING):
+            found.setdefault(GPU_SHARED, []).extend(
+                Device(slot_id(gpu.uuid, n), GPU_SHARED, gpu) for n in range(gpu.slots)
+            )
+        else:
+            found.setdefault(GPU, []).append(Device(gpu.uuid, GPU, gpu))
+    return {resource: tuple(devices) for resource, devices in sorted(found.items())}
+
+
+def resolve_devices(ids: Sequence[str], devices: Mapping[str, Device]) -> tuple[Device, ...]:
+    """The devices the kubelet asks for; an unknown or repeated id raises (never a wrong device)."""
+    if not ids:
+        raise InvalidInput("devices_ids", "the kubelet asked for no device")
+    if len(set(ids)) != len(ids):
+        raise InvalidInput("devices_ids", f"a device is asked for twice: {sorted(ids)}")
+    unknown = [i for i in ids if i not in devices]
+    if unknown:
+        raise InvalidInput(
+            "devices_ids",
+            f"{', '.join(unknown)} not offered by this node now (repartitioned or withdrawn)",
+        )
+    return tuple(devices[i] for i in ids)
+
+
+def preferred_allocation(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    devices: Mapping[str, Device],
+    *,
+    prefer_gpu: str | None = None,
+) -> tuple[str, ...]:
+    """`size` ids from `available` that keep a container on as few GPUs and NUMA nodes as possible.
+
+    GPUs already holding a must-include device come first, then `prefer_gpu` (the GPU the
+    extender assigned), then GPUs on a NUMA node already used; among the rest, the smallest GPU
+    that holds all remaining devices (keeps larger free groups whole), else the largest first.
+    """
+    chosen = [i for i in must_include if i in available]
+    wanted = max(0, size - len(chosen))
+    by_gpu: dict[str, list[str]] = {}
+    for device_id in available:
+        if device_id not in chosen and device_id in devices:
+            by_gpu.setdefault(devices[device_id].gpu.uuid, []).append(device_id)
+    used_gpus = {devices[i].gpu.uuid for i in chosen if i in devices}
+    used_numa = {devices[i].gpu.numa_node for i in chosen if i in devices}
+
+    def rank(uuid: str) -> tuple[int, int, int, int, int]:
+        gpu = devices[by_gpu[uuid][0]].gpu
+        count = len(by_gpu[uuid])
+        fits = count >= wanted
+        return (
+            uuid not in used_gpus,
+            uuid != prefer_gpu,
+            bool(used_numa) and gpu.numa_node not in used_numa,
+            not fits,
+            count if fits else -count,
+        )
+
+    for uuid in sorted(by_gpu, key=lambda u: (rank(u), devices[by_gpu[u][0]].gpu.index)):
+        if wanted <= 0:
+            break
+        take = by_gpu[uuid][:wanted]
+        chosen.extend(take)
+        wanted -= len(take)
+        used_numa.add(devices[take[0]].gpu.numa_node)
+    return tuple(chosen[:size] if size else chosen)
+
+
+@dataclass(frozen=True, slots=True)
+class AssignedPod:
+    """A pod on this node that the extender gave a shared GPU (its assignment annotation)."""
+
+    uid: str
+    namespace: str
+    name: str
+    created: str
+    """RFC 3339 creation timestamp: sorts in time order as text."""
+    request: GpuRequest
+    assignment: PodAssignment
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def choose_shared_pod(
+    pods: Iterable[AssignedPod], *, node: str, count: int, taken: Iterable[str]
+) -> AssignedPod | None:
+    """The pod a shared-slot Allocate of `count` slots is for: the oldest matching, not yet served.
+
+    The kubelet's Allocate names no pod, so gpupart pairs it with the pending pods the extender
+    assigned to this node, oldest first (the kubelet admits pods in that order too).
+    """
+    served = set(taken)
+    matching = [
+        pod
+        for pod in pods
+        if pod.assignment.node == node and pod.request.shared == count and pod.uid not in served
+    ]
+    return min(matching, key=lambda p: (p.created, p.key), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """An NVML critical-error event; instance ids are None when the event names the whole GPU."""
+
+    gpu_uuid: str
+    xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+def affected_devices(
+    event: XidEvent, devices: Iterable[Device], *, ignored: frozenset[int] = DEFAULT_IGNORED_XIDS
+) -> frozenset[str]:
+    """The device ids an Xid makes unhealthy: only that GPU's, only that MIG instance's when named."""
+    if event.xid in ignored:
+        return frozenset()
+    hit = set()
+    for device in devices:
+        if device.gpu.uuid != event.gpu_uuid:
+            continue
+        mig = device.mig
+        if mig is not None and event.gpu_instance_id is not None:
+            if mig.gpu_instance_id != event.gpu_instance_id:
+                continue
+            if (
+                event.compute_instance_id is not None
+                and mig.compute_instance_id != event.compute_instance_id
+            ):
+                continue
+        hit.add(device.id)
+    return frozenset(hit)
+
+
+@dataclass(frozen=True, slots=True)
+class HealthBook:
+    """Which devices are unhealthy and since when (seconds on the caller's clock)."""
+
+    sick: Mapping[str, float] = field(default_factory=dict)
+    """Device id -> time of the latest critical event on it."""
+    gpus: Mapping[str, str] = field(default_factory=dict)
+    """Device id -> GPU UUID, for the recovery probe."""
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        return frozenset(self.sick)
+
+    def record(self, ids: Iterable[Device], now: float) -> HealthBook:
+        devices = tuple(ids)
+        if not devices:
+            return self
+        return replace(
+            self,
+            sick={**self.sick, **{d.id: now for d in devices}},
+            gpus={**self.gpus, **{d.id: d.gpu.uuid for d in devices}},
+        )
+
+    def sick_gpus(self) -> frozenset[str]:
+        return frozenset(self.gpus[i] for i in self.sick)
+
+    def recover(self, healthy_gpus: Iterable[str], now: float, *, quiet_s: float) -> HealthBook:
+        """Devices back to Healthy: their GPU answers again and no critical event for `quiet_s`."""
+        ok = frozenset(healthy_gpus)
+        keep = {
+            i: since for i, since in self.sick.items() if self.gpus[i] not in ok or now - since < quiet_s
+        }
+        if len(keep) == len(self.sick):
+            return self
+        return HealthBook(keep, {i: self.gpus[i] for i in keep})
+
+    def forget_missing(self, present: Iterable[str]) -> HealthBook:
+        """Drop devices that no longer exist (a repartition gave the GPU new MIG devices)."""
+        ids = frozenset(present)
+        if all(i in ids for i in self.sick):
+            return self
+        keep = {i: t for i, t in self.sick.items() if i in ids}
+        return HealthBook(keep, {i: self.gpus[i] for i in keep})

@@ -1,0 +1,78 @@
+"""The NVML backend interface the node agent talks to (real NVML or a simulated GPU), and its error vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from gpupart.core.catalogue import GpuModel
+from gpupart.core.devices import MigSlice, XidEvent
+from gpupart.core.errors import GpupartError
+from gpupart.core.planning import Step
+
+
+class NvmlFailure(StrEnum):
+    """NVML return codes the agent acts on; everything else is OTHER."""
+
+    IN_USE = "InUse"
+    NOT_SUPPORTED = "NotSupported"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    NOT_FOUND = "NotFound"
+    NO_PERMISSION = "NoPermission"
+    RESET_REQUIRED = "ResetRequired"
+    GPU_LOST = "GpuIsLost"
+    OTHER = "Other"
+
+
+class NvmlError(GpupartError):
+    """An NVML call failed; `kind` says how, the message says what was attempted."""
+
+    def __init__(self, kind: NvmlFailure, message: str) -> None:
+        super().__init__(f"{message}: NVML {kind.value}")
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """A physical GPU as NVML reports it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    minor: int
+    numa_node: int | None
+    mig_capable: bool
+    mig_enabled: bool
+    mig_pending: bool
+    """A MIG mode change waits for a GPU reset (pending mode differs from current)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceRecord:
+    """A GPU instance read from NVML: its compute instances and, when complete, its MIG device."""
+
+    slice: MigSlice
+    compute_instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    gpu_instance_id: int | None = None
+    """None when the process runs on the whole GPU (MIG disabled)."""
+
+
+class GpuBackend(Protocol):
+    """What the agent needs from NVML; every failure is an NvmlError."""
+
+    def gpus(self) -> tuple[GpuInfo, ...]: ...
+    def model(self, index: int) -> GpuModel: ...
+    def set_mig_mode(self, index: int, enabled: bool) -> None: ...
+    def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]: ...
+    def apply(self, step: Step) -> None: ...
+    def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
+    def set_exclusive_process(self, index: int, exclusive: bool) -> None: ...
+    def wait_xid(self, timeout_s: float) -> XidEvent | None: ...
+    def responsive(self, uuid: str) -> bool: ...

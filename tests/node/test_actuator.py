@@ -1,0 +1,273 @@
+"""Actuator on the simulated GPU: layouts, idempotence, in-use protection, faults at every step, restarts, MPS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupart.core.mig import MigInstance, Placement, layout_counts
+from gpupart.core.planning import GpuInstanceState, plan_counts
+from gpupart.core.spec import Mode, MpsSettings
+from gpupart.core.wire import DesiredGroup, GpuState
+from gpupart_plugin.actuator import Actuator, inventory
+from gpupart_plugin.backend import NvmlFailure
+from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
+from gpupart_plugin.simgpu import Fault, SimulatedGpus
+
+H200 = "H200-141GB"
+SEVEN = (("1g.18gb", 7),)
+TWO = (("3g.71gb", 1), ("4g.71gb", 1))
+
+
+def mig(counts: tuple[tuple[str, int], ...], gpus: tuple[int, ...] | None = None) -> DesiredGroup:
+    return DesiredGroup("p", 1, gpus, Mode.MIG, counts)
+
+
+class Pods:
+    """A stand-in kubelet PodResources answer that tests edit."""
+
+    def __init__(self) -> None:
+        self.held: list[PodDevices] = []
+        self.down = False
+
+    def __call__(self) -> tuple[PodDevices, ...]:
+        if self.down:
+            raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
+        return tuple(self.held)
+
+
+def agent(sim: SimulatedGpus, pods: Pods, tmp_path: Path, command: list[str]) -> Actuator:
+    return Actuator(sim, pods, MpsDaemons(tmp_path / "mps", command))
+
+
+def instances(sim: SimulatedGpus, index: int = 0) -> dict[MigInstance, int]:
+    return {r.slice.instance: r.compute_instances for r in sim.instances(index)}
+
+
+def test_applies_a_layout_and_reports_it(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200, H200])
+    result = agent(sim, Pods(), tmp_path, ["true"]).reconcile((mig(SEVEN, (0,)), mig(TWO, (1,))))
+    states = [g.state for g in result.report.gpus]
+    assert states == [GpuState.APPLIED, GpuState.APPLIED]
+    assert layout_counts(result.report.gpus[0].layout) == {"1g.18gb": 7}
+    assert layout_counts(result.report.gpus[1].layout) == dict(TWO)
+    assert len(result.views[0].mig) == 7
+    assert all(m.uuid.startswith("MIG-") for m in result.views[0].mig)
+    assert result.report.observed == (("p", 1),)
+    assert not result.failed
+
+
+def test_second_pass_changes_nothing(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200])
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    actuator.reconcile((mig(TWO),))
+    calls = len(sim.calls)
+    again = actuator.reconcile((mig(TWO),))
+    assert len(sim.calls) == calls
+    assert again.report.gpus[0].state is GpuState.APPLIED
+
+
+def test_instance_in_use_by_a_pod_is_never_destroyed(tmp_path: Path) -> None:
+    sim, pods = SimulatedGpus([H200]), Pods()
+    actuator = agent(sim, pods, tmp_path, ["true"])
+    first = actuator.reconcile((mig(SEVEN),))
+    busy = first.views[0].mig[0]
+    pods.held.append(PodDevices("ml/train-0", "nvidia.com/mig-1g.18gb", (busy.uuid,)))
+    result = actuator.reconcile((mig((("7g.141gb", 1),)),))
+    report = result.report.gpus[0]
+    assert report.state is GpuState.BLOCKED
+    assert report.blocking_pods == ("ml/train-0",)
+    assert busy.instance in instances(sim)
+
+
+def test_instance_with_a_process_is_kept_while_others_change(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200])
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    actuator.reconcile((mig(SEVEN),))
+    keep = MigInstance(Placement(6, 1), "1g.18gb")
+    sim.start_process(0, 4242, keep)
+    result = actuator.reconcile((mig((("1g.18gb", 1), ("3g.71gb", 1))),))
+    assert result.report.gpus[0].state is GpuState.APPLIED
+    assert keep in instances(sim)
+    assert layout_counts(result.report.gpus[0].layout) == {"1g.18gb": 1, "3g.71gb": 1}
+
+
+def test_unknown_pod_usage_protects_every_instance(tmp_path: Path) -> None:
+    sim, pods = SimulatedGpus([H200]), Pods()
+    actuator = agent(sim, pods, tmp_path, ["true"])
+    actuator.reconcile((mig(SEVEN),))
+    pods.down = True
+    result = actuator.reconcile((mig(TWO),))
+    assert result.report.gpus[0].state is GpuState.BLOCKED
+    assert layout_counts(result.report.gpus[0].layout) == {"1g.18gb": 7}
+
+
+def _transition_steps() -> int:
+    model = SimulatedGpus([H200]).model(0)
+    _, before = plan_counts(model, 0, [], dict(SEVEN))
+    states = [GpuInstanceState(s.instance) for s in before if type(s).__name__ == "CreateGpuInstance"]
+    _, steps = plan_counts(model, 0, states, dict(TWO))
+    return len(steps)
+
+
+@pytest.mark.parametrize("kind", [NvmlFailure.INSUFFICIENT_RESOURCES, NvmlFailure.IN_USE])
+@pytest.mark.parametrize("at", range(_transition_steps()))
+def test_fault_at_every_step_rolls_back_and_then_converges(
+    tmp_path: Path, at: int, kind: NvmlFailure
+) -> None:
+    sim, pods = SimulatedGpus([H200]), Pods()
+    actuator = agent(sim, pods, tmp_path, ["true"])
+    actuator.reconcile((mig(SEVEN),))
+    old = set(instances(sim))
+    sim.inject(Fault(kind, after=at))
+    failed = actuator.reconcile((mig(TWO),)).report.gpus[0]
+    assert failed.state is GpuState.FAILED
+    assert kind.value in failed.message and "rolled back" in failed.message
+    now = instances(sim)
+    assert set(now) == old, "a one-off fault must leave the old layout"
+    assert all(n == 1 for n in now.values()), "nothing half-built"
+    assert set(failed.layout) == old
+    done = actuator.reconcile((mig(TWO),)).report.gpus[0]
+    assert done.state is GpuState.APPLIED
+    assert layout_counts(done.layout) == dict(TWO)
+
+
+def test_persistent_fault_is_reported_with_what_is_on_the_gpu(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200])
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    actuator.reconcile((mig(SEVEN),))
+    sim.inject(Fault(NvmlFailure.INSUFFICIENT_RESOURCES, after=3, times=1000))
+    report = actuator.reconcile((mig(TWO),)).report.gpus[0]
+    assert report.state is GpuState.FAILED
+    present = {i for i, n in instances(sim).items() if n}
+    assert set(report.layout) == present
+    half = [i for i, n in instances(sim).items() if not n]
+    assert not half or "half-built" in report.message
+    sim.clear_faults()
+    assert actuator.reconcile((mig(TWO),)).report.gpus[0].state is GpuState.APPLIED
+
+
+@pytest.mark.parametrize("crash_after", range(_transition_steps()))
+def test_restart_mid_apply_converges(tmp_path: Path, crash_after: int) -> None:
+    sim = SimulatedGpus([H200])
+    agent(sim, Pods(), tmp_path, ["true"]).reconcile((mig(SEVEN),))
+    states = [GpuInstanceState(i, n) for i, n in instances(sim).items()]
+    _, steps = plan_counts(sim.model(0), 0, states, dict(TWO))
+    for step in steps[:crash_after]:  # the process died here
+        sim.apply(step)
+    fresh = agent(sim, Pods(), tmp_path, ["true"])
+    report = fresh.reconcile((mig(TWO),)).report.gpus[0]
+    assert report.state is GpuState.APPLIED
+    assert layout_counts(report.layout) == dict(TWO)
+    assert all(n == 1 for n in instances(sim).values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([SEVEN, TWO, (("2g.35gb", 3),), (("1g.35gb", 4),), (("7g.141gb", 1),)]),
+            st.integers(0, 12),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_random_repartitions_with_faults_and_busy_instances(
+    tmp_path_factory: pytest.TempPathFactory,
+    rounds: list[tuple[tuple[tuple[str, int], ...], int, bool]],
+) -> None:
+    tmp = tmp_path_factory.mktemp("r")
+    sim, pods = SimulatedGpus([H200]), Pods()
+    actuator = agent(sim, pods, tmp, ["true"])
+    for counts, fault_at, busy in rounds:
+        before = instances(sim)
+        held = [i for i, n in before.items() if n][:1] if busy else []
+        pods.held = [
+            PodDevices("ns/p", "x", (r.slice.uuid,))
+            for r in sim.instances(0)
+            if r.slice.instance in held
+        ]
+        sim.inject(Fault(NvmlFailure.OTHER, after=fault_at))
+        report = actuator.reconcile((mig(counts),)).report.gpus[0]
+        sim.clear_faults()
+        after = instances(sim)
+        assert all(i in after for i in held), "an in-use instance was destroyed"
+        assert report.state in (GpuState.APPLIED, GpuState.FAILED, GpuState.BLOCKED)
+        assert set(report.layout) == {i for i, n in after.items() if n}
+        if report.state is GpuState.APPLIED:
+            assert layout_counts(report.layout) == dict(counts)
+        pods.held = []
+        final = actuator.reconcile((mig(counts),)).report.gpus[0]
+        assert final.state is GpuState.APPLIED
+        assert layout_counts(final.layout) == dict(counts)
+
+
+def test_mig_mode_change_is_pending_until_reset(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200], mig_enabled=False)
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    pending = actuator.reconcile((mig(TWO),)).report.gpus[0]
+    assert pending.state is GpuState.PENDING and "reset" in pending.message
+    sim.reset(0)
+    assert actuator.reconcile((mig(TWO),)).report.gpus[0].state is GpuState.APPLIED
+
+
+def test_mig_mode_is_not_changed_under_a_running_process(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200], mig_enabled=False)
+    sim.start_process(0, 77)
+    report = agent(sim, Pods(), tmp_path, ["true"]).reconcile((mig(TWO),)).report.gpus[0]
+    assert report.state is GpuState.BLOCKED
+    assert "set_mig_mode" not in sim.calls
+
+
+def test_mps_daemon_started_configured_and_stopped(tmp_path: Path, mps_command: list[str]) -> None:
+    sim, pods = SimulatedGpus([H200], mig_enabled=False, mode_change_needs_reset=False), Pods()
+    actuator = agent(sim, pods, tmp_path, mps_command)
+    group = DesiredGroup("s", 3, None, Mode.MPS, mps=MpsSettings(4, None, None))
+    result = actuator.reconcile((group,))
+    assert result.report.gpus[0].state is GpuState.APPLIED
+    view = result.views[0]
+    assert view.mode is Mode.MPS and view.slots == 4
+    assert view.mps_memory_mib == 143771 // 4 and view.mps_compute_percent == 25
+    log = (Path(view.mps_pipe_directory) / "commands.log").read_text()
+    assert f"start {view.uuid}" in log
+    assert "set_default_device_pinned_mem_limit 0 35942M" in log
+    assert sim.exclusive(0)
+    calls = log.count("\n")
+    actuator.reconcile((group,))
+    log2 = (Path(view.mps_pipe_directory) / "commands.log").read_text()
+    assert log2.count("set_default") == log.count("set_default"), "idempotent pass"
+    assert log2.count("\n") >= calls
+    pods.held = [PodDevices("a/b", "nvidia.com/gpu.shared", (f"{view.uuid}::0",))]
+    blocked = actuator.reconcile(()).report.gpus[0]
+    assert blocked.state is GpuState.BLOCKED and blocked.blocking_pods == ("a/b",)
+    pods.held = []
+    whole = actuator.reconcile(())
+    assert whole.report.gpus[0].state is GpuState.APPLIED
+    assert whole.views[0].mode is Mode.NONE
+    assert "quit" in (Path(view.mps_pipe_directory) / "commands.log").read_text()
+    assert not sim.exclusive(0)
+
+
+def test_time_slicing_replicas_and_inventory(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200, H200], mig_enabled=False)
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    groups = (DesiredGroup("t", 1, (1,), Mode.TIME_SLICING, replicas=5), mig(TWO, (0,)))
+    result = actuator.reconcile(groups)
+    assert result.report.gpus[1].state is GpuState.APPLIED
+    assert result.views[1].mode is Mode.TIME_SLICING and result.views[1].slots == 5
+    gpus = inventory(result.views)
+    assert gpus[1].max_clients == 5 and gpus[1].product == H200
+    assert gpus[0].mode is Mode.NONE  # MIG enable pending a reset: still a whole GPU
+
+
+def test_no_desired_annotation_changes_nothing(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200])
+    result = agent(sim, Pods(), tmp_path, ["true"]).reconcile(None)
+    assert sim.calls == []
+    assert result.report.gpus[0].state is GpuState.APPLIED
