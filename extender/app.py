@@ -1,0 +1,173 @@
+"""The HTTP edge: `create_app(settings, service)` serves filter, prioritize, bind, health and metrics.
+
+Handlers parse the wire models, call the service with plain values, and write the answer in
+the exact shape kube-scheduler decodes. Filter and prioritize answer with pre-encoded JSON: at
+5,000 nodes pydantic serialisation of the reply would cost more than the decision itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpupart.core.errors import GpupartError
+
+from .models import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from .service import ExtenderService, FilterOutcome, explain
+from .settings import ExtenderSettings
+
+log = logging.getLogger(__name__)
+_JSON = "application/json"
+
+
+def _encode_names(names: list[str]) -> str:
+    return json.dumps(names, separators=(",", ":"))
+
+
+def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
+    """One app per service; nothing module-level, so tests build as many as they like."""
+    prefix = settings.prefix
+    app = FastAPI(
+        title="gpupart scheduler extender",
+        version="v1",
+        description="kube-scheduler extender (k8s.io/kube-scheduler/extender/v1) for GPU pods.",
+    )
+    app.state.service = service
+    metrics = service.metrics
+    host_prefix: dict[str, str] = {}
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+        # A 4xx with a short message; kube-scheduler logs it and treats the call as failed.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in error.errors()[:5]
+        )
+        return JSONResponse({"Error": f"malformed request: {problems}"}, status_code=400)
+
+    @app.post(
+        f"{prefix}/filter",
+        response_model=ExtenderFilterResult,
+        response_model_by_alias=True,
+        summary="Filter nodes for a pod",
+    )
+    async def filter_nodes(args: ExtenderArgs) -> Response:
+        started = time.perf_counter()
+        names, items = _names(args)
+        try:
+            outcome = service.filter(args.Pod, names, items)
+        except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
+            log.exception("Failed to filter", extra={"kv": {"nodes": len(names)}})
+            outcome = FilterOutcome([], {}, {}, explain(error))
+        if outcome.error:
+            body: dict[str, Any] = {
+                "NodeNames": None if args.NodeNames is None and args.Nodes is not None else [],
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": outcome.error,
+            }
+            text = json.dumps(body)
+        elif args.NodeNames is None and args.Nodes is not None:
+            # nodeCacheCapable false: the survivors go back as a NodeList.
+            keep = set(outcome.passed)
+            nodes = args.Nodes.model_dump(exclude_none=True)
+            nodes["items"] = [
+                n for n in nodes.get("items") or [] if (n.get("metadata") or {}).get("name") in keep
+            ]
+            text = json.dumps(
+                {
+                    "Nodes": nodes,
+                    "NodeNames": None,
+                    "FailedNodes": outcome.failed,
+                    "FailedAndUnresolvableNodes": outcome.unresolvable,
+                    "Error": "",
+                }
+            )
+        else:
+            text = (
+                f'{{"NodeNames":{_encode_names(outcome.passed)},'
+                f'"FailedNodes":{json.dumps(outcome.failed)},'
+                f'"FailedAndUnresolvableNodes":{json.dumps(outcome.unresolvable)},"Error":""}}'
+            )
+        metrics.latency.labels("filter").observe(time.perf_counter() - started)
+        return Response(text, media_type=_JSON)
+
+    @app.post(
+        f"{prefix}/prioritize",
+        response_model=list[HostPriority],
+        summary="Score nodes 0-10 for a pod",
+    )
+    async def prioritize(args: ExtenderArgs) -> Response:
+        started = time.perf_counter()
+        names, items = _names(args)
+        try:
+            scores = service.prioritize(args.Pod, names, items)
+        except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
+            # The protocol has no Error field here; a 400 makes the scheduler ignore our scores.
+            if not isinstance(error, GpupartError):
+                log.exception("Failed to prioritize", extra={"kv": {"nodes": len(names)}})
+            metrics.decisions.labels("prioritize", "error").inc()
+            return JSONResponse({"Error": explain(error)}, status_code=400)
+        parts = []
+        for host, score in scores:
+            head = host_prefix.get(host)
+            if head is None:
+                head = f'{{"Host":{json.dumps(host)},"Score":'
+                if len(host_prefix) < 100_000:
+                    host_prefix[host] = head
+            parts.append(f"{head}{score}}}")
+        metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
+        return Response(f"[{','.join(parts)}]", media_type=_JSON)
+
+    @app.post(
+        f"{prefix}/bind",
+        response_model=ExtenderBindingResult,
+        summary="Write the GPU assignment and bind the pod",
+    )
+    def bind(args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        # A plain `def`: bind does blocking API calls, so it runs on the thread pool.
+        started = time.perf_counter()
+        error = service.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        metrics.latency.labels("bind").observe(time.perf_counter() - started)
+        return ExtenderBindingResult(Error=error)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get("/readyz", response_class=PlainTextResponse)
+    async def readyz() -> Response:
+        if service.cache.ready:
+            return PlainTextResponse("ok")
+        waiting = ", ".join(k for k, done in service.cache.synced.items() if not done)
+        return PlainTextResponse(f"watch cache not synced: {waiting}", status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        for kind, count in service.cache.counts().items():
+            metrics.cache.labels(kind).set(count)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _names(args: ExtenderArgs) -> tuple[list[str], list[dict[str, Any]]]:
+    """Node names from NodeNames (nodeCacheCapable) or from the full NodeList."""
+    if args.NodeNames is not None:
+        return args.NodeNames, []
+    items = (args.Nodes.items if args.Nodes is not None else None) or []
+    names = [str((n.get("metadata") or {}).get("name") or "") for n in items]
+    return [n for n in names if n], items

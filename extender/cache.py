@@ -1,0 +1,273 @@
+"""The extender's picture of the cluster: Nodes (GPU inventory) and Pods (GPU requests, assignments).
+
+Fed by events (`apply`) and relists (`replace`), from the watch loop in `kube.py` or from tests;
+no I/O here. Node views are rebuilt lazily after a change and carry a version, so the service
+can memoise verdicts per (node, version). Pods the extender has bound but the watch has not yet
+shown ("assumed") count against capacity until the watch confirms them or their TTL lapses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gpupart.core.errors import GpupartError
+from gpupart.core.resources import parse_pod_request
+from gpupart.core.scheduling import NodeView, PlacedPod, assemble_node, demand_shape, tenant_of
+from gpupart.core.wire import (
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    InventoryGpu,
+    decode_assignment,
+    decode_inventory,
+)
+
+NODE = "Node"
+POD = "Pod"
+_DONE_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    inventory: tuple[InventoryGpu, ...] | None
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodEntry:
+    uid: str
+    key: str
+    node: str
+    placed: PlacedPod
+
+
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    entry: PodEntry
+    expires: float
+
+
+def read_node(node: Mapping[str, Any]) -> NodeEntry:
+    """Inventory from a Node object's annotation, or the problem that keeps it from being read."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(INVENTORY_ANNOTATION)
+    if text is None:
+        return NodeEntry(
+            None,
+            f"no GPU inventory (annotation {INVENTORY_ANNOTATION} not written by the node agent)",
+        )
+    try:
+        return NodeEntry(decode_inventory(text), "")
+    except GpupartError as error:
+        return NodeEntry(None, f"GPU inventory unreadable: {error}")
+
+
+def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
+    """The GPU capacity a bound, live pod holds; None for pods that hold none."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in _DONE_PHASES:
+        return None
+    try:
+        request = parse_pod_request(pod)
+    except GpupartError:
+        return None  # admission let through a pod we cannot read; it holds nothing we track
+    if request.empty:
+        return None
+    assignment = None
+    text = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
+    if text is not None:
+        try:
+            assignment = decode_assignment(text)
+        except GpupartError:
+            assignment = None
+    tenant = tenant_of(pod, request)
+    return PodEntry(
+        str(meta.get("uid") or tenant.pod),
+        tenant.pod,
+        str(node),
+        PlacedPod(tenant, request, assignment),
+    )
+
+
+class ClusterCache:
+    """Thread-safe store of nodes, pods and assumed pods; `lock()` holds it across many reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._nodes: dict[str, NodeEntry] = {}
+        self._pods: dict[str, PodEntry] = {}
+        self._by_node: dict[str, dict[str, PodEntry]] = {}
+        self._assumed: dict[str, Assumed] = {}
+        self._views: dict[str, NodeView] = {}
+        self._versions: dict[str, int] = {}
+        self._clock = 0
+        self.synced: dict[str, bool] = {NODE: False, POD: False}
+
+    # -- feeding --
+
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """One watch event: ADDED, MODIFIED, DELETED (BOOKMARK and others change nothing)."""
+        with self._lock:
+            if kind == NODE:
+                name = str((obj.get("metadata") or {}).get("name") or "")
+                if not name:
+                    return
+                if event == "DELETED":
+                    self._nodes.pop(name, None)
+                elif event in ("ADDED", "MODIFIED"):
+                    entry = read_node(obj)
+                    if self._nodes.get(name) == entry:
+                        return  # heartbeats and label changes do not touch GPUs
+                    self._nodes[name] = entry
+                else:
+                    return
+                self._touch(name)
+            elif kind == POD:
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                entry = None if event == "DELETED" else read_pod(obj)
+                if event not in ("ADDED", "MODIFIED", "DELETED"):
+                    return
+                self._set_pod(uid or _key(obj), entry)
+
+    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full list (start, or relist after 410 Gone): what is absent is gone."""
+        with self._lock:
+            if kind == NODE:
+                fresh = {
+                    str(o["metadata"]["name"]): read_node(o)
+                    for o in objects
+                    if (o.get("metadata") or {}).get("name")
+                }
+                for name in set(self._nodes) | set(fresh):
+                    if self._nodes.get(name) != fresh.get(name):
+                        self._touch(name)
+                self._nodes = fresh
+            else:
+                seen: dict[str, PodEntry | None] = {}
+                for o in objects:
+                    uid = str((o.get("metadata") or {}).get("uid") or _key(o))
+                    seen[uid] = read_pod(o)
+                for uid in set(self._pods) - set(seen):
+                    self._set_pod(uid, None)
+                for uid, entry in seen.items():
+                    self._set_pod(uid, entry)
+            self.synced[kind] = True
+
+    def _set_pod(self, uid: str, entry: PodEntry | None) -> None:
+        old = self._pods.get(uid)
+        assumed = self._assumed.get(uid)
+        if entry is not None and assumed is not None:
+            # The watch now shows the pod bound: the reservation has served its purpose.
+            del self._assumed[uid]
+            self._touch(assumed.entry.node)
+        if old == entry:
+            return
+        if old is not None:
+            self._pods.pop(uid, None)
+            self._by_node.get(old.node, {}).pop(uid, None)
+            self._touch(old.node)
+        if entry is not None:
+            self._pods[uid] = entry
+            self._by_node.setdefault(entry.node, {})[uid] = entry
+            self._touch(entry.node)
+
+    def _touch(self, node: str) -> None:
+        self._clock += 1
+        self._versions[node] = self._clock
+        self._views.pop(node, None)
+
+    # -- assumed pods (bound by us, not yet seen bound) --
+
+    def assume(self, entry: PodEntry, *, expires: float) -> None:
+        with self._lock:
+            self._assumed[entry.uid] = Assumed(entry, expires)
+            self._touch(entry.node)
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            assumed = self._assumed.pop(uid, None)
+            if assumed is not None:
+                self._touch(assumed.entry.node)
+
+    def expire(self, now: float) -> int:
+        """Drop assumed pods whose TTL has passed; returns how many."""
+        with self._lock:
+            gone = [uid for uid, a in self._assumed.items() if a.expires <= now]
+            for uid in gone:
+                self.forget(uid)
+            return len(gone)
+
+    # -- reading --
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def view(self, name: str) -> NodeView | None:
+        """The node's current view, None for a node the cache has not seen."""
+        view = self._views.get(name)
+        if view is not None:
+            return view
+        with self._lock:
+            entry = self._nodes.get(name)
+            if entry is None:
+                return None
+            placed = [p.placed for p in self._by_node.get(name, {}).values()]
+            placed += [a.entry.placed for a in self._assumed.values() if a.entry.node == name]
+            view = assemble_node(
+                name,
+                entry.inventory,
+                placed,
+                problem=entry.problem,
+                version=self._versions.get(name, 0),
+            )
+            self._views[name] = view
+            return view
+
+    def has_pod(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._pods or uid in self._assumed
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    @property
+    def ready(self) -> bool:
+        return all(self.synced.values())
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "nodes": len(self._nodes),
+                "pods": len(self._pods),
+                "assumed": len(self._assumed),
+            }
+
+    def observed_shapes(self) -> list[tuple[int, int]]:
+        """(GPU count, milli per GPU) of every bound GPU pod, for the fragmentation mix."""
+        shapes = []
+        with self._lock:
+            for name in list(self._nodes):
+                view = self.view(name)
+                if view is None:
+                    continue
+                gpus = {g.index: g for g in view.gpus}
+                for entry in self._by_node.get(name, {}).values():
+                    a = entry.placed.assignment
+                    shape = demand_shape(entry.placed.request, gpus.get(a.gpu) if a else None)
+                    if shape is not None:
+                        shapes.append(shape)
+        return shapes
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"

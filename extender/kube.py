@@ -1,0 +1,154 @@
+"""The extender's Kubernetes I/O: list+watch Nodes and Pods into the cache, and the bind writes.
+
+The watch keeps raw JSON (no client-model deserialisation: at thousands of pods that costs more
+than everything else) and resumes from the last resourceVersion; on 410 Gone or any break it
+relists. This module is the only one in the extender that talks to the API server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from .cache import NODE, POD, ClusterCache
+
+log = logging.getLogger(__name__)
+
+
+def api_client(kubeconfig: Path | None) -> client.ApiClient:
+    """In-cluster credentials when there is no kubeconfig and we run in a pod, else kubeconfig."""
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+class ApiBinder:
+    """Annotation patch and Binding create through the API server (the `Binder` protocol)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core = client.CoreV1Api(api)
+
+    def annotate(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        # The uid precondition makes the patch fail if the pod was replaced under the same name.
+        body = (
+            {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+            if uid
+            else {"metadata": {"annotations": dict(annotations)}}
+        )
+        self.core.patch_namespaced_pod(name, namespace, body)
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        # _preload_content=False: the client cannot deserialise the Status that create returns.
+        self.core.create_namespaced_binding(namespace, body, _preload_content=False)
+
+
+class Watcher:
+    """One thread per kind: list, then watch from the list's resourceVersion, forever."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        cache: ClusterCache,
+        *,
+        timeout_seconds: int = 300,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.cache = cache
+        self.timeout = timeout_seconds
+        self.sleep = sleep
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for kind, lister in (
+            (NODE, self.core.list_node),
+            (POD, self.core.list_pod_for_all_namespaces),
+        ):
+            thread = threading.Thread(
+                target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True
+            )
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self, kind: str, lister: Callable[..., Any]) -> None:
+        backoff = 1.0
+        while not self.stopping.is_set():
+            try:
+                version = self._list(kind, lister)
+                backoff = 1.0
+                while not self.stopping.is_set():
+                    version = self._watch(kind, lister, version)
+            except _Gone:
+                log.info("Relisting after the watch expired", extra={"kv": {"kind": kind}})
+            except Exception as error:  # noqa: BLE001 - the loop must survive any API failure
+                log.warning(
+                    "Watch failed; relisting", extra={"kv": {"kind": kind, "err": repr(error)}}
+                )
+                self.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _list(self, kind: str, lister: Callable[..., Any]) -> str:
+        response = lister(_preload_content=False)
+        data = json.loads(response.data)
+        self.cache.replace(kind, data.get("items") or [])
+        version = str((data.get("metadata") or {}).get("resourceVersion") or "")
+        log.info(
+            "Listed objects",
+            extra={"kv": {"kind": kind, "count": len(data.get("items") or []), "rv": version}},
+        )
+        return version
+
+    def _watch(self, kind: str, lister: Callable[..., Any], version: str) -> str:
+        response = lister(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.timeout,
+            _preload_content=False,
+        )
+        try:
+            for line in iter_resp_lines(response):
+                if self.stopping.is_set():
+                    break
+                event = json.loads(line)
+                kind_of_event = event.get("type")
+                obj = event.get("object") or {}
+                if kind_of_event == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                self.cache.apply(kind, str(kind_of_event), obj)
+        finally:
+            response.release_conn()
+        return version
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410 Gone): relist."""

@@ -1,0 +1,70 @@
+"""The extender wire protocol (k8s.io/kube-scheduler/extender/v1) as pydantic models with Go field names.
+
+Only the HTTP edge uses these; handlers turn them into core types on their first line. The Go
+structs carry no json tags, so keys are PascalCase (`Pod`, `NodeNames`, `FailedNodes`).
+Go's decoder is case-insensitive, so camelCase keys are accepted on input too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+MAX_NODE_NAMES = 100_000
+"""Far above the 5,000-node envelope: a longer list is a broken client, not a cluster."""
+
+
+def _alias(name: str) -> Any:
+    lower = name[0].lower() + name[1:]
+    return Field(default=None, validation_alias=AliasChoices(name, lower), serialization_alias=name)
+
+
+class NodeList(BaseModel):
+    """A v1.NodeList as sent when nodeCacheCapable is false; items stay raw Kubernetes JSON."""
+
+    model_config = ConfigDict(extra="allow")
+    items: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_NODE_NAMES)
+
+
+class ExtenderArgs(BaseModel):
+    """Body of filter and prioritize."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    Pod: dict[str, Any] = Field(validation_alias=AliasChoices("Pod", "pod"))
+    Nodes: NodeList | None = _alias("Nodes")
+    NodeNames: list[str] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("NodeNames", "nodeNames", "nodenames"),
+        max_length=MAX_NODE_NAMES,
+    )
+
+
+class ExtenderFilterResult(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = Field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Error: str = ""
+
+
+class HostPriority(BaseModel):
+    Host: str
+    Score: int = Field(ge=0, le=10)
+
+
+class ExtenderBindingArgs(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    PodName: str = Field(
+        validation_alias=AliasChoices("PodName", "podName"), min_length=1, max_length=253
+    )
+    PodNamespace: str = Field(
+        validation_alias=AliasChoices("PodNamespace", "podNamespace"), min_length=1, max_length=63
+    )
+    PodUID: str = Field(validation_alias=AliasChoices("PodUID", "podUID", "podUid"), max_length=64)
+    Node: str = Field(validation_alias=AliasChoices("Node", "node"), min_length=1, max_length=253)
+
+
+class ExtenderBindingResult(BaseModel):
+    Error: str = ""

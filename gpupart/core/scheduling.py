@@ -1,0 +1,826 @@
+"""Extender scheduling terms: which GPUs of a node can take a pod, why not, and how good a fit is (pure).
+
+The scheduler extender calls `evaluate(node, demand, config=..., model=...)` once per candidate
+node; the answer is a `Fit` (a 0-10 score and the GPU a shared pod gets) or a `NoFit` (a reason a
+person can read, and whether preemption could help). Nothing here does I/O, reads the clock or
+logs: node views and demands are built from API objects by the extender and passed in.
+
+Terms, each in [0, 1] and weighted by `Weights` (formulas in docs/extender.md):
+- memory headroom (`headroom_term`): capacity left after placing, per GPU, binpack or spread;
+- priority (`priority_term`): high priority wants low contention, low priority packs;
+- anti-affinity (`anti_affinity_term`): pods with the same group label avoid a GPU (or a node);
+- fragmentation (`fragmentation_term`): FGD's expected fragmentation against the observed mix,
+  computed by the simulator's own `gpupart.core.scoring.FragmentationModel`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gpupart.core.errors import InvalidInput
+from gpupart.core.resources import GpuRequest, parse_pod_request
+from gpupart.core.scoring import FragmentationModel, NodeState, Request, take, typical_pods
+from gpupart.core.spec import LabelRequirement, Mode, NodeSelector
+from gpupart.core.trace import MILLI, Pod
+from gpupart.core.wire import InventoryGpu, PodAssignment
+
+MAX_SCORE = 10
+"""kube-scheduler's MaxExtenderPriority; scores are 0..MAX_SCORE."""
+SHARED_MODES = (Mode.MPS, Mode.TIME_SLICING)
+UNLIMITED = 1 << 62
+"""Room used for CPU and memory in fragmentation states: the extender scores GPUs only."""
+_NAMES_IN_REASON = 3
+"""A reason lists at most this many pods, then "and N more"."""
+
+
+class Strategy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class AffinityScope(StrEnum):
+    GPU = "gpu"
+    NODE = "node"
+
+
+class FailureKind(StrEnum):
+    """Why a node was filtered out, as a closed set (the metrics label)."""
+
+    NO_INVENTORY = "no_inventory"
+    NO_SUCH_RESOURCE = "no_such_resource"
+    TOO_SMALL = "too_small"
+    IN_USE = "in_use"
+    ANTI_AFFINITY = "anti_affinity"
+    UNKNOWN_NODE = "unknown_node"
+
+
+class Conflict(StrEnum):
+    """How close the nearest pod of the same group (or matching an anti-affinity term) sits."""
+
+    NONE = "none"
+    NODE = "node"
+    """On the node, on another GPU."""
+    MAYBE_GPU = "maybe_gpu"
+    """On the node, and the device plugin (not the extender) picks the GPU: it may be the same."""
+    GPU = "gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    headroom: float = 1.0
+    priority: float = 1.0
+    anti_affinity: float = 2.0
+    fragmentation: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringConfig:
+    weights: Weights = Weights()
+    strategy: Strategy = Strategy.BINPACK
+    reserve_fraction: float = 0.15
+    """Per GPU, keep this share of the pod's memory request free for peaks while another GPU fits."""
+    anti_affinity_scope: AffinityScope = AffinityScope.GPU
+    high_priority: int = 1000
+    """`spec.priority` at and above which a pod gets the least contended GPU."""
+    low_priority: int = 0
+    """`spec.priority` at and below which a pod packs tightest."""
+    group_label: str = "app"
+    """Pods with the same value of this label avoid sharing a GPU ("" turns the term off)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A pod that holds GPU capacity on a node (bound, or assumed by the extender)."""
+
+    pod: str
+    """namespace/name"""
+    namespace: str
+    labels: tuple[tuple[str, str], ...] = ()
+    priority: int = 0
+    count: int = 1
+    """Whole GPUs or MIG slices held; shared pods: client slots."""
+    profile: str = ""
+    """MIG profile, for MIG tenants."""
+    memory_mib: int = 0
+    compute_percent: int = 0
+
+    def label(self, key: str) -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU of a node as the node agent reported it, with the shared pods assigned to it."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    mode: Mode
+    max_clients: int = 0
+    slices: tuple[str, ...] = ()
+    """MIG profiles of the GPU's MIG devices."""
+    tenants: tuple[Tenant, ...] = ()
+    used_memory_mib: int = 0
+    used_compute_percent: int = 0
+    used_slots: int = 0
+
+    @property
+    def free_memory_mib(self) -> int:
+        return max(0, self.memory_mib - self.used_memory_mib)
+
+    @property
+    def contention(self) -> float:
+        """The busiest of memory, compute and client slots, as a share in [0, 1]."""
+        parts = [self.used_compute_percent / 100.0]
+        if self.memory_mib:
+            parts.append(self.used_memory_mib / self.memory_mib)
+        if self.max_clients:
+            parts.append(self.used_slots / self.max_clients)
+        return min(1.0, max(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """Everything the extender knows about one node's GPUs: inventory plus the pods using them."""
+
+    name: str
+    gpus: tuple[GpuView, ...] = ()
+    whole_tenants: tuple[Tenant, ...] = ()
+    mig_tenants: tuple[Tenant, ...] = ()
+    unplaced_tenants: tuple[Tenant, ...] = ()
+    """Shared-GPU pods on the node without an assignment the extender can read (GPU unknown)."""
+    problem: str = ""
+    """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
+    version: int = field(default=0, compare=False)
+    """Bumped by the cache on every change; memo keys use it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AntiAffinityTerm:
+    """One podAntiAffinity term of the pod, applied at GPU level."""
+
+    selector: NodeSelector
+    namespaces: tuple[str, ...]
+    """Namespaces whose pods the term looks at; ("*",) for all."""
+    required: bool
+
+    def matches(self, tenant: Tenant) -> bool:
+        if "*" not in self.namespaces and tenant.namespace not in self.namespaces:
+            return False
+        return self.selector.matches(dict(tenant.labels))
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one pending pod asks for, and what scoring needs to know about it (hashable)."""
+
+    pod: str
+    namespace: str
+    request: GpuRequest
+    priority: int = 0
+    group: str = ""
+    """Value of the configured anti-affinity label ("" if the pod has none)."""
+    terms: tuple[AntiAffinityTerm, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    headroom: float
+    priority: float
+    anti_affinity: float
+    fragmentation: float
+    eats_reserve: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    score: int
+    gpu: int | None
+    """The GPU index a shared-GPU pod gets; None for MIG and whole GPUs (the device plugin picks)."""
+    terms: Terms
+
+
+@dataclass(frozen=True, slots=True)
+class NoFit:
+    reason: str
+    kind: FailureKind
+    unresolvable: bool
+    """True when preemption cannot help (FailedAndUnresolvableNodes)."""
+
+
+Verdict = Fit | NoFit
+
+
+# --- building demands and node views --------------------------------------------------------
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+
+
+def parse_demand(pod: Mapping[str, Any], *, group_label: str) -> Demand:
+    """A Demand from a Pod object; InvalidInput says which field is wrong."""
+    if not isinstance(pod, Mapping):
+        raise InvalidInput("Pod", "must be a Pod object")
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        raise InvalidInput("Pod", "metadata and spec must be objects")
+    request = parse_pod_request(pod, where="Pod")
+    priority = spec.get("priority") or 0
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidInput("Pod.spec.priority", f"must be an integer, got {priority!r}")
+    labels = _labels(meta.get("labels"), "Pod.metadata.labels")
+    namespace = str(meta.get("namespace") or "default")
+    return Demand(
+        pod=pod_key(pod),
+        namespace=namespace,
+        request=request,
+        priority=priority,
+        group=labels.get(group_label, "") if group_label else "",
+        terms=_anti_affinity_terms(spec.get("affinity"), namespace),
+    )
+
+
+def _labels(raw: object, where: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise InvalidInput(where, "must map strings to strings")
+    return dict(raw)
+
+
+def tenant_of(pod: Mapping[str, Any], request: GpuRequest) -> Tenant:
+    """A Tenant from a bound Pod object (labels kept for anti-affinity)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    priority = spec.get("priority") or 0
+    return Tenant(
+        pod=pod_key(pod),
+        namespace=str(meta.get("namespace") or "default"),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        priority=priority if isinstance(priority, int) else 0,
+        count=request.whole_gpus or request.shared or 1,
+        memory_mib=request.memory_mib,
+        compute_percent=request.compute_percent,
+    )
+
+
+def _anti_affinity_terms(affinity: object, namespace: str) -> tuple[AntiAffinityTerm, ...]:
+    if not isinstance(affinity, Mapping):
+        return ()
+    anti = affinity.get("podAntiAffinity")
+    if not isinstance(anti, Mapping):
+        return ()
+    where = "Pod.spec.affinity.podAntiAffinity"
+    terms = []
+    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+    preferred = anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    if not isinstance(required, list) or not isinstance(preferred, list):
+        raise InvalidInput(where, "terms must be lists")
+    for n, raw in enumerate(required):
+        terms.append(_term(raw, namespace, True, f"{where}.required[{n}]"))
+    for n, raw in enumerate(preferred):
+        inner = raw.get("podAffinityTerm") if isinstance(raw, Mapping) else None
+        terms.append(_term(inner, namespace, False, f"{where}.preferred[{n}].podAffinityTerm"))
+    return tuple(terms)
+
+
+def _term(raw: object, namespace: str, required: bool, where: str) -> AntiAffinityTerm:
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(where, "must be a PodAffinityTerm object")
+    selector = raw.get("labelSelector") or {}
+    if not isinstance(selector, Mapping):
+        raise InvalidInput(f"{where}.labelSelector", "must be an object")
+    match_labels = _labels(selector.get("matchLabels"), f"{where}.labelSelector.matchLabels")
+    expressions = []
+    for m, expr in enumerate(selector.get("matchExpressions") or []):
+        place = f"{where}.labelSelector.matchExpressions[{m}]"
+        if not isinstance(expr, Mapping):
+            raise InvalidInput(place, "must be an object")
+        operator = expr.get("operator")
+        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise InvalidInput(f"{place}.operator", f"unknown operator {operator!r}")
+        values = expr.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise InvalidInput(f"{place}.values", "must be a list of strings")
+        expressions.append(LabelRequirement(str(expr.get("key", "")), operator, tuple(values)))
+    namespaces = raw.get("namespaces") or []
+    if not isinstance(namespaces, list):
+        raise InvalidInput(f"{where}.namespaces", "must be a list")
+    if raw.get("namespaceSelector") == {}:
+        namespaces = ["*"]  # an empty namespaceSelector selects every namespace
+    return AntiAffinityTerm(
+        NodeSelector(tuple(sorted(match_labels.items())), tuple(expressions)),
+        tuple(str(n) for n in namespaces) or (namespace,),
+        required,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedPod:
+    """A pod bound (or assumed) on a node, as the node view needs it."""
+
+    tenant: Tenant
+    request: GpuRequest
+    assignment: PodAssignment | None = None
+
+
+def assemble_node(
+    name: str,
+    inventory: tuple[InventoryGpu, ...] | None,
+    pods: Iterable[PlacedPod],
+    *,
+    problem: str = "",
+    version: int = 0,
+) -> NodeView:
+    """A node view from the node agent's inventory and the pods on the node."""
+    if inventory is None:
+        return NodeView(name, problem=problem or "no GPU inventory", version=version)
+    by_gpu: dict[int, list[Tenant]] = {}
+    whole: list[Tenant] = []
+    mig: list[Tenant] = []
+    unplaced: list[Tenant] = []
+    shared_indices = {g.index for g in inventory if g.mode in SHARED_MODES}
+    for placed in pods:
+        request, tenant = placed.request, placed.tenant
+        if request.whole_gpus:
+            whole.append(tenant)
+        elif request.mig:
+            for profile, count in request.mig:
+                mig.append(_replace_mig(tenant, profile, count))
+        elif request.shared:
+            gpu = placed.assignment.gpu if placed.assignment is not None else -1
+            if gpu in shared_indices:
+                by_gpu.setdefault(gpu, []).append(tenant)
+            else:
+                unplaced.append(tenant)
+    gpus = []
+    for g in sorted(inventory, key=lambda g: g.index):
+        tenants = tuple(by_gpu.get(g.index, ()))
+        gpus.append(
+            GpuView(
+                index=g.index,
+                uuid=g.uuid,
+                product=g.product,
+                memory_mib=g.memory_mib,
+                mode=g.mode,
+                max_clients=g.max_clients,
+                slices=tuple(d.instance.profile for d in g.mig_devices),
+                tenants=tenants,
+                used_memory_mib=sum(t.memory_mib for t in tenants),
+                used_compute_percent=sum(t.compute_percent for t in tenants),
+                used_slots=sum(t.count for t in tenants),
+            )
+        )
+    return NodeView(
+        name,
+        tuple(gpus),
+        tuple(whole),
+        tuple(mig),
+        tuple(unplaced),
+        problem=problem,
+        version=version,
+    )
+
+
+def _replace_mig(tenant: Tenant, profile: str, count: int) -> Tenant:
+    return Tenant(
+        tenant.pod, tenant.namespace, tenant.labels, tenant.priority, count, profile, 0, 0
+    )
+
+
+# --- the terms ---------------------------------------------------------------------------------
+
+
+def headroom_term(left_after: float, capacity: float, strategy: Strategy) -> float:
+    """Share of capacity left after placing: binpack scores 1 - share, spread scores share."""
+    if capacity <= 0:
+        return 0.0
+    share = min(1.0, max(0.0, left_after / capacity))
+    return 1.0 - share if strategy is Strategy.BINPACK else share
+
+
+def priority_level(priority: int, config: ScoringConfig) -> float:
+    """`spec.priority` mapped linearly to [0, 1] between the low and high marks."""
+    span = config.high_priority - config.low_priority
+    if span <= 0:
+        return 1.0 if priority >= config.high_priority else 0.0
+    return min(1.0, max(0.0, (priority - config.low_priority) / span))
+
+
+def priority_term(priority: int, contention: float, config: ScoringConfig) -> float:
+    """h * (1 - c) + (1 - h) * c: high priority (h=1) wants low contention c, low priority packs."""
+    level = priority_level(priority, config)
+    c = min(1.0, max(0.0, contention))
+    return level * (1.0 - c) + (1.0 - level) * c
+
+
+def anti_affinity_term(conflict: Conflict, scope: AffinityScope) -> float:
+    """1 with no same-group pod near; 0 when one shares the GPU (or the node, with scope node)."""
+    if conflict is Conflict.GPU:
+        return 0.0
+    if conflict is Conflict.MAYBE_GPU:
+        return 0.0 if scope is AffinityScope.NODE else 0.5
+    if conflict is Conflict.NODE:
+        return 0.0 if scope is AffinityScope.NODE else 1.0
+    return 1.0
+
+
+def fragmentation_term(
+    model: FragmentationModel, state: NodeState, request: Request, gpus: tuple[int, ...]
+) -> float:
+    """FGD: sigmoid((F_before - F_after) / 1000) for placing `request` on `gpus` (1 = least frag)."""
+    before = model.fragmentation(state)
+    after = model.fragmentation(take(state, request, gpus))
+    return 1.0 / (1.0 + math.exp(-(before - after) / 1000.0))
+
+
+def combine(terms: Terms, weights: Weights) -> int:
+    """Weighted mean of the terms scaled to 0..10; a placement eating the reserve scores at most 1."""
+    total = weights.headroom + weights.priority + weights.anti_affinity + weights.fragmentation
+    if total <= 0:
+        return 0
+    mean = (
+        weights.headroom * terms.headroom
+        + weights.priority * terms.priority
+        + weights.anti_affinity * terms.anti_affinity
+        + weights.fragmentation * terms.fragmentation
+    ) / total
+    score = min(MAX_SCORE, max(0, round(mean * MAX_SCORE)))
+    return min(score, 1) if terms.eats_reserve else score
+
+
+# --- GPU shares (the simulator's unit) -----------------------------------------------------------
+
+
+def share_milli(memory_mib: int, compute_percent: int, gpu: GpuView, slots: int = 1) -> int:
+    """A shared pod's GPU share in thousandths: the larger of its memory and compute shares.
+
+    A pod that asks neither memory nor compute holds one client slot: 1000 / maxClients.
+    """
+    milli = compute_percent * 10
+    if memory_mib and gpu.memory_mib:
+        milli = max(milli, math.ceil(MILLI * memory_mib / gpu.memory_mib))
+    if milli == 0:
+        milli = math.ceil(MILLI * slots / gpu.max_clients) if gpu.max_clients else MILLI
+    return min(MILLI, milli)
+
+
+def node_state(node: NodeView) -> NodeState:
+    """The node as the fragmentation model sees it: free thousandths of each non-MIG GPU.
+
+    Whole GPUs in use are counted from the lowest index, as the simulator does (the device plugin
+    picks which one, and fragmentation depends only on the multiset of free shares).
+    """
+    used_whole = sum(t.count for t in node.whole_tenants)
+    left = []
+    product = ""
+    for gpu in node.gpus:
+        if gpu.mode is Mode.MIG:
+            continue
+        product = product or gpu.product
+        if gpu.mode in SHARED_MODES:
+            used = sum(
+                share_milli(t.memory_mib, t.compute_percent, gpu, t.count) for t in gpu.tenants
+            )
+            left.append(max(0, MILLI - used))
+        elif used_whole > 0:
+            used_whole -= 1
+            left.append(0)
+        else:
+            left.append(MILLI)
+    return NodeState(UNLIMITED, UNLIMITED, tuple(left), product)
+
+
+def fragmentation_model(shapes: Iterable[tuple[int, int]]) -> FragmentationModel:
+    """The simulator's FragmentationModel over an observed mix of (GPU count, milli per GPU).
+
+    Shapes go through `scoring.typical_pods`, so the extender's typical pods are chosen exactly
+    as the simulator chooses them (most frequent shapes covering 95 % of pods).
+    """
+    counts = Counter(shapes)
+    pods = (
+        Pod(f"observed-{n}", 0, 0, num, milli)
+        for n, ((num, milli), count) in enumerate(sorted(counts.items()))
+        for _ in range(count)
+    )
+    return FragmentationModel.of(typical_pods(pods))
+
+
+def demand_shape(request: GpuRequest, gpu: GpuView | None) -> tuple[int, int] | None:
+    """(GPU count, milli per GPU) of a request for the fragmentation mix; None for MIG."""
+    if request.whole_gpus:
+        return (request.whole_gpus, MILLI)
+    if request.shared and gpu is not None:
+        return (1, share_milli(request.memory_mib, request.compute_percent, gpu, request.shared))
+    return None
+
+
+# --- evaluating one node for one pod -----------------------------------------------------------
+
+
+def evaluate(
+    node: NodeView, demand: Demand, *, config: ScoringConfig, model: FragmentationModel
+) -> Verdict:
+    """Whether `node` can take `demand`, and how well; reasons name the node and the blockers."""
+    if node.problem:
+        return NoFit(f"{node.name}: {node.problem}", FailureKind.NO_INVENTORY, True)
+    request = demand.request
+    if request.mig:
+        return _evaluate_mig(node, demand, config)
+    if request.whole_gpus:
+        return _evaluate_whole(node, demand, config, model)
+    if request.shared:
+        return _evaluate_shared(node, demand, config, model)
+    # Not a GPU pod: nothing to decide here (kube-scheduler only sends pods we manage).
+    return Fit(MAX_SCORE // 2, None, Terms(0.5, 0.5, 1.0, 0.5))
+
+
+def _gpus_text(node: NodeView) -> str:
+    n = len(node.gpus)
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _pods_text(tenants: Iterable[Tenant]) -> str:
+    names = sorted({t.pod for t in tenants})
+    if not names:
+        return "no pod the extender knows of"
+    shown = ", ".join(names[:_NAMES_IN_REASON])
+    more = len(names) - _NAMES_IN_REASON
+    return f"{shown}, and {more} more" if more > 0 else shown
+
+
+def _matches(tenant: Tenant, demand: Demand, group_label: str, *, required_only: bool) -> bool:
+    """Whether `tenant` is one the pod should not share with (group label or its own terms)."""
+    if not required_only and demand.group and tenant.label(group_label) == demand.group:
+        return True
+    return any(term.matches(tenant) for term in demand.terms if term.required or not required_only)
+
+
+def _node_conflict(tenants: Iterable[Tenant], demand: Demand, group_label: str) -> bool:
+    return any(_matches(t, demand, group_label, required_only=False) for t in tenants)
+
+
+def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verdict:
+    offered: Counter[str] = Counter()
+    for gpu in node.gpus:
+        if gpu.mode is Mode.MIG:
+            offered.update(gpu.slices)
+    used: Counter[str] = Counter()
+    for t in node.mig_tenants:
+        used[t.profile] += t.count
+    left_after = 0
+    capacity = 0
+    for profile, count in demand.request.mig:
+        total = offered[profile]
+        if total == 0:
+            here = ", ".join(f"{p}×{n}" for p, n in sorted(offered.items())) or "none"
+            return NoFit(
+                f"{node.name}: {_gpus_text(node)}, none with a {profile} slice "
+                f"(MIG slices here: {here})",
+                FailureKind.NO_SUCH_RESOURCE,
+                True,
+            )
+        if total < count:
+            return NoFit(
+                f"{node.name}: {_gpus_text(node)}, needs {count} {profile} slices, "
+                f"the node has {total}",
+                FailureKind.TOO_SMALL,
+                True,
+            )
+        free = total - used[profile]
+        if free < count:
+            holders = [t for t in node.mig_tenants if t.profile == profile]
+            if free <= 0:
+                what = f"no free {profile} slice (all {total} in use by {_pods_text(holders)})"
+            else:
+                what = (
+                    f"{free} free {profile} slice{'s' if free > 1 else ''} of {total}, "
+                    f"needs {count} (in use by {_pods_text(holders)})"
+                )
+            return NoFit(f"{node.name}: {_gpus_text(node)}, {what}", FailureKind.IN_USE, False)
+        left_after += free - count
+        capacity += total
+    all_slices = sum(offered.values())
+    contention = sum(used.values()) / all_slices if all_slices else 0.0
+    mine = node.mig_tenants
+    # The device plugin picks the slice, so a same-group pod on the node may share our GPU.
+    conflict = (
+        Conflict.MAYBE_GPU if _node_conflict(mine, demand, config.group_label) else Conflict.NONE
+    )
+    if conflict is Conflict.NONE and _node_conflict(
+        (*node.whole_tenants, *_shared_tenants(node)), demand, config.group_label
+    ):
+        conflict = Conflict.NODE
+    terms = Terms(
+        headroom=headroom_term(left_after, capacity, config.strategy),
+        priority=priority_term(demand.priority, contention, config),
+        anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
+        fragmentation=0.5,  # FGD's model is about GPU shares; MIG slices are fixed
+    )
+    return Fit(combine(terms, config.weights), None, terms)
+
+
+def _shared_tenants(node: NodeView) -> tuple[Tenant, ...]:
+    return tuple(t for gpu in node.gpus for t in gpu.tenants) + node.unplaced_tenants
+
+
+def _evaluate_whole(
+    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+) -> Verdict:
+    count = demand.request.whole_gpus
+    total = sum(1 for gpu in node.gpus if gpu.mode is Mode.NONE)
+    if total == 0:
+        modes = ", ".join(sorted({str(g.mode) for g in node.gpus})) or "no GPUs"
+        return NoFit(
+            f"{node.name}: {_gpus_text(node)}, none offered whole (modes: {modes})",
+            FailureKind.NO_SUCH_RESOURCE,
+            True,
+        )
+    if total < count:
+        return NoFit(
+            f"{node.name}: needs {count} whole GPUs, the node offers {total}",
+            FailureKind.TOO_SMALL,
+            True,
+        )
+    used = sum(t.count for t in node.whole_tenants)
+    free = total - used
+    if free < count:
+        return NoFit(
+            f"{node.name}: {_gpus_text(node)}, needs {count} whole GPU{'s' if count > 1 else ''}, "
+            f"{max(free, 0)} free (in use by {_pods_text(node.whole_tenants)})",
+            FailureKind.IN_USE,
+            False,
+        )
+    conflict = Conflict.NONE
+    if _node_conflict(
+        (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)), demand, config.group_label
+    ):
+        conflict = Conflict.NODE
+    state = node_state(node)
+    gpus = tuple(i for i, share in enumerate(state.gpu_left) if share == MILLI)[:count]
+    terms = Terms(
+        headroom=headroom_term(free - count, total, config.strategy),
+        priority=priority_term(demand.priority, used / total, config),
+        anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
+        fragmentation=fragmentation_term(model, state, Request(0, 0, count, MILLI), gpus),
+    )
+    return Fit(combine(terms, config.weights), None, terms)
+
+
+def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, bool] | None:
+    """Why this shared GPU cannot take the pod (text, unresolvable), or None if it can."""
+    request = demand.request
+    if gpu.max_clients and request.shared > gpu.max_clients:
+        return f"GPU {gpu.index}: {gpu.max_clients} client slots, needs {request.shared}", True
+    if request.memory_mib > gpu.memory_mib:
+        return f"GPU {gpu.index}: {gpu.memory_mib} MiB in all", True
+    users = _pods_text(gpu.tenants)
+    if gpu.max_clients and gpu.used_slots + request.shared > gpu.max_clients:
+        return (
+            f"GPU {gpu.index}: all {gpu.max_clients} client slots taken (by {users})",
+            False,
+        )
+    if request.memory_mib and gpu.free_memory_mib < request.memory_mib:
+        return (
+            f"GPU {gpu.index}: {gpu.free_memory_mib} of {gpu.memory_mib} MiB free (used by {users})",
+            False,
+        )
+    if request.compute_percent and gpu.used_compute_percent + request.compute_percent > 100:
+        return (
+            f"GPU {gpu.index}: {100 - gpu.used_compute_percent}% compute free (used by {users})",
+            False,
+        )
+    blockers = [t for t in gpu.tenants if _matches(t, demand, group_label, required_only=True)]
+    if blockers:
+        return (
+            f"GPU {gpu.index}: required podAntiAffinity with {_pods_text(blockers)}",
+            False,
+        )
+    return None
+
+
+def _evaluate_shared(
+    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+) -> Verdict:
+    request = demand.request
+    shared = [gpu for gpu in node.gpus if gpu.mode in SHARED_MODES]
+    if not shared:
+        modes = ", ".join(sorted({str(g.mode) for g in node.gpus})) or "no GPUs"
+        return NoFit(
+            f"{node.name}: {_gpus_text(node)}, none shared by MPS or time-slicing (modes: {modes})",
+            FailureKind.NO_SUCH_RESOURCE,
+            True,
+        )
+    fitting: list[GpuView] = []
+    blocked: list[str] = []
+    all_unresolvable = True
+    anti_affinity_only = True
+    for gpu in shared:
+        blocker = _gpu_blocker(gpu, demand, config.group_label)
+        if blocker is None:
+            fitting.append(gpu)
+        else:
+            blocked.append(blocker[0])
+            all_unresolvable = all_unresolvable and blocker[1]
+            anti_affinity_only = anti_affinity_only and "podAntiAffinity" in blocker[0]
+    unplaced_memory = sum(t.memory_mib for t in node.unplaced_tenants)
+    if fitting and unplaced_memory:
+        # Pods whose GPU we cannot read still use memory somewhere on this node.
+        room = sum(g.free_memory_mib for g in shared) - unplaced_memory
+        if room < request.memory_mib:
+            fitting = []
+            blocked.append(
+                f"{unplaced_memory} MiB used by pods without a GPU assignment "
+                f"({_pods_text(node.unplaced_tenants)})"
+            )
+            all_unresolvable = anti_affinity_only = False
+    if not fitting:
+        need = _need_text(request)
+        kind = (
+            FailureKind.ANTI_AFFINITY
+            if anti_affinity_only
+            else (FailureKind.TOO_SMALL if all_unresolvable else FailureKind.IN_USE)
+        )
+        return NoFit(
+            f"{node.name}: {_gpus_text(node)}, no shared GPU with {need} ({'; '.join(blocked)})",
+            kind,
+            all_unresolvable,
+        )
+    reserve = math.ceil(config.reserve_fraction * request.memory_mib)
+    comfortable = [g for g in fitting if g.free_memory_mib - request.memory_mib >= reserve]
+    eats_reserve = not comfortable
+    state = node_state(node)
+    positions = {
+        gpu.index: n for n, gpu in enumerate(g for g in node.gpus if g.mode is not Mode.MIG)
+    }
+    others = _shared_tenants(node)
+    best: Fit | None = None
+    for gpu in comfortable or fitting:
+        if request.memory_mib:
+            left, capacity = gpu.free_memory_mib - request.memory_mib, gpu.memory_mib
+        elif request.compute_percent:
+            left, capacity = 100 - gpu.used_compute_percent - request.compute_percent, 100
+        else:
+            cap = gpu.max_clients or 1
+            left, capacity = cap - gpu.used_slots - request.shared, cap
+        if _node_conflict(gpu.tenants, demand, config.group_label):
+            conflict = Conflict.GPU
+        elif _node_conflict(
+            (*[t for t in others if t not in gpu.tenants], *node.whole_tenants, *node.mig_tenants),
+            demand,
+            config.group_label,
+        ):
+            conflict = Conflict.NODE
+        else:
+            conflict = Conflict.NONE
+        milli = share_milli(request.memory_mib, request.compute_percent, gpu, request.shared)
+        terms = Terms(
+            headroom=headroom_term(left, capacity, config.strategy),
+            priority=priority_term(demand.priority, gpu.contention, config),
+            anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
+            fragmentation=fragmentation_term(
+                model, state, Request(0, 0, 1, milli), (positions[gpu.index],)
+            ),
+            eats_reserve=eats_reserve,
+        )
+        fit = Fit(combine(terms, config.weights), gpu.index, terms)
+        if best is None or _rank(fit, config.weights) > _rank(best, config.weights):
+            best = fit
+    assert best is not None  # `fitting` is not empty
+    return best
+
+
+def _rank(fit: Fit, weights: Weights) -> float:
+    """Ties in the 0-10 score are broken by the unrounded mean (lowest GPU index wins the rest)."""
+    t = fit.terms
+    return fit.score + 1e-3 * (
+        weights.headroom * t.headroom
+        + weights.priority * t.priority
+        + weights.anti_affinity * t.anti_affinity
+        + weights.fragmentation * t.fragmentation
+    )
+
+
+def _need_text(request: GpuRequest) -> str:
+    parts = []
+    if request.memory_mib:
+        parts.append(f"{request.memory_mib} MiB free")
+    if request.compute_percent:
+        parts.append(f"{request.compute_percent}% compute")
+    parts.append(f"{request.shared} client slot{'s' if request.shared > 1 else ''}")
+    return " and ".join(parts)

@@ -1,0 +1,116 @@
+"""Kubernetes objects for the extender tests: Nodes with a GPU inventory, Pods with GPU requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    InventoryGpu,
+    MigDevice,
+    PodAssignment,
+    encode_assignment,
+    encode_inventory,
+)
+
+H100 = "NVIDIA H100 80GB HBM3"
+H100_MIB = 81559
+
+
+def shared_gpu(
+    index: int, *, mode: Mode = Mode.MPS, memory: int = H100_MIB, clients: int = 16
+) -> InventoryGpu:
+    return InventoryGpu(index, f"GPU-{index:04d}", H100, memory, mode, (), clients)
+
+
+def whole_gpu(index: int) -> InventoryGpu:
+    return InventoryGpu(index, f"GPU-{index:04d}", H100, H100_MIB, Mode.NONE)
+
+
+def mig_gpu(index: int, profiles: list[tuple[str, int, int]]) -> InventoryGpu:
+    """profiles: (profile, start, size) of each MIG device."""
+    devices = tuple(
+        MigDevice(f"MIG-{index}-{n}", MigInstance(Placement(start, size), profile))
+        for n, (profile, start, size) in enumerate(profiles)
+    )
+    return InventoryGpu(index, f"GPU-{index:04d}", H100, H100_MIB, Mode.MIG, devices)
+
+
+def node(name: str, gpus: list[InventoryGpu] | None) -> dict[str, Any]:
+    annotations = {} if gpus is None else {INVENTORY_ANNOTATION: encode_inventory(tuple(gpus))}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations, "resourceVersion": "1"},
+    }
+
+
+def pod(
+    name: str,
+    resources: dict[str, str | int],
+    *,
+    namespace: str = "team-a",
+    node: str | None = None,
+    labels: dict[str, str] | None = None,
+    priority: int | None = None,
+    assignment: PodAssignment | None = None,
+    phase: str = "Running",
+    affinity: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    res = {k: str(v) for k, v in resources.items()}
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "main", "image": "x", "resources": {"limits": res, "requests": res}}
+        ]
+    }
+    if node:
+        spec["nodeName"] = node
+    if priority is not None:
+        spec["priority"] = priority
+    if affinity is not None:
+        spec["affinity"] = affinity
+    annotations = {}
+    if assignment is not None:
+        annotations[ASSIGNMENT_ANNOTATION] = encode_assignment(assignment)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{namespace}-{name}",
+            "labels": labels or {},
+            "annotations": annotations,
+        },
+        "spec": spec,
+        "status": {"phase": phase if node else "Pending"},
+    }
+
+
+def shared(memory: int = 0, compute: int = 0) -> dict[str, str | int]:
+    res: dict[str, str | int] = {"nvidia.com/gpu.shared": 1}
+    if memory:
+        res["gpupart.io/gpu-memory"] = memory
+    if compute:
+        res["gpupart.io/gpu-compute"] = compute
+    return res
+
+
+class FakeBinder:
+    """Records the API writes a bind would make; `fail` makes the next bind raise."""
+
+    def __init__(self) -> None:
+        self.annotations: list[tuple[str, str, str, dict[str, str]]] = []
+        self.bindings: list[tuple[str, str, str, str]] = []
+        self.fail: Exception | None = None
+
+    def annotate(self, namespace: str, name: str, uid: str, annotations: Any) -> None:
+        self.annotations.append((namespace, name, uid, dict(annotations)))
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.bindings.append((namespace, name, uid, node))
