@@ -114,3 +114,8 @@ class FakeBinder:
         if self.fail is not None:
             raise self.fail
         self.bindings.append((namespace, name, uid, node))
+
+
+def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: true."""
+    return {"Pod": p, "Nodes": None, "NodeNames": names}

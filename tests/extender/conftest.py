@@ -1,0 +1,85 @@
+"""Fixtures for the extender tests: a cache fed with events, a service with a fake binder, the app."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from extender_objects import FakeBinder, mig_gpu, node, pod, shared_gpu, whole_gpu
+from fastapi.testclient import TestClient
+
+from gpupart.core.wire import PodAssignment
+from gpupart_extender.app import create_app
+from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cache() -> ClusterCache:
+    """node-mig: two MIG GPUs (3g.40gb each, both in use); node-mps: two MPS GPUs; node-whole;
+    node-bare without inventory."""
+    c = ClusterCache()
+    c.replace(
+        NODE,
+        [
+            node("node-mig", [mig_gpu(0, [("3g.40gb", 0, 4)]), mig_gpu(1, [("3g.40gb", 0, 4)])]),
+            node("node-mps", [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]),
+            node("node-whole", [whole_gpu(0), whole_gpu(1)]),
+            node("node-bare", None),
+        ],
+    )
+    c.replace(
+        POD,
+        [
+            pod("train-1", {"nvidia.com/mig-3g.40gb": 1}, node="node-mig"),
+            pod("train-2", {"nvidia.com/mig-3g.40gb": 1}, node="node-mig", namespace="team-b"),
+            pod(
+                "infer-1",
+                {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 30000},
+                node="node-mps",
+                labels={"app": "infer"},
+                assignment=PodAssignment("node-mps", 0, "GPU-0000", 30000),
+            ),
+        ],
+    )
+    return c
+
+
+@pytest.fixture
+def binder() -> FakeBinder:
+    return FakeBinder()
+
+
+@pytest.fixture
+def settings() -> ExtenderSettings:
+    return ExtenderSettings(url_prefix="/gpupart")
+
+
+@pytest.fixture
+def service(
+    cache: ClusterCache, binder: FakeBinder, clock: Clock, settings: ExtenderSettings
+) -> ExtenderService:
+    return ExtenderService(
+        cache, settings.scoring(), binder=binder, metrics=Metrics(), ttl_seconds=30, clock=clock
+    )
+
+
+@pytest.fixture
+def client(settings: ExtenderSettings, service: ExtenderService) -> Iterator[TestClient]:
+    with TestClient(create_app(settings, service)) as c:
+        yield c

@@ -1,0 +1,307 @@
+"""The extender over HTTP (ASGI app through httpx, and once through real uvicorn).
+
+Covers: the exact PascalCase wire shapes (golden strings from kube-scheduler's types_test.go),
+filter with reasons and unresolvable nodes, prioritize scores, bind writing the assignment and
+the Binding, holds and assumed pods, bad input answered with 4xx or `Error` (never 500),
+nodeCacheCapable false with full NodeLists, health, readiness and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from extender_objects import FakeBinder, args, node, pod, shared, shared_gpu
+from fastapi.testclient import TestClient
+
+from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment
+from gpupart_extender.app import create_app
+from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
+
+ALL = ["node-mig", "node-mps", "node-whole", "node-bare"]
+
+# --- golden strings (kubernetes/kube-scheduler extender/v1/types_test.go) ----------------------
+
+
+def test_golden_extender_args_parse() -> None:
+    text = (
+        '{"Pod":{"metadata":{"name":"p"}},'
+        '"Nodes":{"metadata":{},"items":[{"metadata":{"name":"node1"}}]},"NodeNames":["node1"]}'
+    )
+    parsed = ExtenderArgs.model_validate_json(text)
+    assert parsed.NodeNames == ["node1"] and parsed.Nodes is not None
+    assert parsed.Nodes.items == [{"metadata": {"name": "node1"}}]
+
+
+def test_golden_filter_result_and_binding_shapes() -> None:
+    result = ExtenderFilterResult(
+        NodeNames=["node1"],
+        FailedNodes={"foo": "bar"},
+        FailedAndUnresolvableNodes={"baz": "qux"},
+        Error="myerror",
+    )
+    assert json.loads(result.model_dump_json(exclude={"Nodes"})) == json.loads(
+        '{"NodeNames":["node1"],"FailedNodes":{"foo":"bar"},"FailedAndUnresolvableNodes":{"baz":"qux"},"Error":"myerror"}'
+    )
+    binding = ExtenderBindingArgs.model_validate_json(
+        '{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}'
+    )
+    assert (binding.PodName, binding.PodNamespace, binding.PodUID, binding.Node) == (
+        "mypodname",
+        "mypodnamespace",
+        "mypoduid",
+        "mynode",
+    )
+
+
+def test_lowercase_keys_are_accepted_like_gos_decoder() -> None:
+    parsed = ExtenderArgs.model_validate_json('{"pod":{"metadata":{}},"nodeNames":["a"]}')
+    assert parsed.NodeNames == ["a"]
+
+
+# --- filter -------------------------------------------------------------------------------------
+
+
+def test_filter_mig_pod_says_why_in_words(client: TestClient) -> None:
+    body = client.post("/gpupart/filter", json=args(pod("new", {"nvidia.com/mig-3g.40gb": 1}), ALL))
+    assert body.status_code == 200
+    out = body.json()
+    assert set(out) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert out["NodeNames"] == [] and out["Error"] == ""
+    assert out["FailedNodes"] == {
+        "node-mig": "node-mig: 2 GPUs, no free 3g.40gb slice (all 2 in use by team-a/train-1, team-b/train-2)"
+    }
+    assert set(out["FailedAndUnresolvableNodes"]) == {"node-mps", "node-whole", "node-bare"}
+    assert "gpupart.io/inventory" in out["FailedAndUnresolvableNodes"]["node-bare"]
+
+
+def test_filter_returns_survivors_and_prioritize_scores(client: TestClient) -> None:
+    p = pod("new", shared(8000))
+    out = client.post("/gpupart/filter", json=args(p, ALL)).json()
+    assert out["NodeNames"] == ["node-mps"]
+    scores = client.post("/gpupart/prioritize", json=args(p, ["node-mps", "node-whole"])).json()
+    assert [s["Host"] for s in scores] == ["node-mps", "node-whole"]
+    assert all(set(s) == {"Host", "Score"} and 0 <= s["Score"] <= 10 for s in scores)
+    assert scores[1]["Score"] == 0 and scores[0]["Score"] > 0
+
+
+def test_unknown_node_is_failed_not_an_error(client: TestClient) -> None:
+    out = client.post("/gpupart/filter", json=args(pod("new", shared()), ["node-9"])).json()
+    assert (
+        out["NodeNames"] == []
+        and "not known to the gpupart extender" in out["FailedNodes"]["node-9"]
+    )
+
+
+def test_invalid_pod_request_is_an_error_field(client: TestClient) -> None:
+    bad = pod("new", {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "-5"})
+    out = client.post("/gpupart/filter", json=args(bad, ALL))
+    assert out.status_code == 200
+    assert out.json()["Error"].startswith("invalid pod: Pod.spec.containers[0].resources")
+    assert out.json()["NodeNames"] == []
+    scores = client.post("/gpupart/prioritize", json=args(bad, ALL))
+    assert scores.status_code == 400 and "invalid pod" in scores.json()["Error"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not json",
+        "[]",
+        '{"NodeNames":["a"]}',
+        '{"Pod":"x","NodeNames":["a"]}',
+        '{"Pod":{},"NodeNames":"a"}',
+        '{"Pod":{"metadata":[]},"NodeNames":["a"]}',
+        '{"Pod":{"spec":{"containers":{}}},"NodeNames":["a"]}',
+        '{"Pod":{"spec":{"containers":[{"resources":{"limits":{"nvidia.com/gpu":"1e99"}}}]}},"NodeNames":["a"]}',
+    ],
+)
+def test_malformed_bodies_get_4xx_or_error_never_500(client: TestClient, body: str) -> None:
+    for verb in ("filter", "prioritize"):
+        res = client.post(
+            f"/gpupart/{verb}", content=body, headers={"content-type": "application/json"}
+        )
+        assert res.status_code < 500, res.text
+        assert res.status_code in (200, 400, 422)
+        if res.status_code == 200 and verb == "filter":
+            assert res.json()["Error"] or res.json()["NodeNames"] is not None
+
+
+def test_full_node_list_mode_returns_nodes(client: TestClient) -> None:
+    items = [
+        node("node-mps", [shared_gpu(0)]),
+        node("fresh", [shared_gpu(0)]),
+        node("node-bare", None),
+    ]
+    body = {
+        "Pod": pod("new", shared(1000)),
+        "Nodes": {"metadata": {}, "items": items},
+        "NodeNames": None,
+    }
+    out = client.post("/gpupart/filter", json=body).json()
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["node-mps", "fresh"]
+    assert out["NodeNames"] is None
+    assert "node-bare" in out["FailedAndUnresolvableNodes"]
+
+
+# --- bind ---------------------------------------------------------------------------------------
+
+
+def test_bind_writes_assignment_then_binding_and_reserves(
+    client: TestClient, binder: FakeBinder, cache: ClusterCache
+) -> None:
+    p = pod("new", shared(8000), labels={"app": "infer"})
+    client.post("/gpupart/filter", json=args(p, ["node-mps"]))
+    res = client.post(
+        "/gpupart/bind",
+        json={
+            "PodName": "new",
+            "PodNamespace": "team-a",
+            "PodUID": "uid-team-a-new",
+            "Node": "node-mps",
+        },
+    )
+    assert res.json() == {"Error": ""}
+    assert binder.bindings == [("team-a", "new", "uid-team-a-new", "node-mps")]
+    ((ns, name, uid, annotations),) = binder.annotations
+    assignment = decode_assignment(annotations[ASSIGNMENT_ANNOTATION])
+    # Same app as infer-1 on GPU 0: the extender picks GPU 1.
+    assert (assignment.node, assignment.gpu, assignment.memory_mib) == ("node-mps", 1, 8000)
+    view = cache.view("node-mps")
+    assert view is not None and view.gpus[1].used_memory_mib == 8000  # assumed until watched
+
+
+def test_assumed_pods_block_capacity_until_ttl(
+    client: TestClient, clock: Any
+) -> None:
+    for n in range(5):
+        p = pod(f"big-{n}", shared(9000))
+        client.post("/gpupart/filter", json=args(p, ["node-mps"]))
+        res = client.post(
+            "/gpupart/bind",
+            json={
+                "PodName": f"big-{n}",
+                "PodNamespace": "team-a",
+                "PodUID": f"uid-team-a-big-{n}",
+                "Node": "node-mps",
+            },
+        )
+        assert res.json()["Error"] == "", n
+    # GPU 0: 30000 + 9000 of 40000 used, GPU 1: 4 × 9000: a sixth 9000 MiB pod fits nowhere.
+    out = client.post("/gpupart/filter", json=args(pod("big-x", shared(9000)), ["node-mps"])).json()
+    assert (
+        out["NodeNames"] == []
+        and "no shared GPU with 9000 MiB free" in out["FailedNodes"]["node-mps"]
+    )
+    clock.now += 31  # the watch never confirmed them: the reservations lapse
+    out = client.post("/gpupart/filter", json=args(pod("big-6", shared(9000)), ["node-mps"])).json()
+    assert out["NodeNames"] == ["node-mps"]
+
+
+def test_bind_without_filter_or_on_a_full_node_is_an_error(
+    client: TestClient, binder: FakeBinder
+) -> None:
+    res = client.post(
+        "/gpupart/bind",
+        json={"PodName": "x", "PodNamespace": "team-a", "PodUID": "u", "Node": "node-mps"},
+    )
+    assert "no filter decision" in res.json()["Error"]
+    client.post("/gpupart/filter", json=args(pod("m", {"nvidia.com/mig-3g.40gb": 1}), ["node-mig"]))
+    res = client.post(
+        "/gpupart/bind",
+        json={
+            "PodName": "m",
+            "PodNamespace": "team-a",
+            "PodUID": "uid-team-a-m",
+            "Node": "node-mig",
+        },
+    )
+    assert res.json()["Error"].startswith("node changed since filter: node-mig: 2 GPUs, no free")
+    assert binder.bindings == []
+
+
+def test_failed_api_write_releases_the_reservation(
+    client: TestClient, binder: FakeBinder, cache: ClusterCache
+) -> None:
+    binder.fail = RuntimeError("conflict")
+    client.post("/gpupart/filter", json=args(pod("new", shared(8000)), ["node-mps"]))
+    res = client.post(
+        "/gpupart/bind",
+        json={
+            "PodName": "new",
+            "PodNamespace": "team-a",
+            "PodUID": "uid-team-a-new",
+            "Node": "node-mps",
+        },
+    )
+    assert "binding team-a/new to node-mps failed" in res.json()["Error"]
+    assert cache.counts()["assumed"] == 0
+
+
+def test_bind_args_are_validated(client: TestClient) -> None:
+    assert client.post("/gpupart/bind", json={"PodName": "x"}).status_code == 400
+    assert (
+        client.post(
+            "/gpupart/bind", content=b"{", headers={"content-type": "application/json"}
+        ).status_code
+        == 400
+    )
+
+
+# --- health, readiness, metrics ------------------------------------------------------------------
+
+
+def test_health_readiness_and_metrics(client: TestClient) -> None:
+    assert client.get("/healthz").text == "ok"
+    assert client.get("/readyz").status_code == 200
+    client.post("/gpupart/filter", json=args(pod("new", {"nvidia.com/mig-3g.40gb": 1}), ALL))
+    text = client.get("/metrics").text
+    assert 'gpupart_extender_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'gpupart_extender_filtered_nodes_total{reason="in_use"} 1.0' in text
+    assert 'gpupart_extender_decisions_total{outcome="unschedulable",verb="filter"} 1.0' in text
+    assert 'gpupart_extender_cache_objects{kind="nodes"} 4.0' in text
+
+
+def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
+    cache = ClusterCache()
+    service = ExtenderService(cache, settings.scoring(), binder=FakeBinder(), metrics=Metrics())
+    with TestClient(create_app(settings, service)) as c:
+        res = c.get("/readyz")
+        assert res.status_code == 503 and "Node, Pod" in res.text
+        cache.replace(NODE, [])
+        cache.replace(POD, [])
+        assert c.get("/readyz").status_code == 200
+
+
+# --- real uvicorn ------------------------------------------------------------------------------------
+
+
+def test_real_uvicorn_on_loopback(settings: ExtenderSettings, service: ExtenderService) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, service), log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            out = http.post("/gpupart/filter", json=args(pod("new", shared(1000)), ALL)).json()
+            assert out["NodeNames"] == ["node-mps"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
