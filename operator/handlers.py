@@ -1,0 +1,249 @@
+"""kopf wiring: watch GpuPartitions and Nodes, wake one debounced reconcile loop, hold deletion until nodes let go.
+
+Handlers never compute or write desired state themselves; they only wake `ReconcileLoop`,
+whose single worker runs `Reconciler.reconcile_all` in a thread. kopf keeps its own
+bookkeeping in annotations under gpupart.io/, never in the user-visible status, and
+handlers return None so no handler result lands there either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpupart.core.partitioning import released
+from gpupart.core.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
+from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
+from gpupart_operator.reconciler import PassResult, Reconciler
+from gpupart_operator.settings import OperatorSettings
+
+log = logging.getLogger("gpupart.operator")
+
+KOPF_PREFIX = "gpupart.io"
+"""kopf's progress and diff-base annotations are gpupart.io/<handler-id> and
+gpupart.io/last-handled-configuration on each GpuPartition."""
+
+
+class Reconciles(Protocol):
+    """What the loop needs of a reconciler: one full pass, safe to call from a worker thread."""
+
+    def reconcile_all(self) -> PassResult: ...
+
+
+class ReconcileLoop:
+    """Coalesces wake-ups into reconcile passes, one at a time, each in a worker thread.
+
+    `wake()` asks for a pass that starts after the call; a burst of wakes inside the debounce
+    window becomes one pass. `settle()` wakes and waits for such a pass, returning what it saw.
+    A failed pass (API errors) is retried after `retry_seconds`.
+    """
+
+    def __init__(self, reconciler: Reconciles, *, debounce: float, retry_seconds: float) -> None:
+        self._reconciler = reconciler
+        self._debounce = debounce
+        self._retry_seconds = retry_seconds
+        self._wake = asyncio.Event()
+        self._done = asyncio.Condition()
+        self._requested = 0
+        self._completed = 0
+        self._result: PassResult | None = None
+        self._error: BaseException | None = None
+        self.last_success: float | None = None
+        """time.monotonic() of the last pass that succeeded."""
+
+    def wake(self) -> None:
+        self._requested += 1
+        self._wake.set()
+
+    async def settle(self) -> PassResult:
+        self.wake()
+        target = self._requested
+        async with self._done:
+            await self._done.wait_for(lambda: self._completed >= target)
+        if self._result is None or self._error is not None:
+            raise kopf.TemporaryError(
+                f"reconcile pass failed: {self._error}", delay=self._retry_seconds
+            )
+        return self._result
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self._debounce)
+            self._wake.clear()
+            serving = self._requested
+            result: PassResult | None = None
+            error: BaseException | None = None
+            try:
+                result = await asyncio.to_thread(self._reconciler.reconcile_all)
+                self.last_success = time.monotonic()
+            except Exception as problem:  # noqa: BLE001 - any failure: log, retry the pass
+                error = problem
+                log.warning(
+                    "Failed reconcile pass, retrying in %.0fs error=%s",
+                    self._retry_seconds,
+                    _describe(problem),
+                )
+                asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
+            async with self._done:
+                self._completed = serving
+                self._result, self._error = result, error
+                self._done.notify_all()
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"API {error.status} {error.reason}"
+    return f"{type(error).__name__}: {error}"
+
+
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's own state lives in annotations; nothing of kopf's goes under .status."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    # kopf turns handler log lines into Events; only warnings and errors are worth one.
+    settings.posting.level = logging.WARNING
+
+
+def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same client configuration the reconciler uses."""
+    header = configuration.get_api_key_with_prefix(
+        "BearerToken"
+    ) or configuration.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None)
+    if len(parts) == 1:
+        token = parts[0]
+    elif len(parts) == 2:
+        scheme, token = parts[0], parts[1]
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing."""
+    meta = body.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        tuple(sorted((meta.get("labels") or {}).items())),
+        annotations.get(STATE_ANNOTATION),
+        annotations.get(DESIRED_ANNOTATION),
+        node_ready(body),
+    )
+
+
+def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """A fresh registry with every handler of the operator (no module-level state)."""
+    registry = kopf.OperatorRegistry()
+    ours = settings  # kopf passes its own `settings` to startup handlers
+    configuration = reconciler.core.api_client.configuration
+    state: dict[str, Any] = {}
+    seen_nodes: dict[str, tuple[Any, ...]] = {}
+
+    def loop() -> ReconcileLoop:
+        current: ReconcileLoop = state["loop"]
+        return current
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings)
+        seen_nodes.clear()
+        state["loop"] = ReconcileLoop(
+            reconciler,
+            debounce=ours.debounce_seconds,
+            retry_seconds=ours.release_retry_seconds,
+        )
+        state["task"] = asyncio.create_task(loop().run(), name="gpupart reconcile loop")
+        # No pass here: a paused peer must not act. The first watch listing wakes the loop.
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        task: asyncio.Task[None] | None = state.pop("task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(configuration)
+
+    @kopf.on.probe(registry=registry, id="secondsSinceReconcile")
+    async def probe(**_: Any) -> float | None:
+        last = loop().last_success if "loop" in state else None
+        return None if last is None else round(time.monotonic() - last, 1)
+
+    # -- GpuPartitions --
+
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="create")
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="update")
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="resume")
+    async def changed(**_: Any) -> None:
+        loop().wake()
+
+    @kopf.timer(
+        GROUP, VERSION, PLURAL, registry=registry, id="drift", interval=settings.resync_seconds
+    )
+    async def drift(**_: Any) -> None:
+        # A full pass re-reads every node: annotations edited by hand are put back.
+        loop().wake()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="gone")
+    async def gone(event: Mapping[str, Any], **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            loop().wake()
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="release")
+    async def release(
+        name: str, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
+    ) -> None:
+        # The pass sees the deletionTimestamp and removes this partition's desired groups.
+        result = await loop().settle()
+        holding = set(released(name, [node.view for node in result.nodes]))
+        reachable = sorted(n.name for n in result.nodes if n.name in holding and n.reachable)
+        unreachable = sorted(n.name for n in result.nodes if n.name in holding and not n.reachable)
+        if unreachable:
+            logger.warning(
+                f"Not waiting for unreachable node(s) {', '.join(unreachable)}: "
+                "their agents will drop the partition when they come back"
+            )
+        if reachable:
+            raise kopf.TemporaryError(
+                f"waiting for {', '.join(reachable)} to return to the partition-free configuration",
+                delay=settings.release_retry_seconds,
+            )
+
+    # -- Nodes --
+
+    @kopf.on.event("", "v1", "nodes", registry=registry, id="node")
+    async def node_event(event: Mapping[str, Any], name: str, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            seen_nodes.pop(name, None)
+            loop().wake()
+            return
+        fingerprint = node_fingerprint(event.get("object") or {})
+        if seen_nodes.get(name) != fingerprint:
+            seen_nodes[name] = fingerprint
+            loop().wake()
+
+    return registry

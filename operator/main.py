@@ -1,0 +1,82 @@
+"""`gpupart operator`: flags -> frozen settings -> API clients -> kopf registry -> run until signalled."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kopf
+from kubernetes import client, config
+
+from gpupart_operator import settings as settings_module
+from gpupart_operator.handlers import build_registry
+from gpupart_operator.metrics import Metrics
+from gpupart_operator.reconciler import Reconciler
+from gpupart_operator.settings import OperatorSettings
+
+log = logging.getLogger("gpupart.operator")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    settings_module.add_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help="log every pass and kopf's chatter")
+
+
+def load_configuration(kubeconfig: str | None, *, pool_size: int) -> client.Configuration:
+    """The kubeconfig if given, else the in-cluster service account, else $KUBECONFIG/~/.kube/config."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    else:
+        try:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except config.ConfigException:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+    # One connection per parallel writer, or writes queue for a connection.
+    configuration.connection_pool_maxsize = pool_size
+    return configuration
+
+
+def build(settings: OperatorSettings) -> tuple[Reconciler, kopf.OperatorRegistry]:
+    configuration = load_configuration(settings.kubeconfig, pool_size=settings.write_workers + 4)
+    metrics = Metrics()
+    reconciler = Reconciler(client.ApiClient(configuration), settings, metrics)
+    return reconciler, build_registry(reconciler, settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_module.from_args(args)
+    except ValueError as error:
+        sys.stderr.write(f"gpupart operator: {error}\n")
+        return 2
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    reconciler, registry = build(settings)
+    if settings.metrics_port is not None:
+        reconciler.metrics.serve(settings.bind_address, settings.metrics_port)
+    log.info(
+        "Starting operator peering=%s priority=%d resync=%.0fs",
+        settings.peering or "(standalone)",
+        settings.priority,
+        settings.resync_seconds,
+    )
+    try:
+        kopf.run(
+            registry=registry,
+            clusterwide=True,
+            standalone=settings.standalone,
+            peering_name=settings.peering,
+            priority=settings.priority,
+            liveness_endpoint=settings.liveness_endpoint,
+        )
+    finally:
+        reconciler.close()
+        reconciler.core.api_client.close()
+    return 0

@@ -1,0 +1,264 @@
+"""The operator's edge, pure: raw API objects into core values, and core results into the patches to send.
+
+Nothing here does I/O. Given the objects as listed and the core's Resolution, these functions
+say exactly which writes a pass needs; an empty answer is what makes a resync write nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpupart.core.errors import GpupartError
+from gpupart.core.partitioning import (
+    Condition,
+    NodeView,
+    Partition,
+    PartitionStatus,
+    merge_conditions,
+)
+from gpupart.core.spec import API_VERSION, KIND, parse_partition
+from gpupart.core.wire import (
+    DESIRED_ANNOTATION,
+    STATE_ANNOTATION,
+    DesiredGroup,
+    GpuState,
+    NodeReport,
+    decode_report,
+    encode_desired,
+)
+
+GROUP = "gpupart.io"
+VERSION = "v1alpha1"
+PLURAL = "gpupartitions"
+FINALIZER = "gpupart.io/finalizer"
+OWNED_STATUS_KEYS = (
+    "observedGeneration",
+    "selectedNodes",
+    "readyNodes",
+    "nodesReady",
+    "nodes",
+    "conditions",
+)
+"""Status fields the operator writes; anything else under status is not ours to compare."""
+
+# (type, status) pairs that are bad news: their Events are Warnings.
+_WARNING_STATES = {("Degraded", "True"), ("Conflict", "True")}
+_WARNING_READY_REASONS = {"InvalidSpec", "InvalidForNode", "NoMatchingNodes"}
+# A condition first seen in one of these states is not news; no Event for it.
+_QUIET_STATES = {("Progressing", "False"), ("Degraded", "False"), ("Conflict", "False")}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionObject:
+    """One GpuPartition as listed: the parsed partition, or why it does not parse."""
+
+    name: str
+    uid: str
+    generation: int
+    deleting: bool
+    status: Mapping[str, Any]
+    partition: Partition | None
+    error: str = ""
+    """The InvalidInput message when the spec does not parse; the partition then claims nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeObject:
+    """One Node as listed: the core's view of it, its current desired annotation, reachability."""
+
+    view: NodeView
+    desired: str | None
+    reachable: bool
+    report_error: str = ""
+    """Why gpupart.io/state was ignored (malformed or unknown version), or ''."""
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+
+def read_partition(raw: Mapping[str, Any]) -> PartitionObject:
+    meta = raw.get("metadata") or {}
+    # Listed items of a custom resource carry apiVersion/kind; a watch body may not.
+    document = {"apiVersion": API_VERSION, "kind": KIND, **raw}
+    name = str(meta.get("name", ""))
+    deleting = bool(meta.get("deletionTimestamp"))
+    status = raw.get("status") or {}
+    partition: Partition | None = None
+    error = ""
+    try:
+        spec = parse_partition(document)
+        partition = Partition(spec, str(meta.get("creationTimestamp", "")), deleting)
+    except GpupartError as problem:
+        error = str(problem)
+    return PartitionObject(
+        name=name,
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation") or 0),
+        deleting=deleting,
+        status=status if isinstance(status, Mapping) else {},
+        partition=partition,
+        error=error,
+    )
+
+
+def read_node(raw: Mapping[str, Any]) -> NodeObject:
+    meta = raw.get("metadata") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    annotations = meta.get("annotations") or {}
+    report: NodeReport | None = None
+    report_error = ""
+    state_text = annotations.get(STATE_ANNOTATION)
+    if state_text is not None:
+        try:
+            report = decode_report(state_text)
+        except GpupartError as error:
+            report_error = str(error)
+    desired = annotations.get(DESIRED_ANNOTATION)
+    return NodeObject(
+        view=NodeView(str(meta.get("name", "")), labels, report),
+        desired=None if desired is None else str(desired),
+        reachable=node_ready(raw),
+        report_error=report_error,
+    )
+
+
+def node_ready(raw: Mapping[str, Any]) -> bool:
+    """The kubelet's Ready condition is True: the node (and its agent) can still act."""
+    for condition in (raw.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def desired_patches(
+    desired: Mapping[str, tuple[DesiredGroup, ...]], nodes: Sequence[NodeObject]
+) -> dict[str, dict[str, Any]]:
+    """Merge patches for the nodes whose gpupart.io/desired differs: set, change, or remove (null)."""
+    patches: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        groups = desired.get(node.name)
+        text = encode_desired(groups) if groups else None
+        if text != node.desired:
+            patches[node.name] = {"metadata": {"annotations": {DESIRED_ANNOTATION: text}}}
+    return patches
+
+
+def status_document(
+    status: PartitionStatus, old_conditions: Sequence[Mapping[str, str]], *, now: str
+) -> dict[str, Any]:
+    """The operator-owned part of .status for a resolved partition."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for name, node in status.nodes:
+        entry: dict[str, Any] = {"state": node.state.value, "message": node.message}
+        if node.gpus is not None:
+            entry["gpus"] = list(node.gpus)
+        nodes[name] = entry
+    ready = sum(1 for _, node in status.nodes if node.state is GpuState.APPLIED)
+    return {
+        "observedGeneration": status.observed_generation,
+        "selectedNodes": len(nodes),
+        "readyNodes": ready,
+        "nodesReady": f"{ready}/{len(nodes)}",
+        "nodes": nodes,
+        "conditions": merge_conditions(old_conditions, status.conditions, now=now),
+    }
+
+
+def invalid_status(generation: int, message: str) -> PartitionStatus:
+    """Status of a partition whose spec does not parse: not ready, claiming nothing."""
+    return PartitionStatus(
+        generation,
+        (),
+        (
+            Condition("Ready", "False", "InvalidSpec", message),
+            Condition("Progressing", "False", "InvalidSpec", ""),
+            Condition("Degraded", "True", "InvalidSpec", message),
+            Condition("Conflict", "False", "NoConflict", ""),
+        ),
+    )
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns `old` into `new` (keys only in `old` become null)."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            inner = merge_patch(before, value)
+            if inner:
+                patch[key] = inner
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch
+
+
+def status_patch(old_status: Mapping[str, Any], document: Mapping[str, Any]) -> dict[str, Any]:
+    """{"status": ...} merge patch for the operator-owned fields, or {} when nothing changed."""
+    owned = {k: old_status[k] for k in OWNED_STATUS_KEYS if k in old_status}
+    diff = merge_patch(owned, document)
+    return {"status": diff} if diff else {}
+
+
+def old_conditions(status: Mapping[str, Any]) -> list[Mapping[str, str]]:
+    conditions = status.get("conditions") or []
+    return [c for c in conditions if isinstance(c, Mapping) and "type" in c]
+
+
+def condition_events(old: Sequence[Mapping[str, str]], new: Sequence[Condition]) -> list[Condition]:
+    """Conditions worth an Event: status or reason changed; a first quiet state is no news."""
+    before = {c.get("type"): c for c in old}
+    changed = []
+    for condition in new:
+        previous = before.get(condition.type)
+        if previous is None:
+            if (condition.type, condition.status) not in _QUIET_STATES:
+                changed.append(condition)
+        elif (previous.get("status"), previous.get("reason")) != (
+            condition.status,
+            condition.reason,
+        ):
+            changed.append(condition)
+    return changed
+
+
+def event_type(condition: Condition) -> str:
+    bad = (condition.type, condition.status) in _WARNING_STATES or (
+        condition.type == "Ready"
+        and condition.status == "False"
+        and condition.reason in _WARNING_READY_REASONS
+    )
+    return "Warning" if bad else "Normal"
+
+
+def event_manifest(
+    partition: PartitionObject, condition: Condition, *, namespace: str, now: str, instance: str
+) -> dict[str, Any]:
+    """A core/v1 Event about `partition` for a condition that changed."""
+    message = f"{condition.type}={condition.status}"
+    if condition.message:
+        message += f": {condition.message}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{partition.name}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": partition.name,
+            "uid": partition.uid,
+        },
+        "reason": condition.reason,
+        "message": message[:1024],
+        "type": event_type(condition),
+        "source": {"component": "gpupart-operator"},
+        "reportingComponent": "gpupart.io/operator",
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

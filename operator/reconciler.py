@@ -1,0 +1,245 @@
+"""One level-triggered pass: list every GpuPartition and Node, resolve with the core, write only what differs.
+
+This is the operator's only writer. It holds the API clients (built once, passed in) and is
+called from a worker thread; a lock keeps passes from overlapping. Comparing the computed
+state with the listed objects is what makes a resync with nothing new write nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpupart.core.partitioning import PartitionStatus, resolve
+from gpupart_operator.metrics import Metrics
+from gpupart_operator.model import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    NodeObject,
+    PartitionObject,
+    condition_events,
+    desired_patches,
+    event_manifest,
+    invalid_status,
+    old_conditions,
+    read_node,
+    read_partition,
+    status_document,
+    status_patch,
+)
+from gpupart_operator.settings import OperatorSettings
+
+log = logging.getLogger("gpupart.operator")
+
+MERGE_PATCH = "application/merge-patch+json"
+LIST_PAGE = 500
+
+
+def _drain(response: Any) -> None:
+    """Read a raw response to the end, so its connection goes back to the pool."""
+    response.data  # noqa: B018 - the property reads the body
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    """What a pass saw and did; deletion reads `nodes` to know who still applies a partition."""
+
+    nodes: tuple[NodeObject, ...]
+    partitions: tuple[PartitionObject, ...]
+    writes: int
+    seconds: float
+
+
+class Reconciler:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        settings: OperatorSettings,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], str] = utc_now,
+    ) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.writes = 0
+        """Every write this reconciler sent, for tests and the benchmark."""
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-write")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    # -- the pass --
+
+    def reconcile_all(self) -> PassResult:
+        with self._lock:
+            started = time.monotonic()
+            try:
+                result = self._pass(started)
+            except Exception:
+                self.metrics.errors.inc()
+                raise
+            finally:
+                self.metrics.reconciles.inc()
+                self.metrics.duration.observe(time.monotonic() - started)
+            return result
+
+    def _pass(self, started: float) -> PassResult:
+        partitions = tuple(read_partition(raw) for raw in self._list_partitions())
+        nodes = tuple(read_node(raw) for raw in self._list(self.core.list_node))
+        for node in nodes:
+            if node.report_error:
+                log.warning("Ignored node state node=%s error=%r", node.name, node.report_error)
+        resolution = resolve(
+            [p.partition for p in partitions if p.partition is not None],
+            [n.view for n in nodes],
+        )
+        writes = 0
+        # Desired state first: status and Events describe it.
+        patches = desired_patches(resolution.desired, nodes)
+        writes += sum(self._pool.map(lambda item: self._patch_node(*item), patches.items()))
+        now = self.clock()
+        by_state: Counter[str] = Counter()
+        for partition in partitions:
+            if partition.deleting:
+                continue
+            status: PartitionStatus | None = resolution.statuses.get(partition.name)
+            if partition.partition is None:
+                status = invalid_status(partition.generation, partition.error)
+            if status is None:
+                continue
+            writes += self._write_status(partition, status, now)
+            ready = next(c for c in status.conditions if c.type == "Ready")
+            by_state[ready.reason] += 1
+        self.metrics.set_partitions(by_state)
+        seconds = time.monotonic() - started
+        if writes:
+            log.info(
+                "Reconciled GpuPartitions partitions=%d nodes=%d writes=%d seconds=%.3f",
+                len(partitions),
+                len(nodes),
+                writes,
+                seconds,
+            )
+        else:
+            log.debug("Reconciled GpuPartitions without changes nodes=%d", len(nodes))
+        self.writes += writes
+        return PassResult(nodes, partitions, writes, seconds)
+
+    # -- reads --
+
+    def _list_partitions(self) -> list[Mapping[str, Any]]:
+        def page(**kwargs: Any) -> Any:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
+
+        return self._list(page)
+
+    @staticmethod
+    def _list(call: Callable[..., Any]) -> list[Mapping[str, Any]]:
+        """All items of a list call, page by page, as plain dicts (no model deserialisation)."""
+        items: list[Mapping[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            body = json.loads(call(**kwargs).data)
+            items.extend(body.get("items") or [])
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    # -- writes --
+
+    def _patch_node(self, name: str, patch: dict[str, Any]) -> int:
+        try:
+            _drain(
+                self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
+            )
+        except ApiException as error:
+            if error.status == 404:  # gone since the list: nothing left to configure
+                return 0
+            raise
+        self.metrics.writes.labels(kind="node").inc()
+        value = patch["metadata"]["annotations"]
+        action = "Removed" if next(iter(value.values())) is None else "Set"
+        log.debug("%s desired configuration node=%s", action, name)
+        return 1
+
+    def _write_status(self, partition: PartitionObject, status: PartitionStatus, now: str) -> int:
+        before = old_conditions(partition.status)
+        document = status_document(status, before, now=now)
+        patch = status_patch(partition.status, document)
+        if not patch:
+            return 0
+        try:
+            _drain(
+                self.custom.patch_cluster_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    partition.name,
+                    patch,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return 0
+            raise
+        self.metrics.writes.labels(kind="status").inc()
+        writes = 1
+        for condition in condition_events(before, status.conditions):
+            writes += self._post_event(
+                event_manifest(
+                    partition,
+                    condition,
+                    namespace=self.settings.event_namespace,
+                    now=now,
+                    instance=self.settings.instance,
+                )
+            )
+            log.info(
+                "Changed condition gpupartition=%s type=%s status=%s reason=%s",
+                partition.name,
+                condition.type,
+                condition.status,
+                condition.reason,
+            )
+        return writes
+
+    def _post_event(self, body: dict[str, Any]) -> int:
+        """Events are best effort: a failure is logged and never fails the pass."""
+        try:
+            _drain(
+                self.core.create_namespaced_event(
+                    body["metadata"]["namespace"],
+                    client.CoreV1Event.model_validate(body),
+                    _preload_content=False,
+                )
+            )
+        except ApiException as error:
+            log.warning("Did not post Event reason=%s error=%s", body["reason"], error.reason)
+            return 0
+        self.metrics.writes.labels(kind="event").inc()
+        return 1

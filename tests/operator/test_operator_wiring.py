@@ -1,0 +1,200 @@
+"""The kopf wiring without a server: where kopf keeps its state, the reconcile loop, flags.
+
+Aspects: kopf's progress, diff-base and touch annotations go under gpupart.io/ in metadata and
+never into .status (the leak test); the finalizer name; node events wake the loop only for what
+the operator reads; bursts of wakes coalesce into one pass; a failed pass answers deletion with
+a TemporaryError and is retried; flags become frozen settings; the registry is never kopf's
+global one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import threading
+
+import kopf
+import pytest
+
+from gpupart_operator.handlers import ReconcileLoop, configure_kopf, node_fingerprint
+from gpupart_operator.reconciler import PassResult
+from gpupart_operator.settings import OperatorSettings, add_arguments, from_args
+
+
+def gpupartition_body() -> kopf.Body:
+    return kopf.Body(
+        {
+            "apiVersion": "gpupart.io/v1alpha1",
+            "kind": "GpuPartition",
+            "metadata": {"name": "a", "uid": "u", "annotations": {}},
+            "spec": {"mode": "None"},
+            "status": {"observedGeneration": 1},
+        }
+    )
+
+
+def test_kopf_progress_and_diff_base_never_touch_status():
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings)
+    assert settings.persistence.finalizer == "gpupart.io/finalizer"
+    body = gpupartition_body()
+    patch = kopf.Patch()
+    record = {
+        "started": dt.datetime(2026, 1, 1).isoformat(),
+        "retries": 3,
+        "delayed": dt.datetime(2026, 1, 1).isoformat(),
+        "message": "waiting for n1",
+        "success": False,
+        "failure": False,
+    }
+    settings.persistence.progress_storage.store(
+        key=kopf.HandlerId("release"), record=record, body=body, patch=patch
+    )
+    settings.persistence.progress_storage.touch(body=body, patch=patch, value="x")
+    settings.persistence.diffbase_storage.store(
+        body=body, patch=patch, essence=kopf.BodyEssence(spec={"mode": "None"})
+    )
+    assert not patch.status, patch
+    assert "status" not in dict(patch)
+    annotations = patch["metadata"]["annotations"]
+    assert "gpupart.io/release" in annotations
+    assert "gpupart.io/last-handled-configuration" in annotations
+    assert all(key.startswith("gpupart.io/") for key in annotations), annotations
+
+
+def test_kopf_does_not_turn_info_logs_into_events():
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings)
+    assert settings.posting.level >= 30  # WARNING and above only
+
+
+def node(labels=None, annotations=None, ready="True", heartbeat="t0"):
+    return {
+        "metadata": {"name": "n1", "labels": labels or {}, "annotations": annotations or {}},
+        "status": {
+            "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+            "capacity": {"cpu": "64"},
+        },
+    }
+
+
+def test_node_fingerprint_ignores_heartbeats_and_sees_what_the_operator_reads():
+    base = node({"pool": "mig"})
+    assert node_fingerprint(base) == node_fingerprint(node({"pool": "mig"}, heartbeat="t1"))
+    assert node_fingerprint(base) != node_fingerprint(node({"pool": "cpu"}))
+    assert node_fingerprint(base) != node_fingerprint(
+        node({"pool": "mig"}, {"gpupart.io/state": "{}"})
+    )
+    assert node_fingerprint(base) != node_fingerprint(
+        node({"pool": "mig"}, {"gpupart.io/desired": "{}"})
+    )
+    assert node_fingerprint(base) != node_fingerprint(node({"pool": "mig"}, ready="Unknown"))
+    assert node_fingerprint(base) == node_fingerprint(
+        node({"pool": "mig"}, {"unrelated": "changed"})
+    )
+
+
+class CountingReconciler:
+    """Stands in for the API-backed Reconciler: counts passes, can be told to fail."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.fail = False
+        self.lock = threading.Lock()
+
+    def reconcile_all(self) -> PassResult:
+        with self.lock:
+            self.passes += 1
+            if self.fail:
+                raise ConnectionError("API server unreachable")
+            return PassResult((), (), 0, 0.0)
+
+
+def test_a_burst_of_wakes_is_one_pass_and_settle_waits_for_a_fresh_one():
+    async def scenario():
+        reconciler = CountingReconciler()
+        loop = ReconcileLoop(reconciler, debounce=0.05, retry_seconds=0.05)
+        task = asyncio.create_task(loop.run())
+        for _ in range(100):
+            loop.wake()
+        await asyncio.sleep(0.3)
+        burst = reconciler.passes
+        result = await loop.settle()
+        task.cancel()
+        return burst, reconciler.passes, result
+
+    burst, total, result = asyncio.run(scenario())
+    assert burst == 1
+    assert total == 2
+    assert result.writes == 0
+
+
+def test_a_failed_pass_is_a_temporary_error_for_deletion_and_is_retried():
+    async def scenario():
+        reconciler = CountingReconciler()
+        reconciler.fail = True
+        loop = ReconcileLoop(reconciler, debounce=0.01, retry_seconds=0.05)
+        task = asyncio.create_task(loop.run())
+        with pytest.raises(kopf.TemporaryError, match="API server unreachable"):
+            await loop.settle()
+        reconciler.fail = False
+        await asyncio.sleep(0.3)  # the retry timer wakes the loop on its own
+        task.cancel()
+        return reconciler.passes, loop.last_success
+
+    passes, last_success = asyncio.run(scenario())
+    assert passes >= 2 and last_success is not None
+
+
+def parse(*argv: str) -> OperatorSettings:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(list(argv)))
+
+
+def test_flags_become_frozen_settings():
+    settings = parse("--peering", "gpupart", "--priority", "7", "--liveness", "8080")
+    assert settings.peering == "gpupart" and not settings.standalone
+    assert settings.priority == 7
+    assert settings.liveness_endpoint == "http://127.0.0.1:8080/healthz"
+    with pytest.raises(AttributeError):
+        settings.priority = 1  # type: ignore[misc]
+    assert parse().standalone and parse("--standalone").standalone
+
+
+def test_auto_priority_makes_equal_replicas_differ():
+    priorities = {parse("--peering", "p").priority for _ in range(20)}
+    assert len(priorities) > 1 and all(p > 0 for p in priorities)
+
+
+def test_bad_settings_are_refused_at_start():
+    with pytest.raises(ValueError, match="priority"):
+        parse("--priority", "high")
+    with pytest.raises(ValueError, match="resync_seconds"):
+        parse("--resync-seconds", "0")
+    with pytest.raises(ValueError, match="TCP port"):
+        OperatorSettings(metrics_port=70000)
+
+
+def test_the_registry_is_built_fresh_and_kopfs_global_one_stays_empty():
+    from kubernetes import client
+
+    from gpupart_operator.handlers import build_registry
+    from gpupart_operator.metrics import Metrics
+    from gpupart_operator.reconciler import Reconciler
+
+    before = len(list(kopf.get_default_registry()._changing.get_all_handlers()))
+    api = client.ApiClient(client.Configuration(host="https://127.0.0.1:9"))
+    reconciler = Reconciler(api, OperatorSettings(), Metrics())
+    try:
+        registry = build_registry(reconciler, OperatorSettings())
+        changing = {h.id for h in registry._changing.get_all_handlers()}
+        assert {"create", "update", "resume", "release"} <= changing
+        assert {h.id for h in registry._spawning.get_all_handlers()} == {"drift"}
+        assert {h.id for h in registry._watching.get_all_handlers()} == {"gone", "node"}
+        assert build_registry(reconciler, OperatorSettings()) is not registry
+    finally:
+        reconciler.close()
+        api.close()
+    assert len(list(kopf.get_default_registry()._changing.get_all_handlers())) == before
