@@ -1,0 +1,694 @@
+"""A real control plane (etcd, kube-apiserver, kube-scheduler, kwok) as local processes, plus helpers."""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import ctypes
+import datetime as dt
+import ipaddress
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+CLIENT_BINARIES = ("kubectl", "helm")
+LOOPBACK = "127.0.0.1"  # every listener and every URL stays on loopback
+
+T = TypeVar("T")
+
+
+# --- finding the binaries -------------------------------------------------------------------
+
+
+def default_bin_dir() -> Path:
+    """The cache directory the build script fills (it prints it without building anything)."""
+    out = subprocess.run(
+        [str(BUILD_SCRIPT), "--print-dir"], check=True, capture_output=True, text=True
+    ).stdout
+    return Path(out.strip())
+
+
+def bin_dir_from_env() -> Path:
+    """GPUPART_K8S_BIN if set (the Makefile sets it), else the build script's cache directory."""
+    env = os.environ.get("GPUPART_K8S_BIN")
+    return Path(env) if env else default_bin_dir()
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    """Names of the required programs that are not executable files in bin_dir."""
+    return [
+        name
+        for name in CONTROL_PLANE_BINARIES + CLIENT_BINARIES
+        if not os.access(bin_dir / name, os.X_OK)
+    ]
+
+
+def expected_k8s_version() -> str:
+    """The k8s.io/kubernetes version pinned in tests/k8s/kubernetes/go.mod."""
+    gomod = (REPO / "tests" / "k8s" / "kubernetes" / "go.mod").read_text()
+    m = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)", gomod, re.MULTILINE)
+    assert m, "tests/k8s/kubernetes/go.mod has no k8s.io/kubernetes require line"
+    return m.group(1)
+
+
+# --- small utilities -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago (bind to 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> T:
+    """Poll check() until it returns a truthy value and return it; fail after timeout seconds.
+
+    Exceptions from check() count as "not yet" so a server that is still starting does not
+    abort the wait; the last one is reported when time runs out.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as e:  # noqa: BLE001 - any failure means "not ready yet"
+            last_error = e
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def _set_parent_death_signal() -> None:
+    """In the child before exec: die with SIGKILL if pytest itself dies (Linux only).
+
+    atexit and fixture finalizers do not run when pytest is SIGKILLed; this makes sure the
+    processes we started do not outlive it even then.
+    """
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _https_get(url: str, token: str | None, ca_file: Path | None) -> tuple[int, str]:
+    """GET a loopback URL; verify against ca_file if given (the scheduler self-signs its cert)."""
+    if ca_file is not None:
+        ctx = ssl.create_default_context(cafile=str(ca_file))
+    else:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+# --- certificates ----------------------------------------------------------------------------
+
+
+def write_pki(d: Path) -> None:
+    """Write ca.crt, apiserver.crt/.key (SANs 127.0.0.1, localhost) and sa.key into d."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    life = dt.timedelta(days=2)
+
+    def pem_key(key: Any) -> bytes:
+        return key.private_bytes(  # type: ignore[no-any-return]
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpupart-e2e-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + life)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    srv_key = ec.generate_private_key(ec.SECP256R1())
+    srv_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(srv_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + life)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (d / "apiserver.crt").write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
+    (d / "apiserver.key").write_bytes(pem_key(srv_key))
+    # Service-account tokens are signed with RSA (RS256), the apiserver's default algorithm.
+    (d / "sa.key").write_bytes(pem_key(rsa.generate_private_key(65537, 2048)))
+    for key in ("apiserver.key", "sa.key"):
+        (d / key).chmod(0o600)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    """One process we started: its Popen and the file its output goes to."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ControlPlane:
+    """etcd, kube-apiserver, optionally kube-scheduler, and kwok, started in that order."""
+
+    bin_dir: Path
+    workdir: Path
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    procs: list[Proc] = field(default_factory=list)
+    api_port: int = 0
+    _stopped: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- paths and clients --
+
+    @property
+    def api_url(self) -> str:
+        return f"https://{LOOPBACK}:{self.api_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    def env(self) -> dict[str, str]:
+        """Environment for kubectl and helm: our kubeconfig, our binaries first on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        # helm keeps caches and config under HOME; keep them inside the work dir.
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            env[var] = str(self.workdir / "helm" / var.lower())
+        return env
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run our kubectl against this control plane; raise with its stderr if check fails."""
+        return self._run_client("kubectl", args, input, check, timeout)
+
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run our helm against this control plane."""
+        return self._run_client("helm", args, None, check, timeout)
+
+    def _run_client(
+        self, tool: str, args: Iterable[str], input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / tool), *args]
+        res = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, env=self.env(), timeout=timeout
+        )
+        if check and res.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {res.returncode}\nstdout:\n{res.stdout}\n"
+                f"stderr:\n{res.stderr}"
+            )
+        return res
+
+    def api_client(self) -> Any:
+        """A kubernetes.client.ApiClient for this control plane (TLS verified against our CA)."""
+        from kubernetes import client
+
+        conf = client.Configuration()
+        conf.host = self.api_url
+        conf.ssl_ca_cert = str(self.ca_file)
+        conf.api_key = {"authorization": f"Bearer {self.token}"}
+        # The smoke tests create hundreds of objects from a thread pool.
+        conf.connection_pool_maxsize = 32
+        return client.ApiClient(conf)
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last lines of every process's log, for a failing test's report."""
+        parts = []
+        for p in self.procs:
+            state = "running" if p.alive() else f"exited {p.popen.returncode}"
+            parts.append(f"----- {p.name} ({state}) {p.log} -----\n{p.tail(lines)}")
+        return "\n".join(parts)
+
+    # -- start and stop --
+
+    def start(
+        self, scheduler_config: Mapping[str, Any] | None = None, scheduler: bool = True
+    ) -> None:
+        """Start everything and wait for each health endpoint; stop what started if one fails."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        # Registered first, so even a crash half-way through start-up cleans up.
+        atexit.register(self.stop)
+        try:
+            write_pki(self.workdir / "pki")
+            etcd_url = self._start_etcd()
+            self._start_apiserver(etcd_url)
+            self._write_kubeconfig()
+            if scheduler:
+                self._start_scheduler(scheduler_config or {})
+            self._start_kwok()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        log = self.logs_dir / f"{name}.log"
+        logf = log.open("ab")
+        logf.write(f"\n=== {' '.join(args)}\n".encode())
+        logf.flush()
+        popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            # Own session: a Ctrl-C in the terminal reaches pytest only, which then stops
+            # these in order; and we can signal the whole group we created, nothing else.
+            start_new_session=True,
+            preexec_fn=_set_parent_death_signal,
+        )
+        logf.close()
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def _start_retrying(
+        self,
+        name: str,
+        make_args: Callable[[], tuple[list[str], Callable[[], bool]]],
+        timeout: float,
+    ) -> None:
+        """Start a process and wait until healthy; retry with new ports if a port was taken.
+
+        Ports are picked free but released before the process binds them, so another
+        process can grab one in between; the log then says "address already in use".
+        """
+        for attempt in range(3):
+            args, healthy = make_args()
+            proc = self._spawn(name, args)
+
+            def ready(proc: Proc = proc, healthy: Callable[[], bool] = healthy) -> bool:
+                if not proc.alive():
+                    raise RuntimeError(f"{name} exited with {proc.popen.returncode}")
+                return healthy()
+
+            try:
+                wait_for(ready, timeout, f"{name} to become healthy", interval=0.25)
+                return
+            except (TimeoutError, RuntimeError) as e:
+                port_race = "address already in use" in proc.tail(200)
+                self._terminate(proc)
+                self.procs.remove(proc)
+                if port_race and attempt < 2:
+                    continue
+                raise RuntimeError(f"{name} did not start: {e}\n{proc.tail(60)}") from e
+
+    def _start_etcd(self) -> str:
+        url = ""
+
+        def make() -> tuple[list[str], Callable[[], bool]]:
+            nonlocal url
+            client_port, peer_port = free_port(), free_port()
+            url = f"http://{LOOPBACK}:{client_port}"
+            peer = f"http://{LOOPBACK}:{peer_port}"
+            data = self.workdir / "etcd"
+            args = [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={data}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--initial-cluster-state=new",
+                # Throw-away data: skip fsync, the slowest part of etcd on a test machine.
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=2147483648",
+                "--log-level=warn",
+            ]
+            return args, lambda: json.loads(_http_get(f"{url}/health")[1]).get("health") == "true"
+
+        self._start_retrying("etcd", make, timeout=30)
+        return url
+
+    def _start_apiserver(self, etcd_url: str) -> None:
+        pki = self.workdir / "pki"
+        tokens = self.workdir / "tokens.csv"
+        # system:masters bypasses RBAC; RBAC stays on so chart roles can be tested later.
+        tokens.write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        tokens.chmod(0o600)
+
+        def make() -> tuple[list[str], Callable[[], bool]]:
+            self.api_port = free_port()
+            args = [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={self.api_port}",
+                # Without an advertise address the apiserver looks for a default route, which
+                # offline machines lack; loopback needs the endpoint reconciler switched off.
+                f"--advertise-address={LOOPBACK}",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--token-auth-file={tokens}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki / 'sa.key'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # There is no kube-controller-manager. ServiceAccount: no default account
+                # exists, so every pod create would be refused. TaintNodesByCondition: it
+                # taints each new node not-ready, and only the node lifecycle controller
+                # would take that taint off again.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--allow-privileged=true",
+                # The smoke test bursts hundreds of writes; priority-and-fairness would queue them.
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=2000",
+                "--max-mutating-requests-inflight=1000",
+                "--profiling=false",
+                "--v=1",
+            ]
+
+            def healthy() -> bool:
+                code, _ = _https_get(f"{self.api_url}/readyz", self.token, self.ca_file)
+                return code == 200
+
+            return args, healthy
+
+        self._start_retrying("kube-apiserver", make, timeout=90)
+
+    def _write_kubeconfig(self) -> None:
+        ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "e2e",
+                    "cluster": {"server": self.api_url, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+            "current-context": "e2e",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(cfg))
+        self.kubeconfig.chmod(0o600)
+
+    def _start_scheduler(self, user_config: Mapping[str, Any]) -> None:
+        cfg: dict[str, Any] = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "leaderElection": {"leaderElect": False},
+        }
+        cfg.update(user_config)
+        conn = dict(cfg.get("clientConnection") or {})
+        conn["kubeconfig"] = str(self.kubeconfig)
+        # The client default (50 qps) makes binding 500 pods take tens of seconds.
+        conn.setdefault("qps", 1000)
+        conn.setdefault("burst", 2000)
+        cfg["clientConnection"] = conn
+        path = self.workdir / "kube-scheduler.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+
+        def make() -> tuple[list[str], Callable[[], bool]]:
+            port = free_port()
+            args = [
+                str(self.bin_dir / "kube-scheduler"),
+                f"--config={path}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+                "--v=2",
+            ]
+            # The scheduler serves a self-signed certificate of its own: skip verification
+            # for this loopback-only health probe.
+            return (
+                args,
+                lambda: _https_get(f"https://{LOOPBACK}:{port}/healthz", None, None)[0] == 200,
+            )
+
+        self._start_retrying("kube-scheduler", make, timeout=60)
+
+    def _start_kwok(self) -> None:
+        def make() -> tuple[list[str], Callable[[], bool]]:
+            port = free_port()
+            args = [
+                str(self.bin_dir / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=true",
+                # Pod IPs are fake, but must not run out: 500 pods need more than a /24.
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.243.0.1",
+                f"--server-address={LOOPBACK}:{port}",
+                f"--config={STAGES_FILE}",
+            ]
+            return args, lambda: _http_get(f"http://{LOOPBACK}:{port}/healthz")[0] == 200
+
+        self._start_retrying("kwok", make, timeout=60)
+
+    def _terminate(self, proc: Proc, grace: float = 10) -> None:
+        """SIGTERM the process group we created for proc, SIGKILL it after grace seconds."""
+        if proc.popen.poll() is not None:
+            return
+        pgid = proc.popen.pid  # start_new_session made the child its own group leader
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            proc.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.popen.wait(5)
+
+    def stop(self) -> None:
+        """Stop the processes we started, newest first. Safe to call twice."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        for proc in reversed(self.procs):
+            self._terminate(proc)
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+
+
+# --- objects for tests -----------------------------------------------------------------------
+
+MIG_1G = "nvidia.com/mig-1g.10gb"
+
+
+def gpu_node(
+    name: str,
+    extended: Mapping[str, int] | None = None,
+    labels: Mapping[str, str] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: str = "110",
+) -> dict[str, Any]:
+    """A Node manifest for kwok, with status: capacity (kwok keeps it) and GPU labels.
+
+    allocatable must list cpu, memory and pods too, or the scheduler's fit check refuses
+    the node for every pod.
+    """
+    resources = {"cpu": cpu, "memory": memory, "pods": pods}
+    resources.update({k: str(v) for k, v in (extended or {}).items()})
+    all_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    all_labels.update(labels or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": all_labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+    }
+
+
+def mig_labels(product: str = "NVIDIA-H100-80GB-HBM3", gpus: int = 1) -> dict[str, str]:
+    """The labels NVIDIA's GPU feature discovery puts on a MIG node (mixed strategy)."""
+    return {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.capable": "true",
+    }
+
+
+def pod_manifest(
+    name: str, requests: Mapping[str, str | int], labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """A single-container Pod; extended resources go in limits too, as Kubernetes requires."""
+    res = {k: str(v) for k, v in requests.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/gpupart/sleep:0",
+                    "resources": {"requests": res, "limits": res},
+                }
+            ],
+            # No kubelet: nothing would ever honour a grace period.
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def parallel(fn: Callable[[Any], T], items: Iterable[Any], workers: int = 16) -> list[T]:
+    """Run fn over items in a thread pool (API writes are latency-bound, not CPU-bound)."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, items))
+
+
+def create_nodes(api_client: Any, manifests: Iterable[dict[str, Any]]) -> None:
+    """Create Nodes with their status (the apiserver keeps status on create, like kubelet's)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    parallel(lambda m: core.create_node(m), list(manifests))
+
+
+def condition(obj: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    """The condition of the given type from a dict-shaped object's status, if present."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return c  # type: ignore[no-any-return]
+    return None
+
+
+def wait_for_condition(
+    get: Callable[[], Mapping[str, Any]],
+    ctype: str,
+    status: str = "True",
+    timeout: float = 60,
+) -> Mapping[str, Any]:
+    """Wait until get() returns an object whose condition ctype has the given status."""
+
+    def check() -> Mapping[str, Any] | None:
+        obj = get()
+        c = condition(obj, ctype)
+        return obj if c is not None and c.get("status") == status else None
+
+    return wait_for(check, timeout, f"condition {ctype}={status}")

@@ -1,0 +1,95 @@
+"""Session fixture that runs a real control plane for the e2e tests, and log tails on failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .cluster import BUILD_SCRIPT, ControlPlane, bin_dir_from_env, missing_binaries
+
+# The control plane of this session, once started, so the report hook can reach its logs.
+_ACTIVE: list[ControlPlane] = []
+
+
+def _unavailable(message: str) -> None:
+    """Skip, or fail where the binaries must be there (CI sets GPUPART_E2E_REQUIRED=1)."""
+    if os.environ.get("GPUPART_E2E_REQUIRED") == "1":
+        pytest.fail(f"{message} (GPUPART_E2E_REQUIRED=1 turns this skip into a failure)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def k8s_bin_dir() -> Path:
+    """The directory with etcd, kube-apiserver, kube-scheduler, kwok, kubectl and helm."""
+    bin_dir = bin_dir_from_env()
+    missing = missing_binaries(bin_dir)
+    if missing and os.environ.get("GPUPART_E2E_BUILD") == "1":
+        # Opt-in: build here (minutes when cold) instead of asking the caller to.
+        subprocess.run([str(BUILD_SCRIPT)], check=True)
+        missing = missing_binaries(bin_dir)
+    if missing:
+        _unavailable(
+            f"missing {', '.join(missing)} in {bin_dir}; build them with "
+            f"`scripts/build-k8s-bins.sh` (or `make k8s-bins`), then run pytest with "
+            f'GPUPART_K8S_BIN="$(scripts/build-k8s-bins.sh --print-dir)"'
+        )
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def k8s_scheduler_config() -> Mapping[str, Any] | None:
+    """KubeSchedulerConfiguration fields for kube-scheduler; None means the defaults.
+
+    Override this fixture (in a conftest next to the tests) to add the gpupart extender.
+    clientConnection.kubeconfig and leaderElection are filled in by the control plane.
+    """
+    return None
+
+
+@pytest.fixture(scope="session")
+def k8s_control_plane(
+    k8s_bin_dir: Path, k8s_scheduler_config: Mapping[str, Any] | None
+) -> Generator[ControlPlane, None, None]:
+    """etcd -> kube-apiserver -> kubeconfig -> kube-scheduler -> kwok, for the whole session."""
+    keep = os.environ.get("GPUPART_E2E_KEEP_DIR") == "1"
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-"))
+    cp = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir)
+    _ACTIVE.append(cp)
+    try:
+        try:
+            cp.start(scheduler_config=k8s_scheduler_config)
+        except Exception as e:
+            # start() has stopped what it started; the logs are still there to show.
+            raise RuntimeError(f"control plane did not start: {e}\n{cp.log_tails()}") from e
+        yield cp
+    finally:
+        cp.stop()
+        _ACTIVE.remove(cp)
+        if keep:
+            print(f"\ncontrol plane files kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def k8s_api(k8s_control_plane: ControlPlane) -> Generator[Any, None, None]:
+    """A kubernetes.client.ApiClient for the session's control plane."""
+    client = k8s_control_plane.api_client()
+    yield client
+    client.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Any:
+    """Attach the tail of every control-plane process log to a failing e2e test's report."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _ACTIVE and "k8s_control_plane" in getattr(item, "fixturenames", ()):
+        report.sections.append(("control plane log tails", _ACTIVE[-1].log_tails()))
