@@ -151,7 +151,9 @@ class Actuator:
             problem = self._apply(info, states, steps, usage)
             if problem:
                 return self._report(index, GpuState.FAILED, problem)
-            log.info("Applied MIG layout gpu=%d layout=%s steps=%d", index, _text(layout), len(steps))
+            log.info(
+                "Applied MIG layout gpu=%d layout=%s steps=%d", index, _text(layout), len(steps)
+            )
         return self._report(index, GpuState.APPLIED, "")
 
     def _shared_or_whole(
@@ -283,7 +285,9 @@ class Actuator:
                 for step in plan_layout(info.index, states, goal):
                     self.backend.apply(step)
             except (NvmlError, GpupartError) as error:
-                log.warning("Failed to roll back gpu=%d goal=%s err=%s", info.index, goal_name, error)
+                log.warning(
+                    "Failed to roll back gpu=%d goal=%s err=%s", info.index, goal_name, error
+                )
                 continue
             if goal_name == "old":
                 return f"rolled back to the previous layout ({_text(old) or 'empty'})"
@@ -318,7 +322,11 @@ class Actuator:
             pipe = str(self.mps.pipe_directory(info.uuid))
             limits = self.mps.limits(info.uuid)
             if limits is not None:
-                slots, memory, compute = limits.max_clients, limits.memory_mib, limits.compute_percent
+                slots, memory, compute = (
+                    limits.max_clients,
+                    limits.memory_mib,
+                    limits.compute_percent,
+                )
         try:
             product = self.backend.model(index).product
         except GpupartError:

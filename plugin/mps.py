@@ -57,6 +57,8 @@ class MpsDaemons:
         else:
             pipe, logs = self.pipe_directory(gpu_uuid), self.directory(gpu_uuid) / "log"
             pipe.mkdir(parents=True, exist_ok=True, mode=0o755)
+            # Mounted as the clients' /dev/shm (MPS shares memory through it); a tmpfs in production.
+            (self.root / "shm").mkdir(exist_ok=True)
             logs.mkdir(parents=True, exist_ok=True, mode=0o755)
             marker.unlink(missing_ok=True)
             self._run(gpu_uuid, ["-d"], None)

@@ -348,7 +348,9 @@ class NvmlGpus:
         what = f"set compute mode of GPU {index}"
         self._writable(what)
         mode = (
-            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else pynvml.NVML_COMPUTEMODE_DEFAULT
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            if exclusive
+            else pynvml.NVML_COMPUTEMODE_DEFAULT
         )
         _call(what, pynvml.nvmlDeviceSetComputeMode, self._handle(index), mode)
 
@@ -367,9 +369,7 @@ class NvmlGpus:
                 ctypes.byref(spot),
             )
             return
-        gi = next(
-            (h for i, h, _ in self._gpu_instances(step.gpu) if i == step.instance), None
-        )
+        gi = next((h for i, h, _ in self._gpu_instances(step.gpu) if i == step.instance), None)
         if gi is None:
             raise NvmlError(NvmlFailure.NOT_FOUND, what)
         if isinstance(step, CreateComputeInstance):

@@ -41,7 +41,9 @@ class PodResourcesClient:
                 f"kubelet PodResources at {self.socket_path}: {error.code().name}"
             ) from error
         return tuple(
-            PodDevices(f"{pod.namespace}/{pod.name}", devices.resource_name, tuple(devices.device_ids))
+            PodDevices(
+                f"{pod.namespace}/{pod.name}", devices.resource_name, tuple(devices.device_ids)
+            )
             for pod in response.pod_resources
             for container in pod.containers
             for devices in container.devices

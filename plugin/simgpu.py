@@ -222,7 +222,10 @@ class SimulatedGpus:
                 case DestroyGpuInstance():
                     if record is None:
                         raise NvmlError(NvmlFailure.NOT_FOUND, what)
-                    if record.compute_instance_ids or record.gpu_instance_id in gpu.processes.values():
+                    if (
+                        record.compute_instance_ids
+                        or record.gpu_instance_id in gpu.processes.values()
+                    ):
                         raise NvmlError(NvmlFailure.IN_USE, what)
                     del gpu.instances[step.instance]
 

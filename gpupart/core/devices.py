@@ -243,7 +243,9 @@ class HealthBook:
         """Devices back to Healthy: their GPU answers again and no critical event for `quiet_s`."""
         ok = frozenset(healthy_gpus)
         keep = {
-            i: since for i, since in self.sick.items() if self.gpus[i] not in ok or now - since < quiet_s
+            i: since
+            for i, since in self.sick.items()
+            if self.gpus[i] not in ok or now - since < quiet_s
         }
         if len(keep) == len(self.sick):
             return self

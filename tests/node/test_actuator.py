@@ -109,7 +109,9 @@ def test_unknown_pod_usage_protects_every_instance(tmp_path: Path) -> None:
 def _transition_steps() -> int:
     model = SimulatedGpus([H200]).model(0)
     _, before = plan_counts(model, 0, [], dict(SEVEN))
-    states = [GpuInstanceState(s.instance) for s in before if type(s).__name__ == "CreateGpuInstance"]
+    states = [
+        GpuInstanceState(s.instance) for s in before if type(s).__name__ == "CreateGpuInstance"
+    ]
     _, steps = plan_counts(model, 0, states, dict(TWO))
     return len(steps)
 

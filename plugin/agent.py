@@ -1,0 +1,80 @@
+"""One reconcile pass of the node agent: desired in, GPUs changed, devices re-advertised, state and inventory out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gpupart.core.errors import WireFormatError
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    GpuReport,
+    GpuState,
+    NodeReport,
+    decode_desired,
+    encode_inventory,
+    encode_report,
+)
+from gpupart_plugin.actuator import Actuator, PassResult, inventory
+from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.metrics import NodeMetrics
+from gpupart_plugin.registration import DevicePlugins
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, str], None]
+"""Writes (state annotation, inventory annotation) on this node's Node object."""
+
+
+class NodeAgent:
+    """Ties the actuator, the device hub, the device plugins and the Node annotations together."""
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        hub: DeviceHub,
+        plugins: DevicePlugins | None,
+        publish: Publish,
+        metrics: NodeMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.actuator = actuator
+        self.hub = hub
+        self.plugins = plugins
+        self.publish = publish
+        self.metrics = metrics
+        self.clock = clock
+        self.last_pass: float | None = None
+
+    def reconcile(self, desired: str | None) -> PassResult:
+        started = self.clock()
+        try:
+            groups = None if desired is None else decode_desired(desired)
+        except WireFormatError as error:
+            # Unreadable wish: change nothing, and say so on every GPU.
+            log.error("Failed to read desired layout err=%s", error)
+            result = self.actuator.reconcile(None)
+            reports = tuple(
+                GpuReport(g.index, GpuState.FAILED, g.mode, g.layout, str(error))
+                for g in result.report.gpus
+            )
+            result = PassResult(NodeReport((), reports), result.views, len(reports))
+        else:
+            result = self.actuator.reconcile(groups)
+        self.hub.set_gpus(result.views)
+        if self.plugins is not None:
+            self.plugins.sync()
+        self.publish(encode_report(result.report), encode_inventory(inventory(result.views)))
+        self.metrics.apply_seconds.observe(self.clock() - started)
+        self.metrics.apply_failures.inc(result.failed)
+        self.metrics.count_devices(self.hub)
+        self.last_pass = self.clock()
+        log.info(
+            "Reconciled node gpus=%d failed=%d modes=%s",
+            len(result.views),
+            result.failed,
+            ",".join(sorted({v.mode.value for v in result.views})) or Mode.NONE.value,
+        )
+        return result

@@ -1,0 +1,73 @@
+"""Device health from NVML Xid events: only the affected devices go Unhealthy, and come back when the GPU recovers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from gpupart.core.devices import DEFAULT_IGNORED_XIDS, HealthBook, affected_devices
+from gpupart_plugin.backend import GpuBackend, NvmlError
+from gpupart_plugin.devices import DeviceHub
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    """Waits on NVML events; a GPU that answers again and stays quiet `quiet_s` gets its devices back."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        hub: DeviceHub,
+        *,
+        ignored: frozenset[int] = DEFAULT_IGNORED_XIDS,
+        quiet_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.hub = hub
+        self.ignored = ignored
+        self.quiet_s = quiet_s
+        self.clock = clock
+        self.book = HealthBook()
+
+    def step(self, timeout_s: float) -> bool:
+        """One wait for an event plus one recovery check; True when the unhealthy set changed."""
+        before = self.book.unhealthy
+        devices = self.hub.all_devices()
+        now = self.clock()
+        try:
+            event = self.backend.wait_xid(timeout_s)
+        except NvmlError as error:
+            # NVIDIA's plugin marks everything unhealthy here; gpupart narrows it to GPUs that stop answering.
+            log.error("Failed to wait for GPU events err=%s", error)
+            event = None
+        if event is not None:
+            hit = affected_devices(event, devices, ignored=self.ignored)
+            if hit:
+                log.warning(
+                    "Marked devices unhealthy xid=%d gpu=%s devices=%d",
+                    event.xid,
+                    event.gpu_uuid,
+                    len(hit),
+                )
+            self.book = self.book.record((d for d in devices if d.id in hit), self.clock())
+        gpus = {d.gpu.uuid for d in devices}
+        silent = {uuid for uuid in gpus if not self.backend.responsive(uuid)}
+        if silent:
+            self.book = self.book.record((d for d in devices if d.gpu.uuid in silent), now)
+        answering = (gpus | self.book.sick_gpus()) - silent
+        self.book = self.book.recover(answering, self.clock(), quiet_s=self.quiet_s)
+        self.book = self.book.forget_missing(d.id for d in devices)
+        if self.book.unhealthy == before:
+            return False
+        if len(self.book.unhealthy) < len(before):
+            log.info("Marked devices healthy again devices=%d", len(before - self.book.unhealthy))
+        self.hub.set_unhealthy(self.book.unhealthy)
+        return True
+
+    def run(self, stop: threading.Event, *, timeout_s: float = 1.0) -> None:
+        while not stop.is_set():
+            self.step(timeout_s)

@@ -1,0 +1,116 @@
+"""`gpupart node`: builds the node agent's objects once, starts its threads, and runs the reconcile loop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from gpupart.core.errors import GpupartError
+from gpupart_plugin import settings as node_settings
+from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.agent import NodeAgent
+from gpupart_plugin.allocator import Allocator
+from gpupart_plugin.backend import GpuBackend
+from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.health import HealthMonitor
+from gpupart_plugin.metrics import NodeMetrics, serve_http
+from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.podresources import PodResourcesClient
+from gpupart_plugin.registration import DevicePlugins
+from gpupart_plugin.simgpu import SimulatedGpus
+
+log = logging.getLogger("gpupart_plugin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    node_settings.add_arguments(parser)
+
+
+def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
+    if settings.simulate:
+        return SimulatedGpus(list(settings.simulate), node=settings.node_name)
+    from gpupart_plugin.nvml import NvmlGpus  # only on real nodes: loads libnvidia-ml
+
+    return NvmlGpus()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = node_settings.from_args(args)
+        backend = _backend(settings)
+    except GpupartError as error:
+        log.error("Failed to start node agent err=%s", error)
+        return 2
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    from gpupart_plugin.kube import NodeClient
+
+    node = NodeClient(client.ApiClient(), settings.node_name)
+    pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
+    hub, metrics = DeviceHub(), NodeMetrics()
+    allocator = Allocator(hub, settings.node_name, node.assigned_pods, cdi=settings.cdi)
+    plugins = DevicePlugins(
+        hub,
+        allocator,
+        metrics,
+        plugin_dir=settings.plugin_dir,
+        kubelet_socket=settings.kubelet_socket,
+    )
+    actuator = Actuator(
+        backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
+    )
+    agent = NodeAgent(actuator, hub, plugins, node.publish, metrics)
+    if settings.once:
+        agent.reconcile(node.desired())
+        plugins.stop()
+        return 0
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("Received signal signal=%d", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    monitor = HealthMonitor(
+        backend, hub, ignored=settings.ignored_xids, quiet_s=settings.recovery_s
+    )
+    threading.Thread(target=monitor.run, args=(stop,), name="health", daemon=True).start()
+
+    def watch_kubelet() -> None:
+        while not stop.wait(1.0):
+            plugins.check_kubelet()
+
+    threading.Thread(target=watch_kubelet, name="kubelet-watch", daemon=True).start()
+    http = None
+    if settings.metrics_port:
+
+        def healthy() -> bool:
+            last = agent.last_pass
+            return last is not None and time.monotonic() - last < 3 * settings.resync_s + 60
+
+        http = serve_http(
+            metrics, healthy, host=settings.metrics_address, port=settings.metrics_port
+        )
+    try:
+        for desired in node.watch_desired(stop, resync_s=settings.resync_s):
+            try:
+                agent.reconcile(desired)
+            except GpupartError as error:
+                log.error("Failed to reconcile node err=%s", error)
+    finally:
+        plugins.stop()
+        pod_resources.close()
+        if http is not None:
+            http.shutdown()
+    return 0

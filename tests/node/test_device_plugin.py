@@ -1,0 +1,244 @@
+"""Device plugin over real gRPC with a fake kubelet: Register, ListAndWatch, Allocate, preferences, health, restarts."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import FakeKubelet
+
+from gpupart.core.devices import AssignedPod
+from gpupart.core.resources import GpuRequest
+from gpupart.core.spec import Mode, MpsSettings
+from gpupart.core.wire import (
+    DesiredGroup,
+    PodAssignment,
+    decode_inventory,
+    decode_report,
+    encode_desired,
+)
+from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.agent import NodeAgent
+from gpupart_plugin.allocator import Allocator
+from gpupart_plugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.health import HealthMonitor
+from gpupart_plugin.metrics import NodeMetrics, serve_http
+from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.registration import DevicePlugins
+from gpupart_plugin.simgpu import SimulatedGpus
+
+H200 = "H200-141GB"
+MIG_1G = "nvidia.com/mig-1g.18gb"
+MIG_3G = "nvidia.com/mig-3g.71gb"
+
+
+@dataclass
+class Node:
+    sim: SimulatedGpus
+    hub: DeviceHub
+    plugins: DevicePlugins
+    agent: NodeAgent
+    kubelet: FakeKubelet
+    pods: list[AssignedPod]
+    published: list[tuple[str, str]]
+
+    def apply(self, *groups: DesiredGroup) -> None:
+        self.agent.reconcile(encode_desired(groups))
+
+
+@pytest.fixture
+def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterator[Node]:
+    sim = SimulatedGpus([H200, H200], mode_change_needs_reset=False)
+    hub, metrics, pods = DeviceHub(), NodeMetrics(), []
+    allocator = Allocator(hub, "node-a", lambda: tuple(pods))
+    plugins = DevicePlugins(
+        hub,
+        allocator,
+        metrics,
+        plugin_dir=kubelet.directory,
+        kubelet_socket=kubelet.socket,
+        poll_s=0.05,
+    )
+    published: list[tuple[str, str]] = []
+    actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", mps_command))
+    agent = NodeAgent(actuator, hub, plugins, lambda s, i: published.append((s, i)), metrics)
+    yield Node(sim, hub, plugins, agent, kubelet, pods, published)
+    plugins.stop()
+
+
+def mig(counts: dict[str, int], gpus: tuple[int, ...] | None = None) -> DesiredGroup:
+    return DesiredGroup("p", 1, gpus, Mode.MIG, tuple(counts.items()))
+
+
+def test_registers_each_resource_and_lists_its_devices(node: Node) -> None:
+    node.apply(mig({"1g.18gb": 4, "3g.71gb": 1}))
+    assert node.kubelet.registered() == {MIG_1G, MIG_3G}
+    listed = node.kubelet.latest(MIG_1G)
+    assert len(listed) == 8 and all(h == "Healthy" for _, h in listed)
+    assert node.kubelet.options[MIG_1G].get_preferred_allocation_available
+    state = decode_report(node.published[-1][0])
+    assert [g.state.value for g in state.gpus] == ["Applied", "Applied"]
+    inventory = decode_inventory(node.published[-1][1])
+    assert sum(len(g.mig_devices) for g in inventory) == 10
+
+
+def test_allocate_mig_returns_uuid_device_nodes_and_cdi(node: Node) -> None:
+    node.apply(mig({"3g.71gb": 2}))
+    node.kubelet.registered()
+    listed = node.kubelet.latest(MIG_3G)
+    device = listed[0][0]
+    stub = node.kubelet.stubs[MIG_3G]
+    request = api.AllocateRequest(
+        container_requests=[api.ContainerAllocateRequest(devices_ids=[device])]
+    )
+    response = stub.Allocate(request, timeout=5).container_responses[0]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == device
+    paths = {d.container_path for d in response.devices}
+    assert "/dev/nvidiactl" in paths and "/dev/nvidia0" in paths
+    assert any(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths)
+    assert [c.name for c in response.cdi_devices] == [f"nvidia.com/gpu={device}"]
+
+
+def test_allocate_refuses_unknown_devices_with_a_message(node: Node) -> None:
+    node.apply(mig({"3g.71gb": 2}))
+    node.kubelet.registered()
+    node.kubelet.latest(MIG_3G)
+    stub = node.kubelet.stubs[MIG_3G]
+    request = api.AllocateRequest(
+        container_requests=[api.ContainerAllocateRequest(devices_ids=["MIG-nope"])]
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Allocate(request, timeout=5)
+    assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "MIG-nope" in (error.value.details() or "")
+
+
+def test_preferred_allocation_keeps_a_container_on_one_gpu(node: Node) -> None:
+    node.apply(DesiredGroup("t", 1, None, Mode.TIME_SLICING, replicas=4))
+    node.kubelet.registered()
+    ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared")]
+    assert len(ids) == 8
+    second_gpu = [i for i in ids if i.startswith(node.sim.gpus()[1].uuid)]
+    request = api.PreferredAllocationRequest(
+        container_requests=[
+            api.ContainerPreferredAllocationRequest(
+                available_deviceIDs=ids, must_include_deviceIDs=second_gpu[:1], allocation_size=3
+            )
+        ]
+    )
+    stub = node.kubelet.stubs["nvidia.com/gpu.shared"]
+    chosen = stub.GetPreferredAllocation(request, timeout=5).container_responses[0].deviceIDs
+    assert len(chosen) == 3 and set(chosen) <= set(second_gpu)
+
+
+def test_relayout_registers_new_profiles_and_withdraws_old(node: Node) -> None:
+    node.apply(mig({"1g.18gb": 7}))
+    assert node.kubelet.registered() == {MIG_1G}
+    node.kubelet.latest(MIG_1G)
+    node.apply(mig({"3g.71gb": 2}))
+    assert node.kubelet.registered() == {MIG_3G}
+    assert node.kubelet.wait_for(MIG_1G, lambda listed: listed == []) == []
+    assert len(node.kubelet.latest(MIG_3G)) == 4
+
+
+def test_kubelet_restart_makes_the_plugin_register_again(node: Node) -> None:
+    node.apply(mig({"1g.18gb": 7}))
+    assert node.kubelet.registered() == {MIG_1G}
+    node.kubelet.restart()
+    assert node.plugins.check_kubelet()
+    assert node.kubelet.registered() == {MIG_1G}
+    assert (node.kubelet.directory / "gpupart-nvidia.com_mig-1g.18gb.sock").exists()
+    assert len(node.kubelet.latest(MIG_1G)) == 14
+
+
+def test_xid_marks_only_its_instance_unhealthy_and_recovery_brings_it_back(node: Node) -> None:
+    node.apply(mig({"1g.18gb": 7}, (0,)), mig({"3g.71gb": 2}, (1,)))
+    node.kubelet.registered()
+    listed = node.kubelet.latest(MIG_1G)
+    now = [0.0]
+    monitor = HealthMonitor(node.sim, node.hub, quiet_s=10, clock=lambda: now[0])
+    victim = next(d for d in node.hub.all_devices() if d.mig and d.gpu.index == 0)
+    assert victim.mig is not None
+    node.sim.inject_xid(0, 13, victim.mig.gpu_instance_id)  # application error: ignored
+    assert not monitor.step(0.2)
+    node.sim.inject_xid(0, 79, victim.mig.gpu_instance_id)
+    assert monitor.step(0.2)
+    sick = node.kubelet.wait_for(MIG_1G, lambda listed: any(h == "Unhealthy" for _, h in listed))
+    assert [i for i, h in sick if h == "Unhealthy"] == [victim.id]
+    assert all(h == "Healthy" for _, h in node.kubelet.latest(MIG_3G))
+    now[0] = 5
+    assert not monitor.step(0.01)  # quiet period not over
+    now[0] = 11
+    assert monitor.step(0.01)
+    back = node.kubelet.wait_for(MIG_1G, lambda listed: all(h == "Healthy" for _, h in listed))
+    assert len(back) == len(listed)
+
+
+def test_lost_gpu_goes_unhealthy_until_it_answers_again(node: Node) -> None:
+    node.apply(mig({"3g.71gb": 2}))
+    node.kubelet.registered()
+    monitor = HealthMonitor(node.sim, node.hub, quiet_s=0)
+    node.sim.set_lost(1, True)
+    assert monitor.step(0.01)
+    gpu1 = node.sim.gpus()[1].uuid
+    bad = {d.id for d in node.hub.all_devices() if d.gpu.uuid == gpu1}
+    assert node.hub.unhealthy == bad
+    node.sim.set_lost(1, False)
+    assert monitor.step(0.01)
+    assert node.hub.unhealthy == frozenset()
+
+
+def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> AssignedPod:
+    return AssignedPod(
+        uid,
+        "ml",
+        f"pod-{uid}",
+        f"2026-01-01T00:00:0{uid}Z",
+        GpuRequest(shared=1, memory_mib=memory, compute_percent=compute),
+        PodAssignment("node-a", 0, gpu_uuid, memory, compute),
+    )
+
+
+def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) -> None:
+    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    node.kubelet.registered()
+    ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared")]
+    stub = node.kubelet.stubs["nvidia.com/gpu.shared"]
+    gpu1 = node.sim.gpus()[1].uuid
+    request = api.AllocateRequest(
+        container_requests=[api.ContainerAllocateRequest(devices_ids=ids[:1])]
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Allocate(request, timeout=5)
+    assert "assignment" in (refused.value.details() or "")
+    node.pods.append(_assigned("1", gpu1, 10240, 30))
+    response = stub.Allocate(request, timeout=5).container_responses[0]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == gpu1  # the assigned GPU, whatever slot
+    assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu1}=10240M"
+    assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps"
+    mounts = {m.container_path: m.host_path for m in response.mounts}
+    assert mounts["/var/run/gpupart/mps"].endswith(f"{gpu1}/pipe")
+    assert "/dev/shm" in mounts
+    with pytest.raises(grpc.RpcError):  # the only assigned pod was served already
+        stub.Allocate(request, timeout=5)
+
+
+def test_metrics_and_healthz(node: Node) -> None:
+    node.apply(mig({"1g.18gb": 7}))
+    server = serve_http(node.agent.metrics, lambda: True, host="127.0.0.1", port=0)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert (
+            'gpupart_node_devices{health="Healthy",resource="nvidia.com/mig-1g.18gb"} 14.0' in text
+        )
+        assert "gpupart_node_apply_seconds_count 1.0" in text
+        assert urllib.request.urlopen(f"{base}/healthz", timeout=5).read() == b"ok"
+    finally:
+        server.shutdown()
