@@ -1,0 +1,99 @@
+"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS arithmetic, targets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupart.core.allocation import exclusive_allocation
+from gpupart.core.devices import (
+    GpuView,
+    MigSlice,
+    XidEvent,
+    affected_devices,
+    node_devices,
+    preferred_allocation,
+    resolve_devices,
+)
+from gpupart.core.errors import InvalidInput
+from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.mps import client_limits, daemon_commands, mps_limits
+from gpupart.core.spec import Mode, MpsSettings
+from gpupart.core.targets import UNPARTITIONED, gpu_targets
+from gpupart.core.wire import DesiredGroup
+
+
+def shared_gpus(slots: list[int]) -> list[GpuView]:
+    return [
+        GpuView(i, f"GPU-{i}", "H200-141GB", 143771, i, i // 2, Mode.TIME_SLICING, slots=n)
+        for i, n in enumerate(slots)
+    ]
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=6), st.data())
+def test_preferred_allocation_is_a_subset_of_size_with_must_include(
+    slots: list[int], data: st.DataObject
+) -> None:
+    devices = {d.id: d for d in node_devices(shared_gpus(slots))["nvidia.com/gpu.shared"]}
+    available = data.draw(st.lists(st.sampled_from(sorted(devices)), unique=True, min_size=1))
+    must = data.draw(st.lists(st.sampled_from(available), unique=True, max_size=2))
+    size = data.draw(st.integers(len(must), len(available)))
+    chosen = preferred_allocation(available, must, size, devices)
+    assert len(chosen) == size and len(set(chosen)) == size
+    assert set(must) <= set(chosen) <= set(available)
+    # One GPU whenever one GPU can hold it all.
+    per_gpu = {}
+    for i in available:
+        per_gpu.setdefault(devices[i].gpu.uuid, set()).add(i)
+    if size and not must and any(len(ids) >= size for ids in per_gpu.values()):
+        assert len({devices[i].gpu.uuid for i in chosen}) == 1
+
+
+def test_mig_devices_resolve_and_allocate_with_caps() -> None:
+    slice_ = MigSlice("MIG-x", MigInstance(Placement(0, 4), "3g.71gb"), 2, 0, (21, 22))
+    gpu = GpuView(0, "GPU-0", "H200-141GB", 143771, 3, 0, Mode.MIG, mig=(slice_,))
+    devices = {d.id: d for d in node_devices([gpu])["nvidia.com/mig-3g.71gb"]}
+    allocation = exclusive_allocation(resolve_devices(["MIG-x"], devices))
+    assert dict(allocation.envs) == {"NVIDIA_VISIBLE_DEVICES": "MIG-x"}
+    paths = [d.path for d in allocation.devices]
+    assert "/dev/nvidia3" in paths and "/dev/nvidia-caps/nvidia-cap21" in paths
+    with pytest.raises(InvalidInput):
+        resolve_devices(["MIG-x", "MIG-x"], devices)
+    with pytest.raises(InvalidInput):
+        resolve_devices(["MIG-gone"], devices)
+
+
+def test_xid_on_one_instance_hits_only_that_instance() -> None:
+    slices = tuple(
+        MigSlice(f"MIG-{n}", MigInstance(Placement(n, 1), "1g.18gb"), n + 1, 0) for n in range(3)
+    )
+    gpu = GpuView(0, "GPU-0", "H200-141GB", 143771, 0, 0, Mode.MIG, mig=slices)
+    devices = node_devices([gpu])["nvidia.com/mig-1g.18gb"]
+    assert affected_devices(XidEvent("GPU-0", 79, 2), devices) == {"MIG-1"}
+    assert affected_devices(XidEvent("GPU-0", 79), devices) == {"MIG-0", "MIG-1", "MIG-2"}
+    assert affected_devices(XidEvent("GPU-0", 43, 2), devices) == frozenset()
+    assert affected_devices(XidEvent("GPU-9", 79), devices) == frozenset()
+
+
+def test_mps_limits_and_commands() -> None:
+    limits = mps_limits(MpsSettings(4), 80000)
+    assert (limits.memory_mib, limits.compute_percent) == (20000, 25)
+    assert daemon_commands(limits) == (
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20000M",
+    )
+    assert client_limits(0, 0, defaults=limits, gpu_memory_mib=80000) == (20000, 25)
+    assert client_limits(5000, 60, defaults=limits, gpu_memory_mib=80000) == (5000, 60)
+    with pytest.raises(InvalidInput):
+        client_limits(90000, 0, defaults=limits, gpu_memory_mib=80000)
+
+
+def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:
+    groups = (
+        DesiredGroup("a", 1, (0,), Mode.MIG, (("1g.18gb", 7),)),
+        DesiredGroup("b", 1, (0, 1), Mode.TIME_SLICING, replicas=3),
+    )
+    targets = gpu_targets(groups, [0, 1, 2])
+    assert targets[0].partition == "a" and targets[1].slots == 3
+    assert targets[2] == UNPARTITIONED
