@@ -1,0 +1,144 @@
+"""Scoring: FGD's fragmentation (fast form against the paper's definition), typical pods, policies."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupart.core.scoring import (
+    FragmentationModel,
+    NodeState,
+    Policy,
+    Request,
+    TypicalPod,
+    bestfit_score,
+    fits,
+    score_node,
+    take,
+    typical_pods,
+)
+from gpupart.core.trace import Pod
+
+MODELS = ("T4", "G2")
+
+
+def naive_fragmentation(state: NodeState, typical: tuple[TypicalPod, ...]) -> float:
+    """FGD's F(n) exactly as the authors' NodeGpuShareFragAmount computes it (the oracle)."""
+    left = sum(state.gpu_left)
+    total = 0.0
+    for pod in typical:
+        r = pod.request
+        if r.gpu_milli == 0 or (r.gpu_spec and state.model not in r.gpu_spec):
+            total += pod.weight * left
+            continue
+        fitting = sum(1 for share in state.gpu_left if share >= r.gpu_milli)
+        if fitting >= r.num_gpu and state.cpu_left >= r.cpu_milli:
+            total += pod.weight * sum(s for s in state.gpu_left if s < r.gpu_milli)
+        else:
+            total += pod.weight * left
+    return total
+
+
+requests = st.builds(
+    Request,
+    cpu_milli=st.sampled_from([0, 2000, 4000, 8000, 16000]),
+    memory_mib=st.just(0),
+    num_gpu=st.just(1),
+    gpu_milli=st.sampled_from([100, 250, 470, 810, 1000]),
+    gpu_spec=st.sampled_from([(), ("T4",), ("G2",)]),
+) | st.builds(
+    Request,
+    cpu_milli=st.sampled_from([1000, 8000]),
+    memory_mib=st.just(0),
+    num_gpu=st.sampled_from([0, 2, 4]),
+    gpu_milli=st.just(1000),
+)
+mixes = st.lists(st.tuples(requests, st.integers(1, 20)), min_size=1, max_size=6).map(
+    lambda items: tuple(
+        TypicalPod(
+            Request(r.cpu_milli, 0, r.num_gpu, r.gpu_milli if r.num_gpu else 0, r.gpu_spec),
+            weight / sum(w for _, w in items),
+        )
+        for r, weight in items
+    )
+)
+states = st.builds(
+    NodeState,
+    cpu_left=st.integers(0, 20).map(lambda c: c * 1000),
+    memory_left=st.just(10**6),
+    gpu_left=st.lists(st.sampled_from([0, 60, 190, 530, 1000]), min_size=0, max_size=8).map(tuple),
+    model=st.sampled_from(MODELS),
+)
+
+
+@given(mix=mixes, state=states)
+@settings(max_examples=200, deadline=None)
+def test_law_fast_fragmentation_equals_the_papers_definition(
+    mix: tuple[TypicalPod, ...], state: NodeState
+) -> None:
+    model = FragmentationModel.of(mix)
+    assert abs(model.fragmentation(state) - naive_fragmentation(state, mix)) < 1e-6
+    assert 0.0 <= model.fragmentation(state) <= state.gpu_left_total + 1e-6
+
+
+@given(state=states, request=requests, policy=st.sampled_from(list(Policy)))
+@settings(max_examples=200, deadline=None)
+def test_law_a_placement_only_uses_gpus_that_fit(
+    state: NodeState, request: Request, policy: Policy
+) -> None:
+    model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 500)]))
+    placement = score_node(policy, state, request, model=model, rng=random.Random(0))
+    assert (placement is None) == (not fits(state, request))
+    if placement is None:
+        return
+    assert len(placement.gpus) == request.num_gpu
+    assert len(set(placement.gpus)) == len(placement.gpus)
+    after = take(state, request, placement.gpus)
+    assert all(0 <= share <= 1000 for share in after.gpu_left)
+    assert after.cpu_left >= 0 and after.memory_left >= 0
+
+
+def test_typical_pods_cover_95_percent_most_popular_first() -> None:
+    pods = [Pod(f"a{i}", 1000, 0, 1, 500) for i in range(90)]
+    pods += [Pod(f"b{i}", 2000, 0, 1, 1000) for i in range(8)]
+    pods += [Pod("c", 0, 0, 0, 0), Pod("d", 3000, 0, 2, 1000)]
+    mix = typical_pods(pods)
+    assert [t.request.gpu_milli for t in mix] == [500, 1000]
+    assert abs(sum(t.weight for t in mix) - 1.0) < 1e-9
+    assert mix[0].weight == 90 / 98
+    # a CPU-less pod counts as asking 100m, as kube-scheduler scores it
+    assert typical_pods([Pod("c", 0, 0, 0, 0)])[0].request.cpu_milli == 100
+
+
+def test_bestfit_prefers_the_fuller_node() -> None:
+    request = Request(4000, 0, 1, 500)
+    empty = NodeState(64000, 1, (1000,) * 4, "T4")
+    busy = NodeState(16000, 1, (1000, 600, 0, 0), "T4")
+    assert bestfit_score(busy, request) > bestfit_score(empty, request)
+    placement = score_node(Policy.BESTFIT, busy, request, model=FragmentationModel.of(()))
+    assert placement is not None and placement.gpus == (1,)  # the tightest GPU that fits
+
+
+def test_fgd_fills_the_hole_that_no_typical_pod_could_use() -> None:
+    model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 500)]))
+    state = NodeState(64000, 1, (1000, 300), "T4")
+    placement = score_node(Policy.FGD, state, Request(1000, 0, 1, 300), model=model)
+    assert placement is not None and placement.gpus == (1,)
+
+
+def test_whole_gpu_pods_take_the_lowest_free_indices() -> None:
+    model = FragmentationModel.of(())
+    state = NodeState(64000, 1, (500, 1000, 1000, 1000), "T4")
+    for policy in Policy:
+        placement = score_node(
+            policy, state, Request(1000, 0, 2, 1000), model=model, rng=random.Random(1)
+        )
+        assert placement is not None and placement.gpus == (1, 2)
+
+
+def test_nothing_fits_a_node_of_the_wrong_model() -> None:
+    state = NodeState(64000, 1, (1000,), "T4")
+    assert not fits(state, Request(1000, 0, 1, 500, ("G2",)))
+    assert fits(state, Request(1000, 0, 0, 0, ("G2",)))  # CPU-only pods ignore GPU models

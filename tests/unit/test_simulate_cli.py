@@ -1,0 +1,188 @@
+"""`gpupart simulate`: built-in example, trace replay, JSON and plot output, and every bad-input
+path (exit code 2, one line on stderr naming the file and line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpupart.cli import main
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,393216,8,G2\n"
+PODS = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+    + "".join(f"p{i},4000,8192,1,{(250, 500, 810, 1000)[i % 4]}\n" for i in range(12))
+    + "big,8000,8192,8,1000\ncpu,2000,1024,0,0\n"
+)
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> tuple[Path, Path]:
+    nodes = tmp_path / "nodes.csv"
+    pods = tmp_path / "pods.csv"
+    nodes.write_text(NODES)
+    pods.write_text(PODS)
+    return nodes, pods
+
+
+def test_no_arguments_runs_the_built_in_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate"]) == 0
+    out = capsys.readouterr().out
+    assert "built-in example" in out
+    for policy in ("random", "bestfit", "fgd", "gpupart"):
+        assert f"\n{policy} " in out
+
+
+def test_json_has_the_documented_fields(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = trace
+    code = main(
+        [
+            "simulate",
+            "--nodes",
+            str(nodes),
+            "--pods",
+            str(pods),
+            "--policy",
+            "fgd",
+            "--seed",
+            "5",
+            "--load",
+            "1.3",
+            "--json",
+        ]
+    )
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data["policy"] == "fgd" and data["seed"] == 5 and data["load"] == 1.3
+    assert 0 < data["allocation_ratio"] <= 100
+    assert data["unallocated_gpus"] == pytest.approx(10 * (1 - data["allocation_ratio"] / 100))
+    assert isinstance(data["failed_pods"], int)
+    assert len(data["curve"]) == 131 and data["curve"][-1] == data["allocation_ratio"]
+
+
+def test_json_of_several_policies_lists_every_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--json", "--policy", "bestfit,gpupart"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["policy"] == "gpupart"
+    assert [run["policy"] for run in data["runs"]] == ["bestfit", "gpupart"]
+
+
+def test_plot_draws_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "curves.png"
+    assert main(["simulate", "--policy", "bestfit,fgd", "--plot", str(target)]) == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(target) in capsys.readouterr().out
+
+
+def test_same_seed_same_answer(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = trace
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "random", "--json"]
+    main(args)
+    first = json.loads(capsys.readouterr().out)
+    main(args)
+    again = json.loads(capsys.readouterr().out)
+    first.pop("seconds"), again.pop("seconds")
+    assert first == again
+
+
+@pytest.mark.parametrize(
+    ("which", "content", "expected"),
+    [
+        pytest.param("pods", "", "pods.csv:1: empty file", id="empty-pods"),
+        pytest.param("nodes", "", "nodes.csv:1: empty file", id="empty-nodes"),
+        pytest.param(
+            "pods",
+            "name,cpu_milli,memory_mib,num_gpu\np,1,1,0\n",
+            "pods.csv:1: bad header (missing gpu_milli",
+            id="missing-column",
+        ),
+        pytest.param(
+            "pods",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,x\np,1,1,0,0,1\n",
+            "pods.csv:1: bad header (unexpected x",
+            id="extra-column",
+        ),
+        pytest.param(
+            "nodes",
+            "sn,cpu_milli,memory_mib,gpu,model,rack\nn,1,1,1,T4,r\n",
+            "nodes.csv:1: bad header (unexpected rack",
+            id="extra-node-column",
+        ),
+        pytest.param(
+            "pods",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\nq,1,lots,0,0\n",
+            "pods.csv:3: column 'memory_mib'",
+            id="non-numeric",
+        ),
+        pytest.param(
+            "pods",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\nhuge,1,1,16,1000\n",
+            "pods.csv:3: pod 'huge'",
+            id="larger-than-any-node",
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_file_and_line(
+    trace: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    which: str,
+    content: str,
+    expected: str,
+) -> None:
+    nodes, pods = trace
+    (nodes if which == "nodes" else pods).write_text(content)
+    assert main(["simulate", "--nodes", str(nodes), "--pods", str(pods)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1
+    assert expected in err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param(["--nodes", "NODES"], "needs both --nodes and --pods", id="only-nodes"),
+        pytest.param(
+            ["--nodes", "NODES", "--pods", "missing.csv"],
+            "missing.csv: cannot read",
+            id="missing-file",
+        ),
+        pytest.param(["--policy", "fastest"], "unknown policy 'fastest'", id="unknown-policy"),
+        pytest.param(["--load", "-1"], "--load must be 0 or more", id="negative-load"),
+    ],
+)
+def test_flag_misuse_exits_2(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    nodes, _ = trace
+    args = [str(nodes) if a == "NODES" else a for a in args]
+    assert main(["simulate", *args]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_the_installed_command_runs_the_example() -> None:
+    import subprocess
+    import sys
+
+    gpupart = Path(sys.executable).with_name("gpupart")
+    if not gpupart.exists():
+        pytest.skip("the gpupart console script is not installed next to this interpreter")
+    done = subprocess.run(
+        [str(gpupart), "simulate", "--json", "--policy", "bestfit"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["policy"] == "bestfit"
