@@ -1,0 +1,54 @@
+"""The node agent against a real kube-apiserver: its own Node's desired annotation in, state and inventory out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    STATE_ANNOTATION,
+    DesiredGroup,
+    GpuState,
+    decode_inventory,
+    decode_report,
+    encode_desired,
+)
+from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.agent import NodeAgent
+from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.kube import NodeClient
+from gpupart_plugin.metrics import NodeMetrics
+from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.simgpu import SimulatedGpus
+
+pytestmark = pytest.mark.e2e
+
+
+def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path: Path) -> None:
+    core = client.CoreV1Api(k8s_api)
+    name = "gpupart-agent-e2e"
+    desired = encode_desired(
+        (DesiredGroup("train", 3, None, Mode.MIG, (("1g.18gb", 3), ("3g.71gb", 1))),)
+    )
+    core.create_node({"metadata": {"name": name, "annotations": {DESIRED_ANNOTATION: desired}}})
+    try:
+        node = NodeClient(k8s_api, name)
+        sim = SimulatedGpus(["H200-141GB"] * 2, node=name)
+        actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", ["true"]))
+        agent = NodeAgent(actuator, DeviceHub(), None, node.publish, NodeMetrics())
+        agent.reconcile(node.desired())
+        annotations = core.read_node(name).metadata.annotations
+        report = decode_report(annotations[STATE_ANNOTATION])
+        assert report.observed == (("train", 3),)
+        assert [g.state for g in report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
+        inventory = decode_inventory(annotations[INVENTORY_ANNOTATION])
+        assert [g.uuid for g in inventory] == [g.uuid for g in sim.gpus()]
+        assert all(len(g.mig_devices) == 4 and g.mode is Mode.MIG for g in inventory)
+    finally:
+        core.delete_node(name)

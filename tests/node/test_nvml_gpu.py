@@ -1,0 +1,59 @@
+"""Real NVML, read-only (never changes MIG settings): discovery, and NVML profiles and placements vs the catalogue."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpupart.core.catalogue import find_gpu_model
+from gpupart_plugin.backend import NvmlError
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def nvml() -> Iterator[object]:
+    try:
+        from gpupart_plugin.nvml import NvmlGpus
+
+        gpus = NvmlGpus(read_only=True)
+    except NvmlError as error:
+        pytest.skip(f"no NVIDIA driver here: {error}")
+    if not gpus.gpus():
+        pytest.skip("NVML found no GPU")
+    yield gpus
+    gpus.close()
+
+
+def test_discovery_and_read_only(nvml: object) -> None:
+    from gpupart_plugin.nvml import NvmlGpus
+
+    assert isinstance(nvml, NvmlGpus)
+    for info in nvml.gpus():
+        assert info.uuid.startswith("GPU-") and info.memory_mib > 0
+        with pytest.raises(NvmlError):
+            nvml.set_mig_mode(info.index, info.mig_enabled)  # refused before reaching NVML
+
+
+def test_nvml_profiles_and_placements_match_the_catalogue(nvml: object) -> None:
+    from gpupart_plugin.nvml import NvmlGpus
+
+    assert isinstance(nvml, NvmlGpus)
+    for info in nvml.gpus():
+        known = find_gpu_model(info.name)
+        if not info.mig_capable or known is None:
+            continue
+        try:
+            model = nvml.model(info.index)
+        except NvmlError as error:
+            pytest.skip(f"NVML gives no MIG profiles with MIG disabled here: {error}")
+        by_name = {p.name: p for p in model.profiles}
+        for profile in known.profiles:
+            found = by_name.get(profile.name)
+            assert found is not None, f"{profile.name} not reported by NVML ({sorted(by_name)})"
+            assert found.starts == profile.starts, profile.name
+            assert found.memory_slices == profile.memory_slices, profile.name
+            assert found.compute_slices == profile.compute_slices, profile.name
+            assert found.profile_id == profile.profile_id, profile.name
+            print(f"{profile.name}: NVML {found.memory_mib} MiB, catalogue {profile.memory_mib} MiB")
