@@ -24,7 +24,7 @@ EXAMPLE_NODES: tuple[tuple[str, int, int, int, int, str], ...] = (
 # MIG-sized shares are the compute fractions of the 1g/2g/3g/4g profiles (1/7 .. 4/7);
 # MPS-style shares are round percentages of a GPU.
 EXAMPLE_MIX: tuple[tuple[str, float, tuple[int, ...], int, tuple[int, ...]], ...] = (
-    ("mig", 0.35, (143, 143, 286, 429, 572), 1, (2_000, 4_000, 8_000)),
+    ("mig", 0.35, (142, 142, 285, 428, 571), 1, (2_000, 4_000, 8_000)),
     ("shared", 0.30, (250, 500, 500, 750), 1, (4_000, 8_000)),
     ("whole", 0.25, (MILLI,), 1, (8_000, 12_000, 16_000)),
     ("multi", 0.07, (MILLI,), 2, (16_000, 24_000)),

@@ -142,3 +142,16 @@ def test_nothing_fits_a_node_of_the_wrong_model() -> None:
     state = NodeState(64000, 1, (1000,), "T4")
     assert not fits(state, Request(1000, 0, 1, 500, ("G2",)))
     assert fits(state, Request(1000, 0, 0, 0, ("G2",)))  # CPU-only pods ignore GPU models
+
+
+def test_mig_requests_take_the_smallest_profile_that_fits() -> None:
+    from gpupart.core.catalogue import require_gpu_model
+    from gpupart.core.mig_packing import lower_bound, smallest_profile
+
+    a100 = require_gpu_model("A100-SXM4-80GB")
+    assert smallest_profile(a100, 142).name == "1g.10gb"
+    assert smallest_profile(a100, 300).compute_slices == 3
+    assert smallest_profile(a100, 810).compute_slices == 7  # no 6g profile: 810 rounds to 7g
+    four = smallest_profile(a100, 571)
+    assert lower_bound([four, four], 0) == 2  # two 4g instances never share a GPU
+    assert lower_bound([smallest_profile(a100, 142)] * 7, 1) == 2

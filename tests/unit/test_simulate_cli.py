@@ -186,3 +186,21 @@ def test_the_installed_command_runs_the_example() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["policy"] == "bestfit"
+
+
+def test_mig_mode_reports_accepted_requests_against_a_lower_bound(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--mig", "--load", "0.8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["accepted_pods"] + data["rejected_pods"] == data["arrived_pods"]
+    assert data["lower_bound_gpus"] <= data["gpus_used"] <= data["gpus"]
+    assert all(name[0] in "1234567" for name in data["profiles"])
+
+
+def test_mig_mode_takes_no_trace(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = trace
+    assert main(["simulate", "--mig", "--nodes", str(nodes), "--pods", str(pods)]) == 2
+    assert "--mig runs the built-in example" in capsys.readouterr().err
