@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -17,6 +19,28 @@ from .service import ExtenderService
 from .settings import load_settings
 
 log = logging.getLogger(__name__)
+
+
+def tune_gc() -> None:
+    """Fewer full collections: the cache and verdict memo hold hundreds of thousands of
+    long-lived objects, and a full pass over them costs more than a whole filter call."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, with TCP_NODELAY (inherited by accepted connections).
+
+    uvicorn writes response headers and body separately; without NODELAY, Nagle plus the
+    client's delayed ACK add ~40 ms to every call.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,20 +73,20 @@ def run(args: argparse.Namespace) -> int:
     )
     watcher = Watcher(api, cache, timeout_seconds=settings.resync_seconds)
     watcher.start()
+    tune_gc()
     log.info(
         "Started extender",
         extra={"kv": {"host": settings.host, "port": settings.port, "prefix": settings.prefix}},
     )
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             create_app(settings, service),
-            host=settings.host,
-            port=settings.port,
             log_level=settings.log_level.lower(),
             access_log=False,
             ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
             ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
         )
+        uvicorn.Server(config).run(sockets=[listen(settings.host, settings.port)])
     finally:
         watcher.stop()
     return 0

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import threading
@@ -38,6 +37,7 @@ from gpupart.core.wire import (
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import ClusterCache
 from gpupart_extender.kube import ApiBinder, Watcher
+from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
@@ -52,8 +52,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
-    sock = socket.socket()
-    sock.bind((LOOPBACK, 0))
+    sock = listen(LOOPBACK, 0)
     port = int(sock.getsockname()[1])
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from fastapi.testclient import TestClient
 from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpupart_extender.service import ExtenderService
@@ -288,8 +288,7 @@ def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
 
 
 def test_real_uvicorn_on_loopback(settings: ExtenderSettings, service: ExtenderService) -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(settings, service), log_level="warning"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)

@@ -1,0 +1,268 @@
+"""Benchmark: filter + prioritize over HTTP for one pod against 1,000 and 5,000 candidate nodes.
+
+The extender runs in a child process (real uvicorn on 127.0.0.1, the same app and cache as in
+production, fed with a synthetic cluster: 60 % MPS nodes, 25 % MIG nodes, 15 % whole-GPU
+nodes, 8 GPUs each, with a random share already in use). The parent plays kube-scheduler: for
+each pod, POST filter with every node name, then prioritize with the survivors, and times the
+pair. Pods cycle through a few request shapes, each with its own uid, as a real queue would.
+The last line is JSON: {"p50_ms_1000", "p99_ms_1000", "p50_ms_5000", "p99_ms_5000"}.
+
+Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    InventoryGpu,
+    MigDevice,
+    PodAssignment,
+    encode_assignment,
+    encode_inventory,
+)
+from gpupart_extender.app import create_app
+from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.main import listen, tune_gc
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
+
+GPUS = 8
+MIB = 81559
+
+
+class NoBinder:
+    def annotate(self, *_: Any) -> None: ...
+    def bind(self, *_: Any) -> None: ...
+
+
+def _pod(
+    name: str, node: str, limits: dict[str, str], app: str, assignment: str = ""
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "uid": f"uid-{name}",
+            "labels": {"app": app},
+            "annotations": {ASSIGNMENT_ANNOTATION: assignment} if assignment else {},
+        },
+        "spec": {"nodeName": node, "containers": [{"resources": {"limits": limits}}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def cluster(nodes: int, seed: int = 1) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    node_objs, pods = [], []
+    for n in range(nodes):
+        name = f"node-{n:05d}"
+        kind = rng.random()
+        if kind < 0.60:
+            gpus = [
+                InventoryGpu(i, f"GPU-{n}-{i}", "H100", MIB, Mode.MPS, (), 16) for i in range(GPUS)
+            ]
+            for i in range(GPUS):
+                for k in range(rng.randrange(0, 5)):
+                    mem = rng.choice((4096, 8192, 10240, 20480))
+                    a = encode_assignment(PodAssignment(name, i, f"GPU-{n}-{i}", mem))
+                    pods.append(
+                        _pod(
+                            f"s-{n}-{i}-{k}",
+                            name,
+                            {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": str(mem)},
+                            rng.choice("abcdef"),
+                            a,
+                        )
+                    )
+        elif kind < 0.85:
+            devices = tuple(
+                MigDevice(f"MIG-{n}-{i}-{s}", MigInstance(Placement(s, 1), "1g.10gb"))
+                for i in range(GPUS)
+                for s in range(7)
+            )
+            gpus = [
+                InventoryGpu(i, f"GPU-{n}-{i}", "H100", MIB, Mode.MIG, devices[i * 7 : i * 7 + 7])
+                for i in range(GPUS)
+            ]
+            for k in range(rng.randrange(0, 57)):
+                pods.append(
+                    _pod(f"m-{n}-{k}", name, {"nvidia.com/mig-1g.10gb": "1"}, rng.choice("abcdef"))
+                )
+        else:
+            gpus = [InventoryGpu(i, f"GPU-{n}-{i}", "H100", MIB, Mode.NONE) for i in range(GPUS)]
+            for k in range(rng.randrange(0, GPUS + 1)):
+                pods.append(_pod(f"w-{n}-{k}", name, {"nvidia.com/gpu": "1"}, rng.choice("abcdef")))
+        node_objs.append(
+            {
+                "metadata": {
+                    "name": name,
+                    "annotations": {INVENTORY_ANNOTATION: encode_inventory(tuple(gpus))},
+                }
+            }
+        )
+    return node_objs, pods
+
+
+def serve(nodes: int, port_file: Path) -> None:
+    cache = ClusterCache()
+    node_objs, pods = cluster(nodes)
+    cache.replace(NODE, node_objs)
+    cache.replace(POD, pods)
+    settings = ExtenderSettings()
+    service = ExtenderService(cache, settings.scoring(), binder=NoBinder(), metrics=Metrics())
+    tune_gc()
+    sock = listen("127.0.0.1", 0)
+    port_file.write_text(str(sock.getsockname()[1]))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings, service), log_level="warning", access_log=False)
+    )
+    asyncio.run(server.serve(sockets=[sock]))
+
+
+SHAPES = [
+    ({"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "10240"}, "web"),
+    (
+        {
+            "nvidia.com/gpu.shared": "1",
+            "gpupart.io/gpu-memory": "4096",
+            "gpupart.io/gpu-compute": "20",
+        },
+        "a",
+    ),
+    ({"nvidia.com/mig-1g.10gb": "1"}, "train"),
+    ({"nvidia.com/gpu": "2"}, "big"),
+]
+
+
+class Http:
+    """A minimal keep-alive HTTP/1.1 client with TCP_NODELAY, one write per request, as Go's.
+
+    httpx writes headers and body separately without TCP_NODELAY; Nagle plus delayed ACK then
+    adds ~40 ms per call, which is the client's cost, not the extender's.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+
+    def post(self, path: str, body: Any) -> Any:
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        self.sock.sendall(head + data)
+        status = self.reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"{path}: {status!r}")
+        length = 0
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        return json.loads(self.reader.read(length))
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def measure(nodes: int, requests: int) -> tuple[float, float, float]:
+    port_file = Path(f"/tmp/gpupart-bench-port-{nodes}-{time.time_ns()}")
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(nodes), "--port-file", str(port_file)]
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not port_file.exists() or not port_file.read_text():
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the extender process did not start")
+            time.sleep(0.1)
+        port = int(port_file.read_text())
+        url = f"http://127.0.0.1:{port}"
+        names = [f"node-{n:05d}" for n in range(nodes)]
+        timings = []
+        cold = 0.0
+        for _attempt in range(300):
+            try:
+                httpx.get(f"{url}/healthz", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        http = Http(port)
+        try:
+            for i in range(requests + len(SHAPES)):
+                limits, app = SHAPES[i % len(SHAPES)]
+                pod = {
+                    "metadata": {
+                        "name": f"p{i}",
+                        "namespace": "bench",
+                        "uid": f"u{i}",
+                        "labels": {"app": app},
+                    },
+                    "spec": {"containers": [{"resources": {"limits": limits}}]},
+                }
+                started = time.perf_counter()
+                out = http.post("/gpupart/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+                survivors = {"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}
+                http.post("/gpupart/prioritize", survivors)
+                elapsed = (time.perf_counter() - started) * 1000
+                if i == 0:
+                    cold = elapsed
+                if i >= len(SHAPES):  # the first pod of each shape fills the verdict memo
+                    timings.append(elapsed)
+        finally:
+            http.close()
+        timings.sort()
+        p50 = statistics.median(timings)
+        p99 = timings[min(len(timings) - 1, int(0.99 * len(timings)))]
+        print(
+            f"{nodes} nodes: p50 {p50:.2f} ms, p99 {p99:.2f} ms, first (cold) {cold:.1f} ms, {len(timings)} pods"
+        )
+        return p50, p99, cold
+    finally:
+        child.terminate()
+        child.wait(10)
+        port_file.unlink(missing_ok=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port_file)
+        return 0
+    figures: dict[str, float] = {}
+    for nodes in (1000, 5000):
+        p50, p99, _ = measure(nodes, args.requests)
+        figures[f"p50_ms_{nodes}"] = round(p50, 2)
+        figures[f"p99_ms_{nodes}"] = round(p99, 2)
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
