@@ -1,0 +1,556 @@
+"""The operator against the real API server: CRD applied with kubectl, nodes from kwok, kopf in-process.
+
+Aspects: create -> desired annotations on matching nodes and a Pending status; a simulated node
+agent -> Ready=True; update -> new generation on the nodes; a profile the node's GPU does not
+offer -> Ready=False naming node and profile, nothing written to that node; a selector matching
+no node; two partitions on one GPU -> Conflict=True naming the winner (priority, then age); a
+label change moves a node between partitions; a hand-edited annotation is put back; delete ->
+annotations removed, finalizer held until the agent lets go, not held by an unreachable node;
+Events for transitions; nothing of kopf in status; a steady-state resync writes nothing,
+counted at the API server's own /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    DESIRED_ANNOTATION,
+    STATE_ANNOTATION,
+    GpuReport,
+    GpuState,
+    NodeReport,
+    decode_desired,
+    encode_report,
+)
+from gpupart_operator.main import build
+from gpupart_operator.model import GROUP, OWNED_STATUS_KEYS, PLURAL, VERSION
+from gpupart_operator.reconciler import Reconciler
+from gpupart_operator.settings import OperatorSettings
+
+from .cluster import REPO, ControlPlane, create_nodes, gpu_node, mig_labels, wait_for
+
+pytestmark = pytest.mark.e2e
+
+CRD_DIR = REPO / "charts" / "gpupart" / "crds"
+A100 = "NVIDIA-A100-SXM4-80GB"
+RUN = f"op{int(time.time()) % 100000}"
+TIMEOUT = 30
+
+
+# --- fixtures: CRDs, an operator running in a thread --------------------------------------
+
+
+def apply_crds(cp: ControlPlane) -> None:
+    """Both CRDs from the chart, with kubectl, as an admin would."""
+    cp.kubectl("apply", "-f", str(CRD_DIR))
+    for crd in ("gpupartitions.gpupart.io", "clusterkopfpeerings.kopf.dev"):
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    wait_for(lambda: cp.kubectl("get", "gpup", check=False).returncode == 0, 30, "gpup served")
+
+
+class RunningOperator:
+    """kopf.operator in its own thread and event loop, stopped through kopf's stop flag."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.settings = OperatorSettings(
+            kubeconfig=str(cp.kubeconfig),
+            resync_seconds=3,
+            debounce_seconds=0.1,
+            release_retry_seconds=1,
+            write_workers=8,
+        )
+        self.reconciler, self.registry = build(self.settings)
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="gpupart-operator", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(
+                kopf.operator(
+                    registry=self.registry,
+                    standalone=True,
+                    clusterwide=True,
+                    stop_flag=self.stop,
+                    ready_flag=self.ready,
+                )
+            )
+        except BaseException as error:  # noqa: BLE001 - reported by the fixture
+            self.error = error
+
+    def start(self) -> None:
+        self.thread.start()
+        if not self.ready.wait(TIMEOUT):
+            raise RuntimeError(f"operator did not start: {self.error!r}")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(TIMEOUT)
+        self.reconciler.close()
+        self.reconciler.core.api_client.close()
+        assert not self.thread.is_alive(), "operator thread did not stop"
+
+
+@pytest.fixture(scope="module")
+def operator(k8s_control_plane: ControlPlane) -> Iterator[RunningOperator]:
+    apply_crds(k8s_control_plane)
+    running = RunningOperator(k8s_control_plane)
+    running.start()
+    try:
+        yield running
+    finally:
+        try:
+            # Leave nothing with our finalizer behind for later modules: nodes that are gone
+            # hold no deletion.
+            k8s_control_plane.kubectl(
+                "delete", "gpup", "-l", f"e2e-run={RUN}", "--ignore-not-found", "--wait=false"
+            )
+            k8s_control_plane.kubectl("delete", "node", "-l", f"e2e-run={RUN}", "--wait=false")
+            wait_for(
+                lambda: not _list_mine(running.reconciler),
+                TIMEOUT,
+                "this module's GpuPartitions to be gone",
+            )
+        finally:
+            running.close()
+    assert running.error is None, running.error
+
+
+def _list_mine(reconciler: Reconciler) -> list[Any]:
+    listed = reconciler.custom.list_cluster_custom_object(
+        GROUP, VERSION, PLURAL, label_selector=f"e2e-run={RUN}"
+    )
+    return list(listed["items"])
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def apply(cp: ControlPlane, name: str, spec: dict[str, Any]) -> None:
+    body = {
+        "apiVersion": "gpupart.io/v1alpha1",
+        "kind": "GpuPartition",
+        "metadata": {"name": name, "labels": {"e2e-run": RUN}},
+        "spec": spec,
+    }
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+
+def get(op: RunningOperator, name: str) -> dict[str, Any]:
+    return dict(op.reconciler.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))
+
+
+def node(op: RunningOperator, name: str) -> dict[str, Any]:
+    return json.loads(op.reconciler.core.read_node(name, _preload_content=False).data)
+
+
+def annotation(op: RunningOperator, name: str, key: str = DESIRED_ANNOTATION) -> str | None:
+    annotations = node(op, name)["metadata"].get("annotations") or {}
+    return annotations.get(key)
+
+
+def desired_partitions(op: RunningOperator, name: str) -> list[tuple[str, int]]:
+    text = annotation(op, name)
+    return [] if text is None else [(g.partition, g.generation) for g in decode_desired(text)]
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == ctype:
+            return dict(c)
+    return {}
+
+
+def wait_condition(
+    op: RunningOperator, name: str, ctype: str, status: str, reason: str | None = None
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = get(op, name)
+        c = condition(obj, ctype)
+        ok = c.get("status") == status and (reason is None or c.get("reason") == reason)
+        return obj if ok else None
+
+    return wait_for(check, TIMEOUT, f"{name} {ctype}={status} {reason or ''}")
+
+
+def wait_desired(op: RunningOperator, node_name: str, expected: list[tuple[str, int]]) -> None:
+    wait_for(
+        lambda: desired_partitions(op, node_name) == expected,
+        TIMEOUT,
+        f"{node_name} desired == {expected}",
+    )
+
+
+def report(op: RunningOperator, node_name: str, observed: list[tuple[str, int]]) -> None:
+    """Play the node agent: say which partition generations this node applied."""
+    gpus = (
+        GpuReport(
+            0,
+            GpuState.APPLIED,
+            Mode.MIG,
+            (MigInstance(Placement(0, 1), "1g.10gb"),) if observed else (),
+        ),
+    )
+    text = encode_report(NodeReport(tuple(observed), gpus))
+    op.reconciler.core.patch_node(
+        node_name,
+        {"metadata": {"annotations": {STATE_ANNOTATION: text}}},
+        _content_type="application/merge-patch+json",
+    )
+
+
+def make_nodes(cp: ControlPlane, names: list[str], product: str = A100, **labels: str) -> None:
+    create_nodes(
+        cp.api_client(),
+        [
+            gpu_node(n, labels={**mig_labels(product, gpus=1), "e2e-run": RUN, **labels})
+            for n in names
+        ],
+    )
+
+
+def events_for(op: RunningOperator, name: str) -> list[dict[str, Any]]:
+    listed = json.loads(
+        op.reconciler.core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={name}", _preload_content=False
+        ).data
+    )
+    return list(listed["items"])
+
+
+def gone(op: RunningOperator, name: str) -> bool:
+    return not [p for p in _list_mine(op.reconciler) if p["metadata"]["name"] == name]
+
+
+def assert_no_kopf_in_status(obj: dict[str, Any]) -> None:
+    status = obj.get("status") or {}
+    assert set(status) <= set(OWNED_STATUS_KEYS), status.keys()
+    assert "kopf" not in json.dumps(status)
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+
+def test_create_agent_report_update_and_events(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    nodes = [f"{RUN}-life-{i}" for i in range(2)]
+    make_nodes(cp, nodes, **{"e2e-op": f"{RUN}-life"})
+    make_nodes(cp, [f"{RUN}-life-other"], **{"e2e-op": f"{RUN}-other"})
+    name = f"{RUN}-life"
+    spec = {
+        "nodeSelector": {"matchLabels": {"e2e-op": f"{RUN}-life"}},
+        "mode": "MIG",
+        "mig": {"devices": {"1g.10gb": 7}},
+    }
+    apply(cp, name, spec)
+    for n in nodes:
+        wait_desired(op, n, [(name, 1)])
+    assert annotation(op, f"{RUN}-life-other") is None
+    obj = wait_condition(op, name, "Progressing", "True", "Applying")
+    assert condition(obj, "Ready")["reason"] == "NotApplied"
+    assert obj["status"]["observedGeneration"] == 1
+    assert {n: s["state"] for n, s in obj["status"]["nodes"].items()} == dict.fromkeys(
+        nodes, "Pending"
+    )
+    assert_no_kopf_in_status(obj)
+
+    for n in nodes:
+        report(op, n, [(name, 1)])
+    obj = wait_condition(op, name, "Ready", "True", "Applied")
+    assert obj["status"]["nodesReady"] == "2/2"
+    assert condition(obj, "Progressing")["status"] == "False"
+    table = cp.kubectl("get", "gpup", name).stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "MODE", "NODES", "READY"], table
+    assert table[1].split()[1:4] == ["MIG", "2/2", "True"], table
+
+    # Update: a new generation reaches every node; Ready drops until agents catch up.
+    apply(cp, name, {**spec, "mig": {"devices": {"3g.40gb": 2}}})
+    for n in nodes:
+        wait_desired(op, n, [(name, 2)])
+    obj = wait_condition(op, name, "Ready", "False", "NotApplied")
+    assert obj["status"]["observedGeneration"] == 2
+    (group,) = decode_desired(annotation(op, nodes[0]) or "")
+    assert dict(group.mig) == {"3g.40gb": 2}
+
+    # Events: one per transition, about this GpuPartition.
+    reasons = wait_for(
+        lambda: (
+            {e["reason"] for e in events_for(op, name)} >= {"Applied", "NotApplied"}
+            and {e["reason"] for e in events_for(op, name)}
+        ),
+        TIMEOUT,
+        "Events for Ready transitions",
+    )
+    assert "Applying" in reasons, reasons
+    event = next(e for e in events_for(op, name) if e["reason"] == "Applied")
+    assert event["involvedObject"]["kind"] == "GpuPartition"
+    assert event["type"] == "Normal" and event["message"].startswith("Ready=True")
+    # kopf's own bookkeeping is in annotations, never in status.
+    obj = get(op, name)
+    assert_no_kopf_in_status(obj)
+    assert "gpupart.io/last-handled-configuration" in obj["metadata"]["annotations"]
+    assert "gpupart.io/finalizer" in obj["metadata"]["finalizers"]
+
+
+def test_profile_not_offered_is_refused_for_that_node_only(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-mixed"}
+    make_nodes(cp, [f"{RUN}-a30"], product="NVIDIA-A30", **label)
+    make_nodes(cp, [f"{RUN}-a100"], **label)
+    name = f"{RUN}-mixed"
+    apply(
+        cp,
+        name,
+        {"nodeSelector": {"matchLabels": label}, "mode": "MIG", "mig": {"devices": {"1g.10gb": 7}}},
+    )
+    obj = wait_condition(op, name, "Ready", "False", "InvalidForNode")
+    message = condition(obj, "Ready")["message"]
+    assert f"{RUN}-a30" in message and "1g.10gb" in message and "A30" in message, message
+    assert obj["status"]["nodes"][f"{RUN}-a30"]["state"] == "Failed"
+    assert condition(obj, "Degraded")["status"] == "True"
+    wait_desired(op, f"{RUN}-a100", [(name, 1)])
+    assert annotation(op, f"{RUN}-a30") is None
+    warning = wait_for(
+        lambda: [e for e in events_for(op, name) if e["reason"] == "InvalidForNode"],
+        TIMEOUT,
+        "a Warning Event",
+    )
+    assert warning[0]["type"] == "Warning"
+
+
+def test_selector_matching_no_node_says_so_and_settles(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    name = f"{RUN}-nomatch"
+    apply(
+        cp,
+        name,
+        {
+            "nodeSelector": {"matchLabels": {"e2e-op": "nobody"}},
+            "mode": "TimeSlicing",
+            "timeSlicing": {"replicas": 4},
+        },
+    )
+    obj = wait_condition(op, name, "Ready", "False", "NoMatchingNodes")
+    assert obj["status"]["nodes"] == {} and obj["status"]["nodesReady"] == "0/0"
+    version = obj["metadata"]["resourceVersion"]
+    assert op.reconciler.reconcile_all().writes == 0  # not an error loop
+    assert get(op, name)["metadata"]["resourceVersion"] == version
+
+
+def test_two_partitions_on_one_gpu_the_higher_priority_wins(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-conflict"}
+    shared = f"{RUN}-shared"
+    make_nodes(cp, [shared], **label)
+    selector = {"matchLabels": label}
+    old, new = f"{RUN}-old", f"{RUN}-new"
+    apply(
+        cp, old, {"nodeSelector": selector, "mode": "TimeSlicing", "timeSlicing": {"replicas": 2}}
+    )
+    wait_desired(op, shared, [(old, 1)])
+    # creationTimestamp has one-second resolution: make "older" unambiguous.
+    time.sleep(1.1)
+    apply(
+        cp,
+        new,
+        {
+            "nodeSelector": selector,
+            "mode": "TimeSlicing",
+            "timeSlicing": {"replicas": 8},
+            "priority": 10,
+        },
+    )
+    wait_desired(op, shared, [(new, 1)])
+    loser = wait_condition(op, old, "Conflict", "True")
+    assert new in condition(loser, "Conflict")["message"]
+    assert shared not in loser["status"]["nodes"]
+    assert condition(get(op, new), "Conflict")["status"] == "False"
+    # Equal priority: the older object wins.
+    apply(
+        cp, new, {"nodeSelector": selector, "mode": "TimeSlicing", "timeSlicing": {"replicas": 8}}
+    )
+    wait_desired(op, shared, [(old, 1)])
+    assert old in condition(wait_condition(op, new, "Conflict", "True"), "Conflict")["message"]
+    wait_condition(op, old, "Conflict", "False")
+
+
+def test_a_label_change_moves_a_node_between_partitions(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    mover = f"{RUN}-mover"
+    make_nodes(cp, [mover], **{"e2e-pool": f"{RUN}-x"})
+    px, py = f"{RUN}-px", f"{RUN}-py"
+    for name, pool in ((px, "x"), (py, "y")):
+        apply(
+            cp,
+            name,
+            {
+                "nodeSelector": {"matchLabels": {"e2e-pool": f"{RUN}-{pool}"}},
+                "mode": "MPS",
+                "mps": {"maxClients": 4},
+            },
+        )
+    wait_desired(op, mover, [(px, 1)])
+    cp.kubectl("label", "node", mover, f"e2e-pool={RUN}-y", "--overwrite")
+    wait_desired(op, mover, [(py, 1)])
+    wait_condition(op, px, "Ready", "False", "NoMatchingNodes")
+    assert mover in get(op, py)["status"]["nodes"]
+    # A hand edit of the annotation is put back.
+    op.reconciler.core.patch_node(
+        mover,
+        {"metadata": {"annotations": {DESIRED_ANNOTATION: None}}},
+        _content_type="application/merge-patch+json",
+    )
+    wait_desired(op, mover, [(py, 1)])
+
+
+def test_delete_holds_the_finalizer_until_the_agent_lets_go(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-del"}
+    held = f"{RUN}-held"
+    make_nodes(cp, [held], **label)
+    name = f"{RUN}-del"
+    apply(
+        cp,
+        name,
+        {"nodeSelector": {"matchLabels": label}, "mode": "MIG", "mig": {"devices": {"7g.80gb": 1}}},
+    )
+    wait_desired(op, held, [(name, 1)])
+    report(op, held, [(name, 1)])
+    wait_condition(op, name, "Ready", "True")
+
+    cp.kubectl("delete", "gpup", name, "--wait=false")
+    wait_desired(op, held, [])  # back to the partition-free configuration
+    obj = wait_for(
+        lambda: (
+            (o := get(op, name))["metadata"].get("annotations", {}).get("gpupart.io/release") and o
+        ),
+        TIMEOUT,
+        "kopf to record the waiting delete handler",
+    )
+    assert (
+        obj["metadata"].get("deletionTimestamp")
+        and "gpupart.io/finalizer" in obj["metadata"]["finalizers"]
+    )
+    progress = json.loads(obj["metadata"]["annotations"]["gpupart.io/release"])
+    assert "waiting for" in progress.get("message", "") and held in progress["message"]
+    assert_no_kopf_in_status(obj)
+    time.sleep(2)  # two more retries: still held while the agent applies it
+    assert not gone(op, name)
+
+    report(op, held, [])  # the agent has returned the GPUs to the default
+    wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted")
+
+
+def test_delete_does_not_wait_for_an_unreachable_or_vanished_node(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-lost"}
+    lost, vanished = f"{RUN}-lost", f"{RUN}-vanished"
+    make_nodes(cp, [lost, vanished], **label)
+    name = f"{RUN}-lost"
+    apply(cp, name, {"nodeSelector": {"matchLabels": label}, "mode": "None"})
+    for n in (lost, vanished):
+        wait_desired(op, n, [(name, 1)])
+        report(op, n, [(name, 1)])
+    wait_condition(op, name, "Ready", "True")
+    # kwok set the node Running once; it does not put Ready back after this.
+    wait_for(lambda: node(op, lost)["status"].get("phase") == "Running", TIMEOUT, "kwok")
+    conditions = node(op, lost)["status"]["conditions"]
+    for c in conditions:
+        if c["type"] == "Ready":
+            c.update(status="Unknown", reason="NodeStatusUnknown")
+    op.reconciler.core.patch_node_status(
+        lost,
+        {"status": {"conditions": conditions}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+    op.reconciler.core.delete_node(vanished)
+    cp.kubectl("delete", "gpup", name, "--wait=false")
+    wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted without waiting")
+    assert annotation(op, lost) is None
+
+
+def _write_counts(cp: ControlPlane) -> dict[str, float]:
+    """apiserver_request_total for the writes the operator could make, by (verb, resource)."""
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    request = urllib.request.Request(f"{cp.api_url}/metrics")
+    request.add_header("Authorization", f"Bearer {cp.token}")
+    with urllib.request.urlopen(request, timeout=10, context=ctx) as response:
+        text = response.read().decode()
+    counts: dict[str, float] = {}
+    pattern = re.compile(r"^apiserver_request_total\{([^}]*)\} (\S+)$")
+    for line in text.splitlines():
+        match = pattern.match(line)
+        if not match:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if labels.get("verb") not in ("PATCH", "PUT", "POST", "DELETE"):
+            continue
+        resource = labels.get("resource", "")
+        sub = labels.get("subresource", "")
+        # kwok writes node status (heartbeats) and leases; those are not ours.
+        if resource in ("gpupartitions", "events") or (resource == "nodes" and sub == ""):
+            key = f"{labels['verb']} {resource}/{sub}"
+            counts[key] = counts.get(key, 0) + float(match.group(2))
+    return counts
+
+
+def test_a_steady_state_resync_writes_nothing(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-quiet"}
+    quiet = [f"{RUN}-quiet-{i}" for i in range(3)]
+    make_nodes(cp, quiet, **label)
+    name = f"{RUN}-quiet"
+    apply(
+        cp,
+        name,
+        {"nodeSelector": {"matchLabels": label}, "mode": "MIG", "mig": {"devices": {"1g.10gb": 7}}},
+    )
+    for n in quiet:
+        wait_desired(op, n, [(name, 1)])
+    wait_condition(op, name, "Progressing", "True")
+
+    # Settled once a whole pass writes nothing.
+    wait_for(lambda: op.reconciler.reconcile_all().writes == 0, TIMEOUT, "a quiet pass")
+    before = _write_counts(cp)
+    writes = op.reconciler.writes
+    versions = {n: node(op, n)["metadata"]["resourceVersion"] for n in quiet}
+    version = get(op, name)["metadata"]["resourceVersion"]
+    result = op.reconciler.reconcile_all()  # a forced resync
+    time.sleep(op.settings.resync_seconds + 1)  # and the drift timers firing on their own
+    assert result.writes == 0
+    assert op.reconciler.writes == writes
+    assert _write_counts(cp) == before
+    assert {n: node(op, n)["metadata"]["resourceVersion"] for n in quiet} == versions
+    assert get(op, name)["metadata"]["resourceVersion"] == version
