@@ -86,13 +86,12 @@ def default_table(rows: list[dict[str, object]], authors: dict[tuple[str, str], 
     for row in rows:
         policy = Policy(str(row["policy"]))
         reference = authors.get(("openb_pod_list_default", AUTHORS.get(policy, "06-FGD")))
-        label = "FGD (authors)" if policy is Policy.GPUPART else "same"
         mean = float(str(row["mean"]))
         per_seed = " / ".join(f"{value:.2f}" for value in row["allocation_ratio"])  # type: ignore[attr-defined]
         ref = f"{reference:.2f}" if reference is not None else "–"
         delta = f"{mean - reference:+.2f}" if reference is not None else "–"
         if policy is Policy.GPUPART:
-            ref = f"{ref} ({label})"
+            ref = f"{ref} (FGD)"
         lines.append(
             f"| {policy.value} | {mean:.2f} | {per_seed} | {ref} | {delta} | "
             f"{row['unallocated_gpus']} | {row['seconds_per_run']} |"
@@ -163,7 +162,11 @@ def main() -> int:
                 )
                 trace_rows.append(row or measure(name, policy))
                 sys.stderr.write(f"{name} {policy.value}: {trace_rows[-1]['mean']}\n")
-        sys.stdout.write("\n" + traces_table(trace_rows, authors))
+        table += (
+            "\ngpupart against FGD on every trace in `../shared/traces` (seeds 42-44; "
+            "`--all-traces`):\n\n" + traces_table(trace_rows, authors)
+        )
+        sys.stdout.write(table[table.index("\ngpupart against") :])
         figures["traces"] = trace_rows
     if not args.no_readme:
         write_readme(table)
