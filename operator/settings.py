@@ -31,7 +31,7 @@ class OperatorSettings:
     release_retry_seconds: float = 5.0
     """How often deletion re-checks whether nodes have dropped the partition."""
     event_namespace: str = DEFAULT_EVENT_NAMESPACE
-    write_workers: int = 32
+    write_workers: int = 16
     """Parallel API writes within one pass (1,000 node patches must finish in seconds)."""
     instance: str = "gpupart-operator"
     """reportingInstance of the Events this replica writes (the pod name in a Deployment)."""
