@@ -554,3 +554,47 @@ def test_a_steady_state_resync_writes_nothing(
     assert _write_counts(cp) == before
     assert {n: node(op, n)["metadata"]["resourceVersion"] for n in quiet} == versions
     assert get(op, name)["metadata"]["resourceVersion"] == version
+
+
+@pytest.mark.usefixtures("operator")  # the CRDs are applied
+def test_the_cli_serves_healthz_and_metrics(k8s_control_plane: ControlPlane) -> None:
+    """`gpupart operator` as a process: kopf's /healthz and the Prometheus /metrics answer."""
+    import subprocess
+    import sys
+
+    from .cluster import LOOPBACK, free_port
+
+    cp = k8s_control_plane
+    live, prom = free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpupart.cli",
+            "operator",
+            "--standalone",
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--liveness={live}",
+            f"--metrics-port={prom}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def fetch(port: int, path: str) -> str:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=5) as r:
+                return str(r.read().decode())
+
+        text = wait_for(
+            lambda: "gpupart_operator_reconciles_total 1" in (t := fetch(prom, "/metrics")) and t,
+            TIMEOUT,
+            "a first pass in /metrics",
+        )
+        assert 'gpupart_operator_partitions{state="' in text
+        health = json.loads(wait_for(lambda: fetch(live, "/healthz"), TIMEOUT, "/healthz"))
+        assert "secondsSinceReconcile" in health, health
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=TIMEOUT)[0].decode(errors="replace")
+    assert proc.returncode == 0, output[-3000:]
