@@ -1,0 +1,205 @@
+"""Benchmark: pods/s through the real kube-scheduler with the gpupart extender against without it.
+
+Starts the e2e control plane (etcd, kube-apiserver, default kube-scheduler, kwok), 1,000 kwok
+nodes with 8 MPS GPUs each (inventory annotation + nvidia.com/gpu.shared allocatable), the real
+`gpupart extender` process and a second kube-scheduler ("gpupart-scheduler", the chart's
+configuration). The same batch of shared-GPU pods is scheduled once by the default scheduler
+(without) and once by gpupart-scheduler (with); throughput = pods / seconds until all bound.
+Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
+The last line is JSON: {"pods_per_s_with", "pods_per_s_without", "ratio"}.
+
+Run: .venv/bin/python tests/bench/scheduler_throughput.py [--nodes 1000] [--pods 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpupart.core.spec import Mode  # noqa: E402
+from gpupart.core.wire import INVENTORY_ANNOTATION, InventoryGpu, encode_inventory  # noqa: E402
+from tests.e2e.cluster import (  # noqa: E402
+    LOOPBACK,
+    ControlPlane,
+    bin_dir_from_env,
+    create_nodes,
+    free_port,
+    gpu_node,
+    missing_binaries,
+    parallel,
+    wait_for,
+)
+
+CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _pod(name: str, scheduler: str) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "4096", "cpu": "10m"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
+        "spec": {
+            "schedulerName": scheduler,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {"name": "m", "image": "x", "resources": {"limits": limits, "requests": limits}}
+            ],
+        },
+    }
+
+
+def step(text: str) -> None:
+    print(f"scheduler_throughput: {text}", file=sys.stderr, flush=True)
+
+
+def run_batch(core: Any, ns: str, prefix: str, scheduler: str, pods: int) -> float:
+    started = time.monotonic()
+    parallel(
+        lambda i: core.create_namespaced_pod(ns, _pod(f"{prefix}-{i}", scheduler)), range(pods)
+    )
+
+    def done() -> bool:
+        items = core.list_namespaced_pod(ns, label_selector=f"app={prefix}").items
+        return sum(1 for p in items if p.spec.node_name) == pods
+
+    wait_for(done, 600, f"{pods} {prefix} pods bound", interval=0.2)
+    return pods / (time.monotonic() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=500)
+    args = parser.parse_args()
+    bin_dir = bin_dir_from_env()
+    missing = missing_binaries(bin_dir)
+    if missing:
+        print(
+            f"scheduler_throughput: missing {', '.join(missing)} in {bin_dir}; "
+            "build them with scripts/build-k8s-bins.sh",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
+    cp = ControlPlane(bin_dir=bin_dir, workdir=workdir)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        step("starting the control plane")
+        cp.start(scheduler_config={})
+        api = cp.api_client()
+        from kubernetes import client
+
+        core = client.CoreV1Api(api)
+        gpus = tuple(InventoryGpu(i, f"GPU-{i}", "H100", 81559, Mode.MPS, (), 16) for i in range(8))
+        inventory = encode_inventory(gpus)
+        manifests = []
+        for n in range(args.nodes):
+            m = gpu_node(f"bench-{n:05d}", {"nvidia.com/gpu.shared": 128})
+            m["metadata"]["annotations"][INVENTORY_ANNOTATION] = inventory
+            manifests.append(m)
+        step(f"creating {args.nodes} nodes")
+        create_nodes(api, manifests)
+        port = free_port()
+        procs.append(
+            _start(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpupart.cli",
+                    "extender",
+                    "--kubeconfig",
+                    str(cp.kubeconfig),
+                    "--port",
+                    str(port),
+                    "--log-level",
+                    "WARNING",
+                ],
+                workdir / "extender.log",
+            )
+        )
+        step("starting the extender")
+        wait_for(lambda: _ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
+        config = yaml.safe_load(CONFIG_FILE.read_text())
+        config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
+        config["leaderElection"] = {"leaderElect": False}
+        config["clientConnection"] = {"kubeconfig": str(cp.kubeconfig), "qps": 1000, "burst": 2000}
+        path = workdir / "gpupart-scheduler.yaml"
+        path.write_text(yaml.safe_dump(config))
+        procs.append(
+            _start(
+                [
+                    str(bin_dir / "kube-scheduler"),
+                    f"--config={path}",
+                    f"--bind-address={LOOPBACK}",
+                    f"--secure-port={free_port()}",
+                    f"--authentication-kubeconfig={cp.kubeconfig}",
+                    f"--authorization-kubeconfig={cp.kubeconfig}",
+                    "--v=1",
+                ],
+                workdir / "gpupart-scheduler.log",
+            )
+        )
+        ns = "bench"
+        core.create_namespace({"metadata": {"name": ns}})
+        time.sleep(3)  # both schedulers' informers sync
+        step("scheduling without the extender")
+        without = run_batch(core, ns, "plain", "default-scheduler", args.pods)
+        step("scheduling with the extender")
+        with_ext = run_batch(core, ns, "gpupart", "gpupart-scheduler", args.pods)
+        print(
+            f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, with {with_ext:.1f} pods/s"
+        )
+        print(
+            json.dumps(
+                {
+                    "pods_per_s_with": round(with_ext, 1),
+                    "pods_per_s_without": round(without, 1),
+                    "ratio": round(with_ext / without, 3),
+                }
+            )
+        )
+        return 0
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        cp.stop()
+
+
+def _ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return bool(r.status == 200)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
