@@ -62,7 +62,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _pod(name: str, scheduler: str) -> dict[str, Any]:
-    limits = {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "4096", "cpu": "10m"}
+    limits = {"nvidia.com/gpu.shared": "1", "cpu": "10m"}
+    if scheduler != "default-scheduler":
+        # Only gpupart-scheduler ignores this resource in its own fit check (ignoredByScheduler).
+        limits["gpupart.io/gpu-memory"] = "4096"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
