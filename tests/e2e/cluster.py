@@ -634,7 +634,10 @@ def mig_labels(product: str = "NVIDIA-H100-80GB-HBM3", gpus: int = 1) -> dict[st
 
 
 def pod_manifest(
-    name: str, requests: Mapping[str, str | int], labels: Mapping[str, str] | None = None
+    name: str,
+    requests: Mapping[str, str | int],
+    labels: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A single-container Pod; extended resources go in limits too, as Kubernetes requires."""
     res = {k: str(v) for k, v in requests.items()}
@@ -643,6 +646,7 @@ def pod_manifest(
         "kind": "Pod",
         "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": {
+            "nodeSelector": dict(node_selector or {}),
             "containers": [
                 {
                     "name": "main",

@@ -209,65 +209,74 @@ def test_500_mig_pods_land_only_where_there_is_capacity(k8s_api: Any) -> None:
     core = client.CoreV1Api(k8s_api)
     run = f"smoke{int(time.time()) % 100000}"
     ns = f"e2e-{run}"
-    core.create_namespace({"metadata": {"name": ns}})
-
+    # Every node of this test carries the run label and every pod selects it, so nodes that
+    # other e2e tests create cannot take these pods; the 10 plain nodes are still candidates.
+    mine = {"gpupart.io/e2e-run": run}
     gpu_nodes = [f"{run}-gpu-{i:03d}" for i in range(N_GPU_NODES)]
     plain_nodes = [f"{run}-cpu-{i:02d}" for i in range(N_PLAIN_NODES)]
-    create_nodes(
-        k8s_api,
-        [gpu_node(n, {MIG_1G: MIG_PER_NODE}, mig_labels()) for n in gpu_nodes]
-        + [gpu_node(n) for n in plain_nodes],
-    )
     all_nodes = set(gpu_nodes) | set(plain_nodes)
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        create_nodes(
+            k8s_api,
+            [gpu_node(n, {MIG_1G: MIG_PER_NODE}, {**mig_labels(), **mine}) for n in gpu_nodes]
+            + [gpu_node(n, labels=mine) for n in plain_nodes],
+        )
 
-    def nodes_ready() -> bool:
-        items = core.list_node(label_selector="type=kwok").items
-        ready = {
-            n.metadata.name
-            for n in items
-            if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
-        }
-        return all_nodes <= ready
+        def nodes_ready() -> bool:
+            items = core.list_node(label_selector=f"gpupart.io/e2e-run={run}").items
+            ready = {
+                n.metadata.name
+                for n in items
+                if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+            }
+            return all_nodes <= ready
 
-    wait_for(nodes_ready, 60, f"{len(all_nodes)} kwok nodes to be Ready")
-    # kwok must have kept the capacity the nodes were created with.
-    sample = core.read_node(gpu_nodes[0])
-    assert sample.status.allocatable[MIG_1G] == str(MIG_PER_NODE)
-    assert sample.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        wait_for(nodes_ready, 60, f"{len(all_nodes)} kwok nodes to be Ready")
+        # kwok must have kept the capacity the nodes were created with.
+        sample = core.read_node(gpu_nodes[0])
+        assert sample.status.allocatable[MIG_1G] == str(MIG_PER_NODE)
+        assert sample.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
-    started = time.monotonic()
-    parallel(
-        lambda i: core.create_namespaced_pod(
-            ns, pod_manifest(f"mig-{i:03d}", {MIG_1G: 1, "cpu": "100m"}, {"run": run})
-        ),
-        range(N_PODS),
-    )
+        started = time.monotonic()
+        parallel(
+            lambda i: core.create_namespaced_pod(
+                ns, pod_manifest(f"mig-{i:03d}", {MIG_1G: 1, "cpu": "100m"}, {"run": run}, mine)
+            ),
+            range(N_PODS),
+        )
 
-    def all_running() -> list[Any] | None:
-        pods = core.list_namespaced_pod(ns, label_selector=f"run={run}").items
-        running = [p for p in pods if p.status.phase == "Running" and p.spec.node_name]
-        return pods if len(running) == N_PODS else None
+        def all_running() -> list[Any] | None:
+            pods = core.list_namespaced_pod(ns, label_selector=f"run={run}").items
+            running = [p for p in pods if p.status.phase == "Running" and p.spec.node_name]
+            return pods if len(running) == N_PODS else None
 
-    pods = wait_for(all_running, 240, f"{N_PODS} pods to be bound and Running", interval=1)
-    elapsed = time.monotonic() - started
-    print(f"\n{N_PODS} pods bound and Running in {elapsed:.1f}s")
+        pods = wait_for(all_running, 240, f"{N_PODS} pods to be bound and Running", interval=1)
+        print(f"\n{N_PODS} pods bound and Running in {time.monotonic() - started:.1f}s")
 
-    per_node = collections.Counter(p.spec.node_name for p in pods)
-    assert not set(per_node) & set(plain_nodes), "a MIG pod landed on a node without MIG capacity"
-    assert set(per_node) <= set(gpu_nodes)
-    assert max(per_node.values()) <= MIG_PER_NODE, per_node.most_common(3)
-    assert sum(per_node.values()) == N_PODS
+        per_node = collections.Counter(p.spec.node_name for p in pods)
+        on_plain = set(per_node) & set(plain_nodes)
+        assert not on_plain, f"MIG pods landed on nodes without MIG capacity: {sorted(on_plain)}"
+        assert set(per_node) <= set(gpu_nodes)
+        assert max(per_node.values()) <= MIG_PER_NODE, per_node.most_common(3)
+        assert sum(per_node.values()) == N_PODS
 
-    # A pod asking for more slices than any node has stays Pending, and the scheduler says why.
-    core.create_namespaced_pod(ns, pod_manifest("too-big", {MIG_1G: MIG_PER_NODE + 1}))
-    pod = wait_for_condition(
-        lambda: core.read_namespaced_pod("too-big", ns).to_dict(), "PodScheduled", "False"
-    )
-    cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
-    assert cond["reason"] == "Unschedulable"
-    assert f"Insufficient {MIG_1G}" in cond["message"], cond["message"]
-
-    # Clean up for later tests: kwok's pod-delete stage finishes the deletion of bound pods.
-    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-    wait_for(lambda: not core.list_namespaced_pod(ns).items, 120, "pods to be deleted", interval=1)
-    parallel(lambda n: core.delete_node(n), sorted(all_nodes))
+        # A pod asking for more slices than any node has stays Pending; the scheduler says why.
+        core.create_namespaced_pod(
+            ns, pod_manifest("too-big", {MIG_1G: MIG_PER_NODE + 1}, node_selector=mine)
+        )
+        pod = wait_for_condition(
+            lambda: core.read_namespaced_pod("too-big", ns).to_dict(), "PodScheduled", "False"
+        )
+        cond = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert cond["reason"] == "Unschedulable"
+        assert f"Insufficient {MIG_1G}" in cond["message"], cond["message"]
+    finally:
+        # Leave nothing for later tests: kwok's pod-delete stage finishes deleting bound pods
+        # (there is no kubelet), then the nodes go. No namespace controller runs, so the
+        # namespace itself would only ever reach Terminating; it stays, empty.
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(
+            lambda: not core.list_namespaced_pod(ns).items, 120, "pods to be deleted", interval=1
+        )
+        core.delete_collection_node(label_selector=f"gpupart.io/e2e-run={run}")
