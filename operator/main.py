@@ -27,18 +27,12 @@ def load_configuration(kubeconfig: str | None, *, pool_size: int) -> client.Conf
     """The kubeconfig if given, else the in-cluster service account, else $KUBECONFIG/~/.kube/config."""
     configuration = client.Configuration()
     if kubeconfig:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:
         try:
-            config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
+            config.load_kube_config(client_configuration=configuration)
     # One connection per parallel writer, or writes queue for a connection.
     configuration.connection_pool_maxsize = pool_size
     return configuration

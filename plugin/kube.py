@@ -34,7 +34,7 @@ class NodeClient:
 
     def desired(self) -> str | None:
         node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
-        return (node.metadata.annotations or {}).get(DESIRED_ANNOTATION)
+        return _annotations(node).get(DESIRED_ANNOTATION)
 
     def watch_desired(self, stop: threading.Event, *, resync_s: float) -> Iterator[str | None]:
         """The desired annotation now, on every change, and at least every `resync_s` (drift)."""
@@ -53,8 +53,7 @@ class NodeClient:
                 for event in stream:
                     if stop.is_set():
                         return
-                    annotations = event["object"].metadata.annotations or {}
-                    value = annotations.get(DESIRED_ANNOTATION)
+                    value = _annotations(event["object"]).get(DESIRED_ANNOTATION)
                     if value != last:
                         last = value
                         yield value
@@ -76,23 +75,30 @@ class NodeClient:
         )
         found = []
         for pod in pods.items:
-            text = (pod.metadata.annotations or {}).get(ASSIGNMENT_ANNOTATION)
+            # Parse at the edge: the plain dict form, where every field is what the API sent.
+            raw: Mapping[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
+            meta: Mapping[str, Any] = raw.get("metadata") or {}
+            text = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
             if text is None:
                 continue
-            raw: Mapping[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
             try:
                 found.append(
                     AssignedPod(
-                        uid=pod.metadata.uid,
-                        namespace=pod.metadata.namespace,
-                        name=pod.metadata.name,
-                        created=raw["metadata"].get("creationTimestamp", ""),
+                        uid=str(meta.get("uid", "")),
+                        namespace=str(meta.get("namespace", "")),
+                        name=str(meta.get("name", "")),
+                        created=str(meta.get("creationTimestamp", "")),
                         request=parse_pod_request(raw),
                         assignment=decode_assignment(text),
                     )
                 )
             except GpupartError as error:
                 log.warning(
-                    "Skipped pod pod=%s/%s err=%s", pod.metadata.namespace, pod.metadata.name, error
+                    "Skipped pod pod=%s/%s err=%s", meta.get("namespace"), meta.get("name"), error
                 )
         return tuple(found)
+
+
+def _annotations(obj: Any) -> Mapping[str, str]:
+    meta = obj.metadata
+    return (meta.annotations if meta is not None else None) or {}

@@ -279,7 +279,7 @@ class NvmlGpus:
                 "list processes", pynvml.nvmlDeviceGetComputeRunningProcesses, self._handle(index)
             )
             return tuple(GpuProcess(int(p.pid)) for p in running)
-        found = []
+        found: list[GpuProcess] = []
         for mig, gi, _ in self._mig_handles(index):
             running = _call("list processes", pynvml.nvmlDeviceGetComputeRunningProcesses, mig)
             found.extend(GpuProcess(int(p.pid), gi) for p in running)
