@@ -23,6 +23,7 @@ GPU_COMPUTE = "gpupart.io/gpu-compute"
 # A GPU memory figure above this many MiB (16 TiB) is a unit slip such as "10Gi".
 _MAX_SANE_MIB = 1 << 24
 
+_SUFFIXED = re.compile(r"^(.*?gb)\.(me(?:\.all)?|gfx)$")
 _QUANTITY = re.compile(
     r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$"
 )
@@ -47,12 +48,21 @@ _SUFFIX = {
 
 
 def mig_resource_name(profile: str) -> str:
-    return f"{MIG_PREFIX}{profile}"
+    """``nvidia.com/mig-<profile>``, with ``+`` spelled ``.`` as NVIDIA's device plugin does.
+
+    Extended-resource names allow no ``+``, so ``1g.10gb+me`` is advertised as
+    ``nvidia.com/mig-1g.10gb.me``.
+    """
+    return f"{MIG_PREFIX}{profile.replace('+', '.')}"
 
 
 def find_mig_profile(resource: str) -> str | None:
     """The profile of a ``nvidia.com/mig-<profile>`` resource name, None for other names."""
-    return resource.removeprefix(MIG_PREFIX) if resource.startswith(MIG_PREFIX) else None
+    if not resource.startswith(MIG_PREFIX):
+        return None
+    name = resource.removeprefix(MIG_PREFIX)
+    match = _SUFFIXED.match(name)
+    return f"{match.group(1)}+{match.group(2)}" if match else name
 
 
 def parse_quantity(text: object, *, where: str) -> Fraction:

@@ -52,9 +52,23 @@ def test_memory_rounds_up_to_whole_mib():
         parse_memory_mib("0", where="m")
 
 
-@given(st.sampled_from(["1g.10gb", "3g.40gb", "1g.18gb+me", "7g.141gb"]))
+@given(
+    st.sampled_from(
+        [
+            "1g.10gb",
+            "3g.40gb",
+            "1g.18gb+me",
+            "7g.141gb",
+            "1g.24gb+me.all",
+            "1c.3g.40gb",
+            "1g.23gb-me",
+        ]
+    )
+)
 def test_law_mig_resource_name_round_trips(profile):
-    assert find_mig_profile(mig_resource_name(profile)) == profile
+    name = mig_resource_name(profile)
+    assert "+" not in name, "extended-resource names allow no +"
+    assert find_mig_profile(name) == profile
     assert find_mig_profile("nvidia.com/gpu") is None
 
 
@@ -79,6 +93,12 @@ def test_mig_requests_sum_over_containers():
         )
     )
     assert request == GpuRequest(mig=(("1g.10gb", 3),))
+
+
+def test_media_extension_profiles_use_the_device_plugin_spelling():
+    assert mig_resource_name("1g.10gb+me") == "nvidia.com/mig-1g.10gb.me"
+    request = parse_pod_request(pod(container({"nvidia.com/mig-1g.10gb.me": 1})))
+    assert request.mig == (("1g.10gb+me", 1),)
 
 
 def test_init_container_counts_when_larger_than_the_sum():
