@@ -47,7 +47,6 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     )
     app.state.service = service
     metrics = service.metrics
-    host_prefix: dict[str, str] = {}
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -96,6 +95,12 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
                     "Error": "",
                 }
             )
+        elif outcome.encoded is not None:
+            passed, failed, unresolvable = outcome.encoded
+            text = (
+                f'{{"NodeNames":{passed},"FailedNodes":{failed},'
+                f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+            )
         else:
             text = (
                 f'{{"NodeNames":{_encode_names(outcome.passed)},'
@@ -114,23 +119,15 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         started = time.perf_counter()
         names, items = _names(args)
         try:
-            scores = service.prioritize(args.Pod, names, items)
+            text = service.prioritize_json(args.Pod, names, items)
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             # The protocol has no Error field here; a 400 makes the scheduler ignore our scores.
             if not isinstance(error, GpupartError):
                 log.exception("Failed to prioritize", extra={"kv": {"nodes": len(names)}})
             metrics.decisions.labels("prioritize", "error").inc()
             return JSONResponse({"Error": explain(error)}, status_code=400)
-        parts = []
-        for host, score in scores:
-            head = host_prefix.get(host)
-            if head is None:
-                head = f'{{"Host":{json.dumps(host)},"Score":'
-                if len(host_prefix) < 100_000:
-                    host_prefix[host] = head
-            parts.append(f"{head}{score}}}")
         metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
-        return Response(f"[{','.join(parts)}]", media_type=_JSON)
+        return Response(text, media_type=_JSON)
 
     @app.post(
         f"{prefix}/bind",

@@ -1,14 +1,20 @@
 """The extender's picture of the cluster: Nodes (GPU inventory) and Pods (GPU requests, assignments).
 
 Fed by events (`apply`) and relists (`replace`), from the watch loop in `kube.py` or from tests;
-no I/O here. Node views are rebuilt lazily after a change and carry a version, so the service
-can memoise verdicts per (node, version). Pods the extender has bound but the watch has not yet
-shown ("assumed") count against capacity until the watch confirms them or their TTL lapses.
+no I/O here. Pods the extender has bound but the watch has not yet shown ("assumed") count
+against capacity until the watch confirms them or their TTL lapses.
+
+After every change the nodes it touched are rebuilt at once (on the watch thread, not in a
+request): the node view, its version, its *state id* and the GPU shapes of its pods. The state
+id interns `scheduling.anonymous(view)`: nodes with equal inventory and usage (up to pod
+names) share an id, so the service evaluates each distinct state once per pod shape. A request
+then maps names to `(version, state id)` with one dict lookup per node (`signatures()`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +22,14 @@ from typing import Any
 
 from gpupart.core.errors import GpupartError
 from gpupart.core.resources import parse_pod_request
-from gpupart.core.scheduling import NodeView, PlacedPod, assemble_node, demand_shape, tenant_of
+from gpupart.core.scheduling import (
+    NodeView,
+    PlacedPod,
+    anonymous,
+    assemble_node,
+    demand_shape,
+    tenant_of,
+)
 from gpupart.core.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -98,7 +111,7 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
 class ClusterCache:
     """Thread-safe store of nodes, pods and assumed pods; `lock()` holds it across many reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_states: int = 200_000) -> None:
         self._lock = threading.RLock()
         self._nodes: dict[str, NodeEntry] = {}
         self._pods: dict[str, PodEntry] = {}
@@ -107,6 +120,14 @@ class ClusterCache:
         self._views: dict[str, NodeView] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
+        self._dirty: set[str] = set()
+        self._sigs: dict[str, tuple[int, int]] = {}
+        self._states: dict[NodeView, int] = {}
+        self._max_states = max_states
+        self._shapes: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._mix: Counter[tuple[int, int]] = Counter()
+        self.generation = 0
+        """Bumped when state ids are renumbered (the intern table outgrew `max_states`)."""
         self.synced: dict[str, bool] = {NODE: False, POD: False}
 
     # -- feeding --
@@ -114,26 +135,30 @@ class ClusterCache:
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED, DELETED (BOOKMARK and others change nothing)."""
         with self._lock:
-            if kind == NODE:
-                name = str((obj.get("metadata") or {}).get("name") or "")
-                if not name:
-                    return
-                if event == "DELETED":
-                    self._nodes.pop(name, None)
-                elif event in ("ADDED", "MODIFIED"):
-                    entry = read_node(obj)
-                    if self._nodes.get(name) == entry:
-                        return  # heartbeats and label changes do not touch GPUs
-                    self._nodes[name] = entry
-                else:
-                    return
-                self._touch(name)
-            elif kind == POD:
-                uid = str((obj.get("metadata") or {}).get("uid") or "")
-                entry = None if event == "DELETED" else read_pod(obj)
-                if event not in ("ADDED", "MODIFIED", "DELETED"):
-                    return
-                self._set_pod(uid or _key(obj), entry)
+            self._apply(kind, event, obj)
+            self._refresh()
+
+    def _apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        if kind == NODE:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            if not name:
+                return
+            if event == "DELETED":
+                self._nodes.pop(name, None)
+            elif event in ("ADDED", "MODIFIED"):
+                node_entry = read_node(obj)
+                if self._nodes.get(name) == node_entry:
+                    return  # heartbeats and label changes do not touch GPUs
+                self._nodes[name] = node_entry
+            else:
+                return
+            self._touch(name)
+        elif kind == POD:
+            uid = str((obj.get("metadata") or {}).get("uid") or "")
+            entry = None if event == "DELETED" else read_pod(obj)
+            if event not in ("ADDED", "MODIFIED", "DELETED"):
+                return
+            self._set_pod(uid or _key(obj), entry)
 
     def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full list (start, or relist after 410 Gone): what is absent is gone."""
@@ -158,6 +183,7 @@ class ClusterCache:
                 for uid, entry in seen.items():
                     self._set_pod(uid, entry)
             self.synced[kind] = True
+            self._refresh()
 
     def _set_pod(self, uid: str, entry: PodEntry | None) -> None:
         old = self._pods.get(uid)
@@ -181,6 +207,48 @@ class ClusterCache:
         self._clock += 1
         self._versions[node] = self._clock
         self._views.pop(node, None)
+        self._dirty.add(node)
+
+    def _refresh(self) -> None:
+        """Rebuild view, state id and pod shapes of every node changed since the last refresh."""
+        if not self._dirty:
+            return
+        if len(self._states) > self._max_states:
+            # Renumber: states no node is in any more are dropped with the old ids.
+            self._states = {}
+            self._sigs = {}
+            self.generation += 1
+            self._dirty.update(self._nodes)
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            old = self._shapes.pop(name, ())
+            if old:
+                self._mix.subtract(old)
+            view = self.view(name)
+            if view is None:
+                self._sigs.pop(name, None)
+                continue
+            key = anonymous(view)
+            state = self._states.get(key)
+            if state is None:
+                state = len(self._states)
+                self._states[key] = state
+            self._sigs[name] = (view.version, state)
+            shapes = self._pod_shapes(name, view)
+            if shapes:
+                self._shapes[name] = shapes
+                self._mix.update(shapes)
+        self._mix = +self._mix  # drop shapes counted down to zero
+
+    def _pod_shapes(self, name: str, view: NodeView) -> tuple[tuple[int, int], ...]:
+        gpus = {g.index: g for g in view.gpus}
+        shapes = []
+        for entry in self._by_node.get(name, {}).values():
+            a = entry.placed.assignment
+            shape = demand_shape(entry.placed.request, gpus.get(a.gpu) if a else None)
+            if shape is not None:
+                shapes.append(shape)
+        return tuple(shapes)
 
     # -- assumed pods (bound by us, not yet seen bound) --
 
@@ -188,12 +256,14 @@ class ClusterCache:
         with self._lock:
             self._assumed[entry.uid] = Assumed(entry, expires)
             self._touch(entry.node)
+            self._refresh()
 
     def forget(self, uid: str) -> None:
         with self._lock:
             assumed = self._assumed.pop(uid, None)
             if assumed is not None:
                 self._touch(assumed.entry.node)
+                self._refresh()
 
     def expire(self, now: float) -> int:
         """Drop assumed pods whose TTL has passed; returns how many."""
@@ -231,6 +301,14 @@ class ClusterCache:
             self._views[name] = view
             return view
 
+    def signatures(self) -> Mapping[str, tuple[int, int]]:
+        """Node name -> (version, state id), current for every known node; read under `lock()`.
+
+        The tuple object is replaced whenever the node changes, so callers may compare it by
+        identity.
+        """
+        return self._sigs
+
     def has_pod(self, uid: str) -> bool:
         with self._lock:
             return uid in self._pods or uid in self._assumed
@@ -251,21 +329,17 @@ class ClusterCache:
                 "assumed": len(self._assumed),
             }
 
+    def observed_mix(self) -> Counter[tuple[int, int]]:
+        """How many bound GPU pods have each (GPU count, milli per GPU): the fragmentation mix.
+
+        Kept up to date incrementally; this returns a copy.
+        """
+        with self._lock:
+            return Counter(self._mix)
+
     def observed_shapes(self) -> list[tuple[int, int]]:
         """(GPU count, milli per GPU) of every bound GPU pod, for the fragmentation mix."""
-        shapes = []
-        with self._lock:
-            for name in list(self._nodes):
-                view = self.view(name)
-                if view is None:
-                    continue
-                gpus = {g.index: g for g in view.gpus}
-                for entry in self._by_node.get(name, {}).values():
-                    a = entry.placed.assignment
-                    shape = demand_shape(entry.placed.request, gpus.get(a.gpu) if a else None)
-                    if shape is not None:
-                        shapes.append(shape)
-        return shapes
+        return list(self.observed_mix().elements())
 
 
 def _key(obj: Mapping[str, Any]) -> str:

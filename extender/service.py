@@ -7,6 +7,7 @@ into extender words here, in `explain`, and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import threading
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling import (
+    POD_NAMING_KINDS,
     Demand,
     FailureKind,
     Fit,
@@ -29,6 +31,7 @@ from gpupart.core.scheduling import (
     assemble_node,
     evaluate,
     fragmentation_model,
+    fragmentation_model_of,
     parse_demand,
     tenant_of,
 )
@@ -65,6 +68,61 @@ class FilterOutcome:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     error: str = ""
+    encoded: tuple[str, str, str] | None = None
+    """`passed`, `failed` and `unresolvable` as JSON text, joined from memoised pieces."""
+
+
+PASSED, FAILED, UNRESOLVABLE = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One node's answer for one pod shape, memoised per node state, with its JSON pre-encoded.
+
+    `sig` is the cache's (version, state id) tuple the answer was made for (None: a node the
+    cache does not know); a later request reuses the answer only while the cache still holds
+    that very tuple for the node.
+    """
+
+    sig: tuple[int, int] | None
+    name: str
+    status: int
+    score: int
+    reason: str
+    kind: FailureKind | None
+    item: str
+    """JSON: the quoted name (passed) or `"name":"reason"` (failed, unresolvable)."""
+    host: str
+    """JSON: `{"Host":"name","Score":n}` for prioritize."""
+
+
+def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> Answer:
+    quoted = json.dumps(name)
+    if isinstance(verdict, Fit):
+        return Answer(
+            sig, name, PASSED, verdict.score, "", None, quoted,
+            f'{{"Host":{quoted},"Score":{verdict.score}}}',
+        )  # fmt: skip
+    if verdict is None:
+        reason = f"{name}: not known to the gpupart extender (no such Node watched yet)"
+        status, kind = FAILED, FailureKind.UNKNOWN_NODE
+    else:
+        reason, kind = verdict.reason, verdict.kind
+        status = UNRESOLVABLE if verdict.unresolvable else FAILED
+    return Answer(
+        sig, name, status, 0, reason, kind, f"{quoted}:{json.dumps(reason)}",
+        f'{{"Host":{quoted},"Score":0}}',
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _ShapeMemo:
+    """Memo of one pod shape: verdict per node state id, answer per node name."""
+
+    states: dict[int, Verdict] = dataclasses.field(default_factory=dict)
+    """NoFit reasons here lack the node name (added per node); POD_NAMING kinds only record
+    that the node's own view must be evaluated for its reason."""
+    nodes: dict[str, Answer] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,22 +155,32 @@ class ExtenderService:
         self.refresh = refresh_seconds
         self.memo_size = memo_size
         self.clock = clock
-        self._memo: dict[tuple[str, int, Demand], Verdict] = {}
+        self._memo: dict[Demand, _ShapeMemo] = {}
+        self._generation = cache.generation
         self._holds: dict[str, Hold] = {}
         self._holds_lock = threading.Lock()
         self._model: FragmentationModel = fragmentation_model(())
+        self._mix: Counter[tuple[int, int]] = Counter()
         self._model_at = -math.inf
         self._last_purge = -math.inf
 
     # -- shared machinery --
 
     def model(self, now: float) -> FragmentationModel:
-        """The fragmentation model over the observed mix, rebuilt every `refresh` seconds."""
+        """The fragmentation model over the observed mix, looked at every `refresh` seconds.
+
+        The mix is kept by the cache; the model (and with it every memoised verdict) is
+        replaced only when the typical pods it yields changed.
+        """
         if now - self._model_at >= self.refresh:
-            shapes = self.cache.observed_shapes()
-            self._model = fragmentation_model(shapes)
             self._model_at = now
-            self._memo.clear()  # verdicts depend on the model
+            mix = self.cache.observed_mix()
+            if mix != self._mix:
+                self._mix = mix
+                model = fragmentation_model_of(mix)
+                if model != self._model:
+                    self._model = model
+                    self._memo = {}  # verdicts depend on the model
         return self._model
 
     def _housekeeping(self, now: float) -> None:
@@ -123,32 +191,73 @@ class ExtenderService:
         with self._holds_lock:
             for uid in [u for u, h in self._holds.items() if h.expires <= now]:
                 del self._holds[uid]
-        if len(self._memo) > self.memo_size:
-            self._memo.clear()
+        size = sum(len(m.states) + len(m.nodes) for m in list(self._memo.values()))
+        if size > self.memo_size:
+            self._memo = {}
 
-    def _verdicts(
+    def _answers(
         self, names: Sequence[str], demand: Demand, given: Mapping[str, NodeView], now: float
-    ) -> list[tuple[str, Verdict | None]]:
-        """Verdict per node name, memoised per (node, version, pod shape); None: unknown node."""
-        model = self.model(now)
+    ) -> list[Answer]:
+        """Answer per node name: memoised per node state and pod shape (see `_ShapeMemo`).
+
+        A request costs a few dict lookups per node; a node is evaluated only when no node in
+        the same state was evaluated for this pod shape since the model last changed (or, for
+        "in use" reasons, which name pods, when this node changed).
+        """
         shape = dataclasses.replace(demand, pod="")
-        memo = self._memo
-        out: list[tuple[str, Verdict | None]] = []
         with self.cache.lock():
-            view_of = self.cache.view
+            model = self.model(now)
+            if self.cache.generation != self._generation:
+                self._generation = self.cache.generation
+                self._memo = {}
+            memo = self._memo.get(shape)
+            if memo is None:
+                memo = self._memo[shape] = _ShapeMemo()
+            nodes_memo = memo.nodes
+            sigs = self.cache.signatures()
+            out: list[Answer] = []
+            append = out.append
             for name in names:
-                view = view_of(name) or given.get(name)
-                if view is None:
-                    out.append((name, None))
+                sig = sigs.get(name)
+                if sig is None and name in given:
+                    # Sent in full by the scheduler, unknown to the cache: not memoised.
+                    verdict = evaluate(given[name], demand, config=self.scoring, model=model)
+                    append(_answer(name, None, verdict))
                     continue
-                key = (name, view.version, shape)
-                verdict = memo.get(key)
-                if verdict is None:
-                    verdict = evaluate(view, demand, config=self.scoring, model=model)
-                    if view.version:
-                        memo[key] = verdict
-                out.append((name, verdict))
+                answer = nodes_memo.get(name)
+                if answer is None or answer.sig is not sig:
+                    answer = self._evaluate(name, sig, demand, memo, model)
+                    nodes_memo[name] = answer
+                append(answer)
         return out
+
+    def _evaluate(
+        self,
+        name: str,
+        sig: tuple[int, int] | None,
+        demand: Demand,
+        memo: _ShapeMemo,
+        model: FragmentationModel,
+    ) -> Answer:
+        """The memo miss: the verdict of the node's state, or of the node when reasons name pods."""
+        view = self.cache.view(name) if sig is not None else None
+        if sig is None or view is None:
+            return _answer(name, sig, None)
+        shared = memo.states.get(sig[1])
+        if isinstance(shared, Fit):
+            return _answer(name, sig, shared)
+        if shared is not None and shared.kind not in POD_NAMING_KINDS:
+            return _answer(
+                name, sig, NoFit(f"{name}: {shared.reason}", shared.kind, shared.unresolvable)
+            )
+        verdict = evaluate(view, demand, config=self.scoring, model=model)
+        if shared is None:
+            if isinstance(verdict, NoFit):
+                detail = verdict.reason.removeprefix(f"{name}: ")
+                memo.states[sig[1]] = NoFit(detail, verdict.kind, verdict.unresolvable)
+            else:
+                memo.states[sig[1]] = verdict
+        return _answer(name, sig, verdict)
 
     def _demand(self, pod: Mapping[str, Any]) -> Demand:
         return parse_demand(pod, group_label=self.scoring.group_label)
@@ -169,20 +278,19 @@ class ExtenderService:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        reasons: Counter[str] = Counter()
-        for name, verdict in self._verdicts(names, demand, given, now):
-            if isinstance(verdict, Fit):
-                passed.append(name)
-            elif verdict is None:
-                failed[name] = (
-                    f"{name}: not known to the gpupart extender (no such Node watched yet)"
-                )
-                reasons[FailureKind.UNKNOWN_NODE] += 1
-            else:
-                (unresolvable if verdict.unresolvable else failed)[name] = verdict.reason
-                reasons[verdict.kind] += 1
-        for reason, count in reasons.items():
-            self.metrics.filtered.labels(reason).inc(count)
+        items: tuple[list[str], list[str], list[str]] = ([], [], [])
+        kinds: list[FailureKind | None] = []
+        for answer in self._answers(names, demand, given, now):
+            status = answer.status
+            items[status].append(answer.item)
+            if status == PASSED:
+                passed.append(answer.name)
+                continue
+            (failed if status == FAILED else unresolvable)[answer.name] = answer.reason
+            kinds.append(answer.kind)
+        for reason, count in Counter(kinds).items():
+            if reason is not None:
+                self.metrics.filtered.labels(reason).inc(count)
         uid = _uid(pod)
         with self._holds_lock:
             self._holds[uid] = Hold(pod, demand, now + self.ttl)
@@ -192,20 +300,32 @@ class ExtenderService:
                 "Filtered out every node",
                 extra={"kv": {"pod": demand.pod, "nodes": len(names)}},
             )
-        return FilterOutcome(passed, failed, unresolvable)
+        encoded = (
+            f"[{','.join(items[PASSED])}]",
+            f"{{{','.join(items[FAILED])}}}",
+            f"{{{','.join(items[UNRESOLVABLE])}}}",
+        )
+        return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
 
     def prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> list[tuple[str, int]]:
+        return [(a.name, a.score) for a in self._prioritize(pod, names, nodes)]
+
+    def prioritize_json(
+        self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
+    ) -> str:
+        """`prioritize` as the JSON HostPriorityList, joined from memoised pieces."""
+        return f"[{','.join([a.host for a in self._prioritize(pod, names, nodes)])}]"
+
+    def _prioritize(
+        self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]]
+    ) -> list[Answer]:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        given = _views_from_objects(nodes)
-        scores = [
-            (name, verdict.score if isinstance(verdict, Fit) else 0)
-            for name, verdict in self._verdicts(names, demand, given, now)
-        ]
+        answers = self._answers(names, demand, _views_from_objects(nodes), now)
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return scores
+        return answers
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import chain, repeat
 from typing import Any
 
 from gpupart.core.errors import InvalidInput
@@ -397,6 +398,75 @@ def assemble_node(
     )
 
 
+POD_NAMING_KINDS = frozenset({FailureKind.IN_USE, FailureKind.ANTI_AFFINITY})
+"""NoFit kinds whose reasons name the pods in the way (the other reasons name only the node)."""
+
+
+def anonymous(node: NodeView) -> NodeView:
+    """The node without its identity: a key for verdicts shared by nodes in the same state.
+
+    Name, version, GPU UUIDs and the tenants' pod names are blanked and tenants put in a
+    canonical order; what `evaluate` decides on (inventory, usage, tenants' namespaces, labels
+    and requests) is kept. Two nodes with equal anonymous views get the same `Fit` for every
+    demand, and the same `NoFit` up to the node name heading the reason, except for kinds in
+    `POD_NAMING_KINDS`, whose reasons list pods by name.
+    """
+    return NodeView(
+        "",
+        tuple(
+            GpuView(
+                g.index,
+                "",
+                g.product,
+                g.memory_mib,
+                g.mode,
+                g.max_clients,
+                g.slices,
+                _anonymous_tenants(g.tenants),
+                g.used_memory_mib,
+                g.used_compute_percent,
+                g.used_slots,
+            )
+            for g in node.gpus
+        ),
+        _anonymous_tenants(node.whole_tenants),
+        _anonymous_tenants(node.mig_tenants),
+        _anonymous_tenants(node.unplaced_tenants),
+        problem=node.problem,
+    )
+
+
+def _anonymous_tenants(tenants: tuple[Tenant, ...]) -> tuple[Tenant, ...]:
+    if not tenants:
+        return ()
+    return tuple(
+        sorted(
+            (
+                Tenant(
+                    "",
+                    t.namespace,
+                    t.labels,
+                    t.priority,
+                    t.count,
+                    t.profile,
+                    t.memory_mib,
+                    t.compute_percent,
+                )
+                for t in tenants
+            ),
+            key=lambda t: (
+                t.namespace,
+                t.labels,
+                t.priority,
+                t.count,
+                t.profile,
+                t.memory_mib,
+                t.compute_percent,
+            ),
+        )
+    )
+
+
 def _replace_mig(tenant: Tenant, profile: str, count: int) -> Tenant:
     return Tenant(
         tenant.pod, tenant.namespace, tenant.labels, tenant.priority, count, profile, 0, 0
@@ -512,11 +582,15 @@ def fragmentation_model(shapes: Iterable[tuple[int, int]]) -> FragmentationModel
     Shapes go through `scoring.typical_pods`, so the extender's typical pods are chosen exactly
     as the simulator chooses them (most frequent shapes covering 95 % of pods).
     """
-    counts = Counter(shapes)
-    pods = (
-        Pod(f"observed-{n}", 0, 0, num, milli)
-        for n, ((num, milli), count) in enumerate(sorted(counts.items()))
-        for _ in range(count)
+    return fragmentation_model_of(Counter(shapes))
+
+
+def fragmentation_model_of(mix: Mapping[tuple[int, int], int]) -> FragmentationModel:
+    """`fragmentation_model` from shape counts (one Pod object per shape, repeated `count` times)."""
+    pods = chain.from_iterable(
+        repeat(Pod(f"observed-{n}", 0, 0, num, milli), count)
+        for n, ((num, milli), count) in enumerate(sorted(mix.items()))
+        if count > 0
     )
     return FragmentationModel.of(typical_pods(pods))
 
@@ -689,22 +763,26 @@ def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, b
         return f"GPU {gpu.index}: {gpu.max_clients} client slots, needs {request.shared}", True
     if request.memory_mib > gpu.memory_mib:
         return f"GPU {gpu.index}: {gpu.memory_mib} MiB in all", True
-    users = _pods_text(gpu.tenants)
     if gpu.max_clients and gpu.used_slots + request.shared > gpu.max_clients:
         return (
-            f"GPU {gpu.index}: all {gpu.max_clients} client slots taken (by {users})",
+            f"GPU {gpu.index}: all {gpu.max_clients} client slots taken "
+            f"(by {_pods_text(gpu.tenants)})",
             False,
         )
     if request.memory_mib and gpu.free_memory_mib < request.memory_mib:
         return (
-            f"GPU {gpu.index}: {gpu.free_memory_mib} of {gpu.memory_mib} MiB free (used by {users})",
+            f"GPU {gpu.index}: {gpu.free_memory_mib} of {gpu.memory_mib} MiB free "
+            f"(used by {_pods_text(gpu.tenants)})",
             False,
         )
     if request.compute_percent and gpu.used_compute_percent + request.compute_percent > 100:
         return (
-            f"GPU {gpu.index}: {100 - gpu.used_compute_percent}% compute free (used by {users})",
+            f"GPU {gpu.index}: {100 - gpu.used_compute_percent}% compute free "
+            f"(used by {_pods_text(gpu.tenants)})",
             False,
         )
+    if not demand.terms:
+        return None
     blockers = [t for t in gpu.tenants if _matches(t, demand, group_label, required_only=True)]
     if blockers:
         return (
@@ -768,7 +846,13 @@ def _evaluate_shared(
     positions = {
         gpu.index: n for n, gpu in enumerate(g for g in node.gpus if g.mode is not Mode.MIG)
     }
-    others = _shared_tenants(node)
+    # Which GPUs hold a pod the new one should avoid, computed once per GPU (not per pair).
+    label = config.group_label
+    aware = bool(demand.terms) or bool(demand.group and label)
+    near = {g.index for g in shared if aware and _node_conflict(g.tenants, demand, label)}
+    elsewhere = aware and _node_conflict(
+        (*node.unplaced_tenants, *node.whole_tenants, *node.mig_tenants), demand, label
+    )
     best: Fit | None = None
     for gpu in comfortable or fitting:
         if request.memory_mib:
@@ -778,13 +862,9 @@ def _evaluate_shared(
         else:
             cap = gpu.max_clients or 1
             left, capacity = cap - gpu.used_slots - request.shared, cap
-        if _node_conflict(gpu.tenants, demand, config.group_label):
+        if gpu.index in near:
             conflict = Conflict.GPU
-        elif _node_conflict(
-            (*[t for t in others if t not in gpu.tenants], *node.whole_tenants, *node.mig_tenants),
-            demand,
-            config.group_label,
-        ):
+        elif elsewhere or len(near) > 0:
             conflict = Conflict.NODE
         else:
             conflict = Conflict.NONE
