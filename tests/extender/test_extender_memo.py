@@ -1,0 +1,214 @@
+"""The verdict memo (per node state and pod shape) never answers differently from a fresh evaluation.
+
+Random event sequences on a few nodes with equal inventories (so states are shared between
+nodes and come back after changes), random demands, anti-affinity labels and terms: after every
+step, filter and prioritize answers must equal `evaluate` on the node's current view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu, whole_gpu
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpupart.core.scheduling import Fit, anonymous, evaluate, parse_demand
+from gpupart.core.wire import PodAssignment
+from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
+
+NODES = ["n0", "n1", "n2", "n3"]
+MEMORY = 40000
+
+
+def _inventory(kind: int) -> list[Any]:
+    if kind == 0:
+        return [shared_gpu(0, memory=MEMORY, clients=4), shared_gpu(1, memory=MEMORY, clients=4)]
+    if kind == 1:
+        return [mig_gpu(0, [("3g.40gb", 0, 4), ("3g.40gb", 4, 4)]), whole_gpu(1)]
+    return [whole_gpu(0), whole_gpu(1)]
+
+
+_resources = st.one_of(
+    st.builds(
+        shared,
+        memory=st.sampled_from([0, 5000, 10000, 20000, 35000]),
+        compute=st.sampled_from([0, 20, 50]),
+    ),
+    st.just({"nvidia.com/mig-3g.40gb": 1}),
+    st.sampled_from([{"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2}]),
+)
+_labels = st.sampled_from([{}, {"app": "a"}, {"app": "b"}])
+_affinity = st.sampled_from(
+    [
+        None,
+        {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "b"}}}
+                ]
+            }
+        },
+    ]
+)
+
+_events = st.lists(
+    st.one_of(
+        # (op, node index, pod index, resources, labels, gpu)
+        st.tuples(
+            st.sampled_from(["add", "delete", "finish"]),
+            st.integers(0, len(NODES) - 1),
+            st.integers(0, 5),
+            _resources,
+            _labels,
+            st.sampled_from([None, 0, 1]),
+        ),
+        st.tuples(st.just("inventory"), st.integers(0, len(NODES) - 1), st.integers(0, 2)),
+        st.tuples(st.just("assume"), st.integers(0, len(NODES) - 1), st.integers(0, 5)),
+        st.tuples(st.just("forget"), st.integers(0, 5)),
+        # Few distinct demands, asked often: answers come from the memo most of the time.
+        st.tuples(
+            st.just("ask"),
+            st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
+            _labels,
+            _affinity,
+            st.just("team-a"),
+        ),
+        st.tuples(
+            st.just("ask"),
+            st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
+            _labels,
+            _affinity,
+            st.just("team-a"),
+        ),
+    ),
+    min_size=5,
+    max_size=60,
+)
+
+
+class _Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _apply(cache: ClusterCache, service: ExtenderService, clock: _Clock, event: Any) -> None:
+    op = event[0]
+    if op == "inventory":
+        cache.apply(NODE, "MODIFIED", node(NODES[event[1]], _inventory(event[2])))
+    elif op in ("add", "delete", "finish"):
+        _, n, k, resources, labels, gpu = event
+        name = NODES[n]
+        assignment = None
+        if gpu is not None and "nvidia.com/gpu.shared" in resources:
+            memory = int(resources.get("gpupart.io/gpu-memory", 0))
+            compute = int(resources.get("gpupart.io/gpu-compute", 0))
+            assignment = PodAssignment(name, gpu, f"GPU-{gpu:04d}", memory, compute)
+        obj = pod(f"p{k}", resources, node=name, labels=labels, assignment=assignment)
+        if op == "finish":
+            obj["status"]["phase"] = "Succeeded"
+        cache.apply(POD, "DELETED" if op == "delete" else "MODIFIED", obj)
+    elif op == "assume":
+        _, n, k = event
+        entry = read_pod(pod(f"x{k}", shared(5000), node=NODES[n], labels={"app": "a"}))
+        assert entry is not None
+        cache.assume(PodEntry(f"assumed-{k}", entry.key, NODES[n], entry.placed), expires=1e9)
+    elif op == "forget":
+        cache.forget(f"assumed-{event[1]}")
+    else:
+        _, resources, labels, affinity, namespace = event
+        p = pod("new", resources, namespace=namespace, labels=labels, affinity=affinity)
+        names = [*NODES, "ghost"]
+        outcome = service.filter(p, names)
+        scores = dict(service.prioritize(p, names))
+        model = service.model(clock())
+        demand = parse_demand(p, group_label="app")
+        for name in NODES:
+            view = cache.view(name)
+            assert view is not None
+            fresh = evaluate(view, demand, config=service.scoring, model=model)
+            if isinstance(fresh, Fit):
+                assert name in outcome.passed and scores[name] == fresh.score
+            else:
+                where = outcome.unresolvable if fresh.unresolvable else outcome.failed
+                assert where.get(name) == fresh.reason and scores[name] == 0
+        assert "ghost" in outcome.failed and scores["ghost"] == 0
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kinds=st.lists(st.integers(0, 2), min_size=len(NODES), max_size=len(NODES)), events=_events)
+def test_memoised_answers_equal_a_fresh_evaluation(kinds: list[int], events: list[Any]) -> None:
+    clock = _Clock()
+    cache = ClusterCache()
+    cache.replace(NODE, [node(n, _inventory(k)) for n, k in zip(NODES, kinds, strict=True)])
+    cache.replace(POD, [])
+    config = ExtenderSettings()
+    service = ExtenderService(
+        cache, config.scoring(), binder=FakeBinder(), metrics=Metrics(), clock=clock
+    )
+    for event in events:
+        _apply(cache, service, clock, event)
+        clock.now += 7  # the model is looked at again now and then (refresh 60 s)
+
+
+def test_nodes_in_the_same_state_share_a_state_id_up_to_pod_names() -> None:
+    cache = ClusterCache()
+    cache.replace(NODE, [node(n, _inventory(0)) for n in NODES[:3]])
+    a0 = PodAssignment("n0", 0, "GPU-0000", 5000)
+    a1 = PodAssignment("n1", 0, "GPU-0000", 5000)
+    cache.replace(
+        POD,
+        [
+            pod("web-1", shared(5000), node="n0", labels={"app": "a"}, assignment=a0),
+            pod("web-2", shared(5000), node="n1", labels={"app": "a"}, assignment=a1),
+        ],
+    )
+    sigs = cache.signatures()
+    assert sigs["n0"][1] == sigs["n1"][1] != sigs["n2"][1]
+    v0, v1 = cache.view("n0"), cache.view("n1")
+    assert v0 is not None and v1 is not None and anonymous(v0) == anonymous(v1)
+    before = sigs["n2"]
+    cache.apply(POD, "ADDED", pod("other", shared(5000), node="n2", labels={"app": "b"}))
+    assert cache.signatures()["n2"] is not before  # a change makes a new tuple
+
+
+def test_state_ids_are_renumbered_when_the_table_outgrows_its_bound() -> None:
+    cache = ClusterCache(max_states=2)
+    cache.replace(NODE, [node(n, _inventory(k)) for n, k in zip(NODES, [0, 1, 2, 0], strict=True)])
+    generation = cache.generation
+    cache.apply(POD, "ADDED", pod("a", shared(100), node="n0"))
+    assert cache.generation > generation
+    assert set(cache.signatures()) == set(NODES)
+    service = ExtenderService(
+        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+    )
+    out = service.filter(pod("new", shared(1000)), NODES)
+    assert sorted(out.passed) == ["n0", "n3"]
+
+
+def test_in_use_reasons_name_each_nodes_own_pods_though_the_state_is_shared() -> None:
+    cache = ClusterCache()
+    cache.replace(NODE, [node(n, _inventory(1)) for n in NODES[:2]])
+    cache.replace(
+        POD,
+        [
+            pod(f"{n}-{k}", {"nvidia.com/mig-3g.40gb": 1}, node=n, labels={"app": "a"})
+            for n in NODES[:2]
+            for k in range(2)
+        ],
+    )
+    assert cache.signatures()["n0"][1] == cache.signatures()["n1"][1]
+    service = ExtenderService(
+        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+    )
+    out = service.filter(pod("new", {"nvidia.com/mig-3g.40gb": 1}), NODES[:2])
+    assert "team-a/n0-0, team-a/n0-1" in out.failed["n0"]
+    assert "team-a/n1-0, team-a/n1-1" in out.failed["n1"]
+    # Reasons without pod names are shared, with each node's own name at the head.
+    out = service.filter(pod("new", {"nvidia.com/mig-7g.80gb": 1}), NODES[:2])
+    assert out.unresolvable["n1"].startswith("n1: 2 GPUs, none with a 7g.80gb slice")
