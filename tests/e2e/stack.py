@@ -1,0 +1,415 @@
+"""The gpupart stack as processes for full-stack e2e tests, and a fake kubelet that turns plugins into node capacity.
+
+`gpupart operator`, `gpupart node` (simulated GPUs) and `gpupart extender` run as separate
+processes from this venv's entrypoint; a second kube-scheduler runs the chart's rendered
+KubeSchedulerConfiguration. kwok nodes have no kubelet, so `FakeKubelet` plays the parts of
+it the device plugin talks to: the Registration service, ListAndWatch (whose healthy device
+count it writes into the Node's status.capacity/allocatable, as the kubelet does), Allocate when
+a pod is bound to the node, and the PodResources List the node agent asks who uses a device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from kubernetes import client, watch
+
+from gpupart_plugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.api import podresources_pb2 as pr
+from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
+
+from .cluster import LOOPBACK, REPO, ControlPlane, free_port, wait_for
+
+GPUPART = Path(sys.executable).parent / "gpupart"
+CHART = REPO / "charts" / "gpupart"
+
+FAKE_MPS_CONTROL = """#!{python}
+# Stands in for nvidia-cuda-mps-control: -d starts (writes the pid file), stdin carries one command.
+import os, pathlib, sys
+pipe = pathlib.Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+pid = pipe / "nvidia-cuda-mps-control.pid"
+if "-d" in sys.argv:
+    pid.write_text(str(os.getpid()))
+    sys.exit(0)
+command = sys.stdin.read().strip()
+if not pid.exists():
+    print("Cannot find MPS control daemon process", file=sys.stderr)
+    sys.exit(1)
+if command == "quit":
+    pid.unlink()
+elif command.startswith("get_default_active_thread_percentage"):
+    print("100.0")
+"""
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    """One process we started, in its own session so that a kill reaches all of it."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"----- {self.name} -----\n" + "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float = 5) -> None:
+        if self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def spawn(name: str, args: list[str], log_dir: Path, env: Mapping[str, str] = {}) -> Process:  # noqa: B006
+    log = log_dir / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    return Process(name, popen, log)
+
+
+def http_ok(url: str, *, insecure: bool = False) -> bool:
+    context = None
+    if insecure:  # kube-scheduler's self-signed serving certificate, loopback only
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=2, context=context) as response:
+        return bool(response.status == 200)
+
+
+# --- fake kubelet ----------------------------------------------------------------------------
+
+
+@dataclass
+class PodAllocation:
+    namespace: str
+    name: str
+    resource: str
+    device_ids: tuple[str, ...]
+    envs: dict[str, str]
+
+
+class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
+    """The kubelet's device-plugin side for one kwok node."""
+
+    def __init__(self, node: str, api_client: Any, directory: Path) -> None:
+        self.node = node
+        self.core = client.CoreV1Api(api_client)
+        self.directory = directory
+        self.devices: dict[str, list[tuple[str, str]]] = {}
+        self.stubs: dict[str, api_grpc.DevicePluginStub] = {}
+        self.allocations: dict[str, PodAllocation] = {}  # pod uid -> what Allocate gave it
+        self.errors: list[str] = []
+        self._lock = threading.RLock()
+        self._channels: list[grpc.Channel] = []
+        self._stop = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.directory / "kubelet.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.directory / "pod-resources.sock"
+
+    def start(self) -> None:
+        api_grpc.add_RegistrationServicer_to_server(self, self._server)
+        pr_grpc.add_PodResourcesListerServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{self.kubelet_socket}")
+        self._server.add_insecure_port(f"unix://{self.pod_resources_socket}")
+        self._server.start()
+        threading.Thread(target=self._watch_pods, name=f"pods-{self.node}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.stop(grace=None).wait(5)
+        for channel in self._channels:
+            channel.close()
+
+    # Registration: dial the plugin, follow its ListAndWatch.
+    def Register(self, request: api.RegisterRequest, _context: Any) -> api.Empty:  # noqa: N802
+        threading.Thread(target=self._follow, args=(request,), daemon=True).start()
+        return api.Empty()
+
+    def _follow(self, request: api.RegisterRequest) -> None:
+        channel = grpc.insecure_channel(f"unix://{self.directory / request.endpoint}")
+        self._channels.append(channel)
+        stub = api_grpc.DevicePluginStub(channel)
+        resource = request.resource_name
+        with self._lock:
+            self.stubs[resource] = stub
+        try:
+            for response in stub.ListAndWatch(api.Empty()):
+                devices = [(d.ID, d.health) for d in response.devices]
+                with self._lock:
+                    self.devices[resource] = devices
+                self._publish(resource, sum(1 for _, h in devices if h == "Healthy"))
+        except grpc.RpcError:
+            pass  # plugin restarted or stopped; it registers again
+
+    def _publish(self, resource: str, count: int) -> None:
+        """What the kubelet's device manager does with a device list: node capacity."""
+        body = {
+            "status": {"capacity": {resource: str(count)}, "allocatable": {resource: str(count)}}
+        }
+        for _ in range(5):
+            try:
+                self.core.patch_node_status(self.node, body)
+                return
+            except client.ApiException as error:
+                self.errors.append(f"patch capacity {resource}: {error.status}")
+                time.sleep(0.2)
+
+    # Pods bound here: Allocate, as the kubelet does before it starts the container.
+    def _watch_pods(self) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = watch.Watch().stream(
+                    self.core.list_pod_for_all_namespaces,
+                    field_selector=f"spec.nodeName={self.node}",
+                    timeout_seconds=30,
+                )
+                for event in stream:
+                    if self._stop.is_set():
+                        return
+                    pod = event["object"]
+                    if event["type"] == "DELETED":
+                        with self._lock:
+                            self.allocations.pop(pod.metadata.uid, None)
+                    elif pod.metadata.deletion_timestamp is None:
+                        self._allocate(pod)
+            except Exception as error:  # noqa: BLE001 - keep watching; the test reads errors
+                self.errors.append(f"pod watch: {error!r}")
+                self._stop.wait(0.5)
+
+    def _allocate(self, pod: Any) -> None:
+        uid = pod.metadata.uid
+        with self._lock:
+            if uid in self.allocations:
+                return
+            limits = pod.spec.containers[0].resources.limits or {}
+            wanted = [(r, int(q)) for r, q in limits.items() if r in self.stubs]
+            if not wanted:
+                return
+            resource, count = wanted[0]
+            used = {
+                d for a in self.allocations.values() if a.resource == resource for d in a.device_ids
+            }
+            free = [
+                d for d, h in self.devices.get(resource, []) if h == "Healthy" and d not in used
+            ]
+            if len(free) < count:
+                self.errors.append(
+                    f"{pod.metadata.name}: {count} {resource} asked, {len(free)} free"
+                )
+                return
+            ids = tuple(free[:count])
+            stub = self.stubs[resource]
+            try:
+                response = stub.Allocate(
+                    api.AllocateRequest(
+                        container_requests=[api.ContainerAllocateRequest(devices_ids=list(ids))]
+                    ),
+                    timeout=10,
+                )
+            except grpc.RpcError as error:
+                self.errors.append(
+                    f"{pod.metadata.name}: Allocate {error.code().name} {error.details()}"
+                )
+                return
+            envs = dict(response.container_responses[0].envs)
+            self.allocations[uid] = PodAllocation(
+                pod.metadata.namespace, pod.metadata.name, resource, ids, envs
+            )
+
+    def by_name(self, namespace: str, name: str) -> PodAllocation | None:
+        with self._lock:
+            found = [
+                a for a in self.allocations.values() if (a.namespace, a.name) == (namespace, name)
+            ]
+        return found[0] if found else None
+
+    # PodResources: who holds which device.
+    def List(self, _request: Any, _context: Any) -> pr.ListPodResourcesResponse:  # noqa: N802
+        with self._lock:
+            allocations = list(self.allocations.values())
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(
+                    name=a.name,
+                    namespace=a.namespace,
+                    containers=[
+                        pr.ContainerResources(
+                            name="main",
+                            devices=[
+                                pr.ContainerDevices(
+                                    resource_name=a.resource, device_ids=list(a.device_ids)
+                                )
+                            ],
+                        )
+                    ],
+                )
+                for a in allocations
+            ]
+        )
+
+
+# --- the stack -------------------------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    """Operator, node agents (+ fake kubelets), extender and gpupart-scheduler for some kwok nodes."""
+
+    cp: ControlPlane
+    api_client: Any
+    work: Path
+    processes: list[Process] = field(default_factory=list)
+    kubelets: dict[str, FakeKubelet] = field(default_factory=dict)
+
+    def tails(self) -> str:
+        errors = [
+            f"fake kubelet {n}: {k.errors[-10:]}" for n, k in self.kubelets.items() if k.errors
+        ]
+        return "\n".join([p.tail() for p in self.processes] + errors)
+
+    def start_operator(self) -> None:
+        port = free_port()
+        proc = spawn(
+            "operator",
+            [
+                str(GPUPART), "operator", "--standalone", f"--kubeconfig={self.cp.kubeconfig}",
+                "--resync-seconds=5", f"--liveness={port}", "--verbose",
+            ],
+            self.work,
+        )  # fmt: skip
+        self.processes.append(proc)
+        self._healthy(proc, f"http://{LOOPBACK}:{port}/healthz")
+
+    def start_node(self, node: str, gpus: str) -> FakeKubelet:
+        """The node agent with simulated GPUs, talking to a fake kubelet in a short directory."""
+        directory = Path(tempfile.mkdtemp(prefix="gp-", dir="/tmp"))
+        kubelet = FakeKubelet(node, self.api_client, directory)
+        kubelet.start()
+        self.kubelets[node] = kubelet
+        mps = self.work / f"mps-control-{node}"
+        mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
+        mps.chmod(0o755)
+        proc = spawn(
+            f"node-{node}",
+            [
+                str(GPUPART), "node", f"--node-name={node}", f"--simulate={gpus}",
+                f"--plugin-dir={directory}", f"--kubelet-socket={kubelet.kubelet_socket}",
+                f"--pod-resources-socket={kubelet.pod_resources_socket}",
+                f"--mps-root={directory / 'mps'}", f"--mps-control={mps}",
+                "--resync-seconds=3", "--metrics-port=0",
+            ],
+            self.work,
+            env={"KUBECONFIG": str(self.cp.kubeconfig)},
+        )  # fmt: skip
+        self.processes.append(proc)
+        return kubelet
+
+    def start_extender(self) -> str:
+        port = free_port()
+        settings = self.work / "extender.yaml"
+        settings.write_text(yaml.safe_dump({"fragmentation_refresh_seconds": 1}))
+        proc = spawn(
+            "extender",
+            [
+                str(GPUPART), "extender", f"--config={settings}", f"--kubeconfig={self.cp.kubeconfig}",
+                f"--host={LOOPBACK}", f"--port={port}",
+            ],
+            self.work,
+        )  # fmt: skip
+        self.processes.append(proc)
+        self._healthy(proc, f"http://{LOOPBACK}:{port}/readyz")
+        return f"http://{LOOPBACK}:{port}/gpupart"
+
+    def start_scheduler(self, extender_url: str) -> None:
+        """kube-scheduler with the KubeSchedulerConfiguration the chart renders."""
+        rendered = self.cp.helm(
+            "template", "gpupart", str(CHART), "--show-only", "templates/scheduler.yaml"
+        ).stdout
+        (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
+        config = yaml.safe_load(config_map["data"]["config.yaml"])
+        config["extenders"][0]["urlPrefix"] = extender_url
+        config["leaderElection"] = {"leaderElect": False}
+        config["clientConnection"] = {
+            "kubeconfig": str(self.cp.kubeconfig),
+            "qps": 200,
+            "burst": 400,
+        }
+        path = self.work / "gpupart-scheduler.yaml"
+        path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        proc = spawn(
+            "gpupart-scheduler",
+            [
+                str(self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
+                f"--bind-address={LOOPBACK}", f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.cp.kubeconfig}",
+                f"--authorization-kubeconfig={self.cp.kubeconfig}",
+                "--authorization-always-allow-paths=/healthz", "--v=2",
+            ],
+            self.work,
+        )  # fmt: skip
+        self.processes.append(proc)
+        self._healthy(proc, f"https://{LOOPBACK}:{port}/healthz", insecure=True)
+
+    def _healthy(self, proc: Process, url: str, *, insecure: bool = False) -> None:
+        def check() -> bool:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited {proc.popen.returncode}\n{proc.tail()}")
+            return http_ok(url, insecure=insecure)
+
+        try:
+            wait_for(check, 60, f"{proc.name} at {url}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}\n{proc.tail()}") from None
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        for kubelet in self.kubelets.values():
+            kubelet.stop()
+            shutil.rmtree(kubelet.directory, ignore_errors=True)

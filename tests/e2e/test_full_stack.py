@@ -1,0 +1,247 @@
+"""Full stack on a real control plane: GpuPartition -> node agents -> plugins -> gpupart-scheduler -> running pods.
+
+Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configuration) and kwok
+nodes; `gpupart operator`, `gpupart node --simulate` (one per node, with a fake kubelet) and
+`gpupart extender` as processes. Every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupart.core.wire import STATE_ANNOTATION, decode_report
+
+from .cluster import REPO, ControlPlane, create_nodes, gpu_node, wait_for
+from .stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+LABEL = "gpupart.io/e2e-stack"
+A100 = "NVIDIA-A100-SXM4-80GB"
+MIG_1G = "nvidia.com/mig-1g.10gb"
+MIG_3G = "nvidia.com/mig-3g.40gb"
+GROUP, VERSION, PLURAL = "gpupart.io", "v1alpha1", "gpupartitions"
+SCHEDULER = "gpupart-scheduler"
+
+
+@pytest.fixture(scope="module")
+def stack(
+    k8s_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Generator[Stack, None, None]:
+    cp = k8s_control_plane
+    cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
+    api = cp.api_client()
+    stack = Stack(cp, api, tmp_path_factory.mktemp("stack"))
+    try:
+        stack.start_operator()
+        url = stack.start_extender()
+        stack.start_scheduler(url)
+        yield stack
+    except BaseException:
+        print(stack.tails())
+        raise
+    finally:
+        stack.stop()
+        api.close()
+
+
+@pytest.fixture
+def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
+    name = f"stack-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(k8s_control_plane.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    # No namespace controller runs here: delete the pods, leave the empty namespace.
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+def nodes_for(stack: Stack, scenario: str, product: str, gpus: str, count: int) -> list[str]:
+    names = [f"stack-{scenario}-{i}" for i in range(count)]
+    manifests = [
+        gpu_node(
+            n,
+            labels={
+                LABEL: scenario,
+                "nvidia.com/gpu.product": product,
+                "nvidia.com/gpu.count": "1",
+            },
+        )
+        for n in names
+    ]
+    create_nodes(stack.api_client, manifests)
+    for name in names:
+        stack.start_node(name, gpus)
+    return names
+
+
+def partition(name: str, scenario: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GpuPartition",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {LABEL: scenario}}, "priority": 100, **spec},
+    }
+
+
+def pod(name: str, scenario: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "nodeSelector": {LABEL: scenario},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/gpupart/cuda:0",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+
+
+class Cluster:
+    """Reads the test needs, against the stack's API client."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.core = client.CoreV1Api(stack.api_client)
+        self.custom = client.CustomObjectsApi(stack.api_client)
+
+    def capacity(self, node: str, resource: str) -> int:
+        return int((self.core.read_node(node).status.allocatable or {}).get(resource, "0"))
+
+    def node_states(self, name: str) -> dict[str, dict[str, Any]]:
+        obj = self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+        return (obj.get("status") or {}).get("nodes") or {}
+
+    def gpu_report(self, node: str) -> Any:
+        text = (self.core.read_node(node).metadata.annotations or {}).get(STATE_ANNOTATION)
+        return decode_report(text) if text else None
+
+    def pods(self, namespace: str) -> dict[str, Any]:
+        return {p.metadata.name: p for p in self.core.list_namespaced_pod(namespace).items}
+
+    def running(self, namespace: str) -> set[str]:
+        return {n for n, p in self.pods(namespace).items() if p.status.phase == "Running"}
+
+    def allocated(self, namespace: str, name: str) -> Any:
+        for kubelet in self.stack.kubelets.values():
+            found = kubelet.by_name(namespace, name)
+            if found is not None:
+                return found
+        return None
+
+    def events(self, namespace: str, name: str) -> list[str]:
+        items = self.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        return [f"{e.reason}: {e.message}" for e in items]
+
+    def until(self, check: Any, timeout: float, what: str) -> Any:
+        try:
+            return wait_for(check, timeout, what, interval=0.3)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{self.stack.tails()}") from None
+
+
+def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
+    stack: Stack, namespace: str
+) -> None:
+    c = Cluster(stack)
+    nodes = nodes_for(stack, "mig", A100, "A100-SXM4-80GB", 2)
+    c.custom.create_cluster_custom_object(
+        GROUP,
+        VERSION,
+        PLURAL,
+        partition("stack-mig", "mig", {"mode": "MIG", "mig": {"devices": {"1g.10gb": 7}}}),
+    )
+    try:
+        # Nodes report Applied and advertise 7 slices each.
+        c.until(
+            lambda: all(
+                c.node_states("stack-mig").get(n, {}).get("state") == "Applied" for n in nodes
+            ),
+            90,
+            "both nodes Applied",
+        )
+        c.until(lambda: all(c.capacity(n, MIG_1G) == 7 for n in nodes), 30, "7 slices per node")
+
+        # 14 pods run, each with one slice from Allocate; the 15th stays Pending and says why.
+        for i in range(14):
+            c.core.create_namespaced_pod(namespace, pod(f"slice-{i:02}", "mig", {MIG_1G: "1"}))
+        c.until(lambda: len(c.running(namespace)) == 14, 90, "14 pods Running")
+        c.until(
+            lambda: all(c.allocated(namespace, f"slice-{i:02}") for i in range(14)),
+            30,
+            "14 Allocates",
+        )
+        devices = {d for i in range(14) for d in c.allocated(namespace, f"slice-{i:02}").device_ids}
+        assert len(devices) == 14 and all(d.startswith("MIG-") for d in devices)
+        env = c.allocated(namespace, "slice-00").envs
+        assert env["NVIDIA_VISIBLE_DEVICES"] in devices
+        c.core.create_namespaced_pod(namespace, pod("slice-14", "mig", {MIG_1G: "1"}))
+        events = c.until(
+            lambda: [
+                e for e in c.events(namespace, "slice-14") if e.startswith("FailedScheduling")
+            ],
+            60,
+            "FailedScheduling event for the 15th pod",
+        )
+        assert any("1g.10gb" in e for e in events), events
+        assert c.pods(namespace)["slice-14"].spec.node_name is None
+
+        # One pod goes, the Pending one takes its slice.
+        c.core.delete_namespaced_pod("slice-00", namespace, grace_period_seconds=0)
+        c.until(lambda: "slice-14" in c.running(namespace), 90, "the 15th pod Running")
+        c.until(lambda: c.allocated(namespace, "slice-14"), 30, "Allocate for the 15th pod")
+
+        # Repartition while pods run: Blocked, naming the pods; nothing destroyed.
+        c.custom.patch_cluster_custom_object(
+            GROUP,
+            VERSION,
+            PLURAL,
+            "stack-mig",
+            {"spec": {"mig": {"devices": {"1g.10gb": None, "3g.40gb": 2}}}},
+        )
+        c.until(
+            lambda: all(
+                c.node_states("stack-mig").get(n, {}).get("state") == "Blocked" for n in nodes
+            ),
+            60,
+            "both nodes Blocked",
+        )
+        states = c.node_states("stack-mig")
+        for node in nodes:
+            on_node = [n for n, p in c.pods(namespace).items() if p.spec.node_name == node]
+            assert any(f"{namespace}/{n}" in states[node]["message"] for n in on_node), states[node]
+            report = c.gpu_report(node)
+            assert report.gpus[0].blocking_pods, report
+            assert c.capacity(node, MIG_1G) == 7 and c.capacity(node, MIG_3G) == 0
+        assert len(c.running(namespace)) == 14
+
+        # Pods gone: the nodes converge on the new layout.
+        c.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        c.until(lambda: not c.pods(namespace), 60, "pods deleted")
+        c.until(
+            lambda: all(
+                c.node_states("stack-mig").get(n, {}).get("state") == "Applied" for n in nodes
+            ),
+            90,
+            "both nodes Applied with 3g.40gb x2",
+        )
+        c.until(
+            lambda: all(c.capacity(n, MIG_3G) == 2 and c.capacity(n, MIG_1G) == 0 for n in nodes),
+            30,
+            "2 x 3g.40gb advertised per node",
+        )
+    finally:
+        c.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-mig")
