@@ -15,6 +15,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_not, not_
 from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
@@ -94,6 +96,17 @@ class Answer:
     """JSON: the quoted name (passed) or `"name":"reason"` (failed, unresolvable)."""
     host: str
     """JSON: `{"Host":"name","Score":n}` for prioritize."""
+
+
+_MISSING = Answer((-1, -1), "", FAILED, 0, "", None, "", "")
+"""Stands for "no memo entry": its `sig` is a tuple the cache never holds, so it never matches."""
+_SIG = attrgetter("sig")
+_STATUS = attrgetter("status")
+_ITEM = attrgetter("item")
+_HOST = attrgetter("host")
+_KIND = attrgetter("kind")
+_NAME_REASON = attrgetter("name", "reason")
+_NAME_SCORE = attrgetter("name", "score")
 
 
 def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> Answer:
@@ -215,20 +228,24 @@ class ExtenderService:
                 memo = self._memo[shape] = _ShapeMemo()
             nodes_memo = memo.nodes
             sigs = self.cache.signatures()
-            out: list[Answer] = []
-            append = out.append
-            for name in names:
+            # The hot path runs in C (map, compress): memo answers, the cache's current
+            # (version, state id) tuples, and the positions where the two do not match.
+            out = list(map(nodes_memo.get, names, repeat(_MISSING)))
+            stale = compress(
+                range(len(names)),
+                map(is_not, map(sigs.get, names), map(_SIG, out)),
+            )
+            for n in stale:
+                name = names[n]
                 sig = sigs.get(name)
                 if sig is None and name in given:
                     # Sent in full by the scheduler, unknown to the cache: not memoised.
                     verdict = evaluate(given[name], demand, config=self.scoring, model=model)
-                    append(_answer(name, None, verdict))
+                    out[n] = _answer(name, None, verdict)
                     continue
-                answer = nodes_memo.get(name)
-                if answer is None or answer.sig is not sig:
-                    answer = self._evaluate(name, sig, demand, memo, model)
-                    nodes_memo[name] = answer
-                append(answer)
+                fresh = self._evaluate(name, sig, demand, memo, model)
+                nodes_memo[name] = fresh
+                out[n] = fresh
         return out
 
     def _evaluate(
@@ -275,20 +292,17 @@ class ExtenderService:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
         given = _views_from_objects(nodes)
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        items: tuple[list[str], list[str], list[str]] = ([], [], [])
-        kinds: list[FailureKind | None] = []
-        for answer in self._answers(names, demand, given, now):
-            status = answer.status
-            items[status].append(answer.item)
-            if status == PASSED:
-                passed.append(answer.name)
-                continue
-            (failed if status == FAILED else unresolvable)[answer.name] = answer.reason
-            kinds.append(answer.kind)
-        for reason, count in Counter(kinds).items():
+        answers = self._answers(names, demand, given, now)
+        # Per-node work in C: one list of statuses, then compress() by status.
+        statuses = list(map(_STATUS, answers))
+        ok = list(map(eq, statuses, repeat(PASSED)))
+        no = list(map(eq, statuses, repeat(FAILED)))
+        out = list(map(eq, statuses, repeat(UNRESOLVABLE)))
+        passed = list(compress(names, ok))
+        failed = dict(map(_NAME_REASON, compress(answers, no)))
+        unresolvable = dict(map(_NAME_REASON, compress(answers, out)))
+        kinds = Counter(map(_KIND, compress(answers, map(not_, ok))))
+        for reason, count in kinds.items():
             if reason is not None:
                 self.metrics.filtered.labels(reason).inc(count)
         uid = _uid(pod)
@@ -300,23 +314,24 @@ class ExtenderService:
                 "Filtered out every node",
                 extra={"kv": {"pod": demand.pod, "nodes": len(names)}},
             )
+        items = list(map(_ITEM, answers))
         encoded = (
-            f"[{','.join(items[PASSED])}]",
-            f"{{{','.join(items[FAILED])}}}",
-            f"{{{','.join(items[UNRESOLVABLE])}}}",
+            f"[{','.join(compress(items, ok))}]",
+            f"{{{','.join(compress(items, no))}}}",
+            f"{{{','.join(compress(items, out))}}}",
         )
         return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
 
     def prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> list[tuple[str, int]]:
-        return [(a.name, a.score) for a in self._prioritize(pod, names, nodes)]
+        return list(map(_NAME_SCORE, self._prioritize(pod, names, nodes)))
 
     def prioritize_json(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> str:
         """`prioritize` as the JSON HostPriorityList, joined from memoised pieces."""
-        return f"[{','.join([a.host for a in self._prioritize(pod, names, nodes)])}]"
+        return f"[{','.join(map(_HOST, self._prioritize(pod, names, nodes)))}]"
 
     def _prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]]

@@ -853,6 +853,8 @@ def _evaluate_shared(
     elsewhere = aware and _node_conflict(
         (*node.unplaced_tenants, *node.whole_tenants, *node.mig_tenants), demand, label
     )
+    before = model.fragmentation(state)
+    seen: set[tuple[int, int, float, Conflict, int, int]] = set()
     best: Fit | None = None
     for gpu in comfortable or fitting:
         if request.memory_mib:
@@ -869,13 +871,20 @@ def _evaluate_shared(
         else:
             conflict = Conflict.NONE
         milli = share_milli(request.memory_mib, request.compute_percent, gpu, request.shared)
+        position = positions[gpu.index]
+        contention = gpu.contention
+        # A GPU equal to an earlier one in everything the terms look at scores the same, and
+        # ties go to the lower index: skip it.
+        key = (left, capacity, contention, conflict, milli, state.gpu_left[position])
+        if key in seen:
+            continue
+        seen.add(key)
+        after = model.fragmentation(take(state, Request(0, 0, 1, milli), (position,)))
         terms = Terms(
             headroom=headroom_term(left, capacity, config.strategy),
-            priority=priority_term(demand.priority, gpu.contention, config),
+            priority=priority_term(demand.priority, contention, config),
             anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-            fragmentation=fragmentation_term(
-                model, state, Request(0, 0, 1, milli), (positions[gpu.index],)
-            ),
+            fragmentation=1.0 / (1.0 + math.exp(-(before - after) / 1000.0)),
             eats_reserve=eats_reserve,
         )
         fit = Fit(combine(terms, config.weights), gpu.index, terms)
