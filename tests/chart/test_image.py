@@ -90,6 +90,10 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=600,
     )
+    offline = ("No matching distribution", "Could not find a version", "NewConnectionError")
+    unreachable = build.returncode != 0 and any(m in build.stderr for m in offline)
+    if unreachable and os.environ.get("GPUPART_IMAGE_TEST_REQUIRED") != "1":
+        pytest.skip(f"no package index reachable for the build stage: {build.stderr[-300:]}")
     assert build.returncode == 0, build.stderr[-4000:]
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
