@@ -305,3 +305,40 @@ def test_one_example_partition_per_mode() -> None:
         assert doc["kind"] == "GpuPartition" and doc["apiVersion"] == "gpupart.io/v1alpha1"
         modes[doc["spec"]["mode"]] = path.name
     assert set(modes) == {"MIG", "MPS", "TimeSlicing", "None"}
+
+
+@pytest.mark.parametrize("combination", sorted(COMBINATIONS))
+def test_the_components_accept_the_rendered_arguments_and_settings(
+    render: Render, combination: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every flag the chart passes exists and validates; the extender's settings file loads."""
+    from gpupart.cli import build_parser
+    from gpupart_extender.settings import load_settings
+    from gpupart_operator import settings as operator_settings
+    from gpupart_plugin import settings as node_settings
+
+    for var in ("NODE_NAME", "KUBECONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    objects = render(COMBINATIONS[combination])
+    for workload in by_kind(objects, "Deployment") + by_kind(objects, "DaemonSet"):
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        if "args" not in container:
+            continue  # kube-scheduler
+        args = container["args"]
+        parsed = build_parser(args[0]).parse_args(args)
+        if args[0] == "node":
+            parsed.node_name = "gpu-node-1"  # the downward API's NODE_NAME
+            settings = node_settings.from_args(parsed)
+            assert settings.metrics_address == "0.0.0.0"
+        elif args[0] == "operator":
+            assert operator_settings.from_args(parsed).peering
+        elif args[0] == "extender":
+            name = workload["metadata"]["name"]
+            (config_map,) = [
+                c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == name
+            ]
+            path = tmp_path / "settings.yaml"
+            path.write_text(config_map["data"]["settings.yaml"])
+            extender = load_settings(path)
+            assert extender.host == "0.0.0.0"
+            assert f"--config={container['volumeMounts'][0]['mountPath']}/settings.yaml" in args
