@@ -67,7 +67,8 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         started = time.perf_counter()
         names, items = _names(args)
         try:
-            outcome = service.filter(args.Pod, names, items)
+            # nodeCacheCapable: the reply is joined from pre-encoded pieces, no lists needed.
+            outcome = service.filter(args.Pod, names, items, lists=args.NodeNames is None)
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             log.exception("Failed to filter", extra={"kv": {"nodes": len(names)}})
             outcome = FilterOutcome([], {}, {}, explain(error))

@@ -282,8 +282,14 @@ class ExtenderService:
     # -- verbs --
 
     def filter(
-        self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
+        self,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        nodes: Iterable[Mapping[str, Any]] = (),
+        *,
+        lists: bool = True,
     ) -> FilterOutcome:
+        """Which nodes can take the pod and why not; `lists=False`: only `encoded` is filled."""
         now = self.clock()
         self._housekeeping(now)
         try:
@@ -298,9 +304,13 @@ class ExtenderService:
         ok = list(map(eq, statuses, repeat(PASSED)))
         no = list(map(eq, statuses, repeat(FAILED)))
         out = list(map(eq, statuses, repeat(UNRESOLVABLE)))
-        passed = list(compress(names, ok))
-        failed = dict(map(_NAME_REASON, compress(answers, no)))
-        unresolvable = dict(map(_NAME_REASON, compress(answers, out)))
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if lists:
+            passed = list(compress(names, ok))
+            failed = dict(map(_NAME_REASON, compress(answers, no)))
+            unresolvable = dict(map(_NAME_REASON, compress(answers, out)))
         kinds = Counter(map(_KIND, compress(answers, map(not_, ok))))
         for reason, count in kinds.items():
             if reason is not None:
@@ -308,8 +318,8 @@ class ExtenderService:
         uid = _uid(pod)
         with self._holds_lock:
             self._holds[uid] = Hold(pod, demand, now + self.ttl)
-        self.metrics.decisions.labels("filter", "ok" if passed else "unschedulable").inc()
-        if not passed:
+        self.metrics.decisions.labels("filter", "ok" if any(ok) else "unschedulable").inc()
+        if not any(ok):
             log.info(
                 "Filtered out every node",
                 extra={"kv": {"pod": demand.pod, "nodes": len(names)}},

@@ -46,10 +46,26 @@ from tests.e2e.cluster import (  # noqa: E402
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the benchmark process dies (Linux prctl)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
     )
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # run the finally blocks that stop what we started
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -103,6 +119,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=500)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
     bin_dir = bin_dir_from_env()
     missing = missing_binaries(bin_dir)
     if missing:
