@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint unit k8s-bins typecheck-tree clean
 
+# `python -P`: never put the checkout on sys.path, where the directory operator/ would shadow
+# the standard library's operator module in a fresh interpreter.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
+	$(BIN)/python -P -m pip install -q --upgrade pip
+	$(BIN)/python -P -m pip install -q -e '.[test]'
 	touch $@
 
 ## demo: set up and run the main job on its built-in example

