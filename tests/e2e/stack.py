@@ -350,9 +350,17 @@ class Stack:
         return kubelet
 
     def start_extender(self) -> str:
+        """`gpupart extender` with the chart's settings file; its URL prefix once /readyz says 200."""
         port = free_port()
+        # The settings file the chart renders (host and port: the flags below win).
+        rendered = self.cp.helm(
+            "template", "gpupart", str(CHART), "--show-only", "templates/extender.yaml"
+        ).stdout
+        (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
+        values = yaml.safe_load(config_map["data"]["settings.yaml"])
+        values["fragmentation_refresh_seconds"] = 1
         settings = self.work / "extender.yaml"
-        settings.write_text(yaml.safe_dump({"fragmentation_refresh_seconds": 1}))
+        settings.write_text(yaml.safe_dump(values))
         proc = spawn(
             "extender",
             [

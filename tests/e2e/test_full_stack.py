@@ -7,6 +7,7 @@ nodes; `gpupart operator`, `gpupart node --simulate` (one per node, with a fake 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Generator
 from typing import Any
@@ -106,6 +107,33 @@ def pod(name: str, scenario: str, limits: dict[str, str]) -> dict[str, Any]:
             ],
         },
     }
+
+
+def remove(stack: Stack, name: str, nodes: list[str]) -> None:
+    """Delete the partition while the agents still run (they release its finalizer), then the nodes.
+
+    A partition left behind with its finalizer would keep a later test's operator busy.
+    """
+    c = Cluster(stack)
+    with contextlib.suppress(client.ApiException):
+        c.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+
+    def gone() -> bool:
+        try:
+            c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+        except client.ApiException as error:
+            return error.status == 404
+        return False
+
+    try:
+        c.until(gone, 60, f"GpuPartition {name} deleted (finalizer released)")
+    finally:
+        with contextlib.suppress(client.ApiException):
+            patch = {"metadata": {"finalizers": None}}
+            c.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
+        for node in nodes:
+            with contextlib.suppress(client.ApiException):
+                c.core.delete_node(node)
 
 
 class Cluster:
@@ -244,7 +272,7 @@ def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
             "2 x 3g.40gb advertised per node",
         )
     finally:
-        c.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-mig")
+        remove(stack, "stack-mig", nodes)
 
 
 SHARED = "nvidia.com/gpu.shared"
@@ -337,4 +365,4 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             "2 x 3g.40gb advertised per node",
         )
     finally:
-        c.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-mps")
+        remove(stack, "stack-mps", nodes)
