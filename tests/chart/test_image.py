@@ -75,7 +75,8 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("image")
     wheels = work / "wheels"
     src = work / "src"
-    # The build stage's COPY lines: only these enter the image.
+    # The build stage's COPY lines: only these enter the image. -P: the copy's operator/ must not
+    # shadow the standard library's operator module (python puts the cwd first for -m).
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
@@ -84,7 +85,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
             REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
         )
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), "."],
+        [sys.executable, "-P", "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), "."],
         cwd=src,
         capture_output=True,
         text=True,
@@ -96,7 +97,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"no package index reachable for the build stage: {build.stderr[-300:]}")
     assert build.returncode == 0, build.stderr[-4000:]
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-P", "-m", "venv", str(venv)], check=True, timeout=120)
     version = re.search(r"^ARG GPUPART_VERSION=(\S+)", DOCKERFILE.read_text(), re.MULTILINE)
     assert version, "the Dockerfile pins the gpupart version it installs"
     install = subprocess.run(
