@@ -524,6 +524,19 @@ def _write_counts(cp: ControlPlane) -> dict[str, float]:
     return counts
 
 
+def _quiet_write_counts(cp: ControlPlane, period: float) -> dict[str, float]:
+    """Write counts once they stay the same for `period` seconds (the API server is quiet)."""
+    deadline = time.monotonic() + TIMEOUT
+    previous = _write_counts(cp)
+    while True:
+        time.sleep(period)
+        current = _write_counts(cp)
+        if current == previous:
+            return current
+        assert time.monotonic() < deadline, f"writes never stopped: {previous} -> {current}"
+        previous = current
+
+
 def test_a_steady_state_resync_writes_nothing(
     k8s_control_plane: ControlPlane, operator: RunningOperator
 ) -> None:
@@ -543,7 +556,9 @@ def test_a_steady_state_resync_writes_nothing(
 
     # Settled once a whole pass writes nothing.
     wait_for(lambda: op.reconciler.reconcile_all().writes == 0, TIMEOUT, "a quiet pass")
-    before = _write_counts(cp)
+    # Earlier tests share this API server and may still be cleaning up (deleting partitions);
+    # start counting once a whole drift period passes without writes from anyone.
+    before = _quiet_write_counts(cp, op.settings.resync_seconds + 1)
     writes = op.reconciler.writes
     versions = {n: node(op, n)["metadata"]["resourceVersion"] for n in quiet}
     version = get(op, name)["metadata"]["resourceVersion"]
