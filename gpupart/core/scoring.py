@@ -159,6 +159,8 @@ class FragmentationModel:
 
     typical: tuple[TypicalPod, ...]
     classes: tuple[_GpuClass, ...] = ()
+    cpu_per_gpu: float = 0.0
+    """The mix's CPU per GPU share (CPU milli per GPU thousandth) over its GPU pods; 0: unknown."""
     _weights: dict[int, tuple[float, ...]] = field(default_factory=dict, compare=False)
     _gains: dict[tuple[tuple[int, ...], str], tuple[tuple[int, int], ...]] = field(
         default_factory=dict, compare=False
@@ -186,7 +188,19 @@ class FragmentationModel:
             classes.append(
                 _GpuClass(num, milli, spec, tuple(c for c, _ in members), tuple(cumulative))
             )
-        return FragmentationModel(typical, tuple(classes))
+        cpu = sum(p.weight * p.request.cpu_milli for p in typical if p.request.num_gpu)
+        gpu = sum(p.weight * p.request.total_gpu_milli for p in typical if p.request.num_gpu)
+        return FragmentationModel(typical, tuple(classes), cpu / gpu if gpu > 0 else 0.0)
+
+    def stranded(self, state: NodeState) -> float:
+        """Free GPU share the node's free CPU cannot feed at the mix's CPU per GPU (thousandths).
+
+        A node with 2 free GPUs and 8 free cores, in a mix that asks about 11 cores per GPU, can
+        host typical pods on at most 8/11 of a GPU: the rest will most likely stay idle.
+        """
+        if self.cpu_per_gpu <= 0.0:
+            return 0.0
+        return max(0.0, state.gpu_left_total - state.cpu_left / self.cpu_per_gpu)
 
     def fragmentation(self, state: NodeState) -> float:
         """F(n) in GPU thousandths; states with the same free shares in any order share the memo."""
@@ -356,25 +370,30 @@ def _fgd(state: NodeState, request: Request, model: FragmentationModel) -> Place
 
 
 def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
-    """Ours: FGD's expected-fragmentation gradient, with the tightest hole among equal GPUs.
+    """Ours: FGD's gradient over fragmentation plus GPU share stranded without CPU.
 
-    The node score is FGD's: the drop in expected fragmentation F against the typical-pod mix,
-    squashed and rounded to 1/100 (``int(sigmoid(dF / 1000) * 100)``). The rounding is kept on
-    purpose: replays show that gradients closer than about a twentieth of a GPU are noise, and
-    that treating them as ties, settled by a fixed node order, packs better than following them
-    exactly (continuous dF: -0.8 points on the default trace; see docs/simulator.md).
-    Inside the node, among GPUs with the best score, the pod takes the one it fills most
-    tightly, so larger holes stay open for larger shares.
+    Node cost C(n) = F(n) + S(n): FGD's expected fragmentation F against the typical-pod mix,
+    plus S(n) = max(0, free GPU share - free CPU / c), the free GPU share the node's CPU cannot
+    feed at the mix's CPU per GPU share c (`FragmentationModel.stranded`). F alone sees CPU only
+    through each typical pod's exact request, so it lets CPU-hungry pods drain nodes whose GPUs
+    then idle; S charges that drain as it happens. The score is FGD's, on C instead of F:
+    ``int(sigmoid((C_before - C_after) / 1000) * 100)``, rounded to 1/100 on purpose (ties go
+    to the fixed node order, which packs better than following small gradients exactly; see
+    docs/simulator.md). Inside the node a shared pod takes the tightest GPU among those with the
+    best score, so larger holes stay open for larger shares.
     """
-    before = model.fragmentation(state)
+    before = model.fragmentation(state) + model.stranded(state)
     if not request.is_shared:
         gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
-        after = model.fragmentation(take(state, request, gpus))
+        after_state = take(state, request, gpus)
+        after = model.fragmentation(after_state) + model.stranded(after_state)
         return Placement(float(_sigmoid_score(before - after)), gpus)
     best_score = -1
     best_gpu = -1
     for index in _candidates(state, request):
-        score = _sigmoid_score(before - model.fragmentation(take(state, request, (index,))))
+        after_state = take(state, request, (index,))
+        after = model.fragmentation(after_state) + model.stranded(after_state)
+        score = _sigmoid_score(before - after)
         if score > best_score or (
             score == best_score and state.gpu_left[index] < state.gpu_left[best_gpu]
         ):

@@ -155,3 +155,78 @@ def test_mig_requests_take_the_smallest_profile_that_fits() -> None:
     four = smallest_profile(a100, 571)
     assert lower_bound([four, four], 0) == 2  # two 4g instances never share a GPU
     assert lower_bound([smallest_profile(a100, 142)] * 7, 1) == 2
+
+
+@given(mix=mixes, state=states)
+@settings(max_examples=200, deadline=None)
+def test_law_stranded_share_is_the_free_gpu_share_the_free_cpu_cannot_feed(
+    mix: tuple[TypicalPod, ...], state: NodeState
+) -> None:
+    model = FragmentationModel.of(mix)
+    stranded = model.stranded(state)
+    assert 0.0 <= stranded <= state.gpu_left_total
+    if model.cpu_per_gpu > 0:
+        expected = max(0.0, state.gpu_left_total - state.cpu_left / model.cpu_per_gpu)
+        assert abs(stranded - expected) < 1e-9
+    else:
+        assert stranded == 0.0
+
+
+def test_cpu_per_gpu_is_the_mixs_weighted_cpu_over_gpu_share_of_gpu_pods() -> None:
+    mix = (
+        TypicalPod(Request(4000, 0, 1, 1000), 0.25),
+        TypicalPod(Request(16000, 0, 1, 500), 0.25),
+        TypicalPod(Request(32000, 0, 0, 0), 0.5),  # CPU-only pods do not count
+    )
+    model = FragmentationModel.of(mix)
+    assert abs(model.cpu_per_gpu - (0.25 * 4000 + 0.25 * 16000) / (0.25 * 1000 + 0.25 * 500)) < 1e-9
+    assert FragmentationModel.of((TypicalPod(Request(1000, 0, 0, 0), 1.0),)).cpu_per_gpu == 0.0
+
+
+@given(mix=mixes, state=states, request=requests)
+@settings(max_examples=200, deadline=None)
+def test_law_gpupart_is_fgd_on_nodes_with_cpu_to_spare(
+    mix: tuple[TypicalPod, ...], state: NodeState, request: Request
+) -> None:
+    model = FragmentationModel.of(mix)
+    rich = NodeState(10**9, state.memory_left, state.gpu_left, state.model)
+    ours = score_node(Policy.GPUPART, rich, request, model=model)
+    fgd = score_node(Policy.FGD, rich, request, model=model)
+    assert (ours is None) == (fgd is None)
+    if ours is not None and fgd is not None:
+        assert ours.score == fgd.score
+        assert len(ours.gpus) == len(fgd.gpus)
+
+
+@given(mix=mixes, state=states, request=requests)
+@settings(max_examples=100, deadline=None)
+def test_law_gpupart_is_deterministic(
+    mix: tuple[TypicalPod, ...], state: NodeState, request: Request
+) -> None:
+    first = score_node(Policy.GPUPART, state, request, model=FragmentationModel.of(mix))
+    again = score_node(Policy.GPUPART, state, request, model=FragmentationModel.of(mix))
+    assert first == again
+
+
+def test_gpupart_keeps_cpu_for_free_gpus_where_fgd_sees_a_tie() -> None:
+    # the mix asks 10 cores per GPU; both nodes can still host every typical pod afterwards
+    model = FragmentationModel.of(
+        (TypicalPod(Request(4000, 0, 1, 1000), 0.5), TypicalPod(Request(16000, 0, 1, 1000), 0.5))
+    )
+    hungry = Request(20000, 0, 1, 1000)
+    lean = NodeState(36000, 1, (1000,) * 3, "T4")  # leaves 16 cores for 2 GPUs: 0.4 GPU idle
+    rich = NodeState(104000, 1, (1000,) * 3, "T4")
+    fgd_lean = score_node(Policy.FGD, lean, hungry, model=model)
+    fgd_rich = score_node(Policy.FGD, rich, hungry, model=model)
+    assert fgd_lean is not None and fgd_rich is not None and fgd_lean.score == fgd_rich.score
+    ours_lean = score_node(Policy.GPUPART, lean, hungry, model=model)
+    ours_rich = score_node(Policy.GPUPART, rich, hungry, model=model)
+    assert ours_lean is not None and ours_rich is not None
+    assert ours_rich.score > ours_lean.score
+
+
+def test_gpupart_puts_a_shared_pod_in_the_tightest_of_equal_holes() -> None:
+    model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 1000)]))
+    state = NodeState(64000, 1, (1000, 700, 400), "T4")
+    placement = score_node(Policy.GPUPART, state, Request(1000, 0, 1, 300), model=model)
+    assert placement is not None and placement.gpus == (2,)
