@@ -22,12 +22,14 @@ demo: $(STAMP)
 ## lint: ruff, mypy --strict, import contracts
 lint: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml
 	$(BIN)/lint-imports
 
-# mypy finds modules by their import names; link each component directory under that name.
+# mypy finds modules by their import names; link each package under that name and run mypy
+# from there, where no directory named operator/ shadows the standard library's module.
 typecheck-tree:
 	mkdir -p build/typecheck
+	ln -sfn ../../gpupart build/typecheck/gpupart
 	ln -sfn ../../operator build/typecheck/gpupart_operator
 	ln -sfn ../../plugin build/typecheck/gpupart_plugin
 	ln -sfn ../../extender build/typecheck/gpupart_extender

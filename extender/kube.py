@@ -27,12 +27,14 @@ log = logging.getLogger(__name__)
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
     """In-cluster credentials when there is no kubeconfig and we run in a pod, else kubeconfig."""
     if kubeconfig is not None:
-        return config.new_client_from_config(config_file=str(kubeconfig))
+        api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
+        return api
     try:
         config.load_incluster_config()
         return client.ApiClient()
     except config.ConfigException:
-        return config.new_client_from_config()
+        fallback: client.ApiClient = config.new_client_from_config()
+        return fallback
 
 
 class ApiBinder:
@@ -54,14 +56,15 @@ class ApiBinder:
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         # _preload_content=False: the client cannot deserialise the Status that create returns.
-        self.core.create_namespaced_binding(namespace, body, _preload_content=False)
+        # (The client's signature asks for a V1Binding; it serialises a plain dict the same way.)
+        self.core.create_namespaced_binding(namespace, body, _preload_content=False)  # type: ignore[arg-type]
 
 
 class Watcher:
