@@ -9,6 +9,7 @@ from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from gpupart.core.devices import AssignedPod
 from gpupart.core.errors import GpupartError
@@ -23,14 +24,34 @@ from gpupart.core.wire import (
 
 log = logging.getLogger(__name__)
 
+CONNECTION_ERRORS = (ApiException, HTTPError, OSError)
+"""What the client raises when the API server refuses, drops or never answers a request.
+
+urllib3's MaxRetryError (connection refused after its retries) and ProtocolError (connection
+dropped mid-watch) derive from urllib3's HTTPError, not from OSError.
+"""
+
+
+class KubeUnavailable(GpupartError):
+    """The API server did not answer a request of the node agent (it retries on the next pass)."""
+
 
 class NodeClient:
     """The agent's only door to the API server; every list and watch is scoped to this node."""
 
-    def __init__(self, api: client.ApiClient, node: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node: str,
+        *,
+        timeout_s: float = 10.0,
+        backoff_s: tuple[float, float] = (1.0, 30.0),
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.node = node
         self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        """First and longest wait between failed watch attempts (doubling in between)."""
 
     def desired(self) -> str | None:
         node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
@@ -39,9 +60,11 @@ class NodeClient:
     def watch_desired(self, stop: threading.Event, *, resync_s: float) -> Iterator[str | None]:
         """The desired annotation now, on every change, and at least every `resync_s` (drift)."""
         last: object = object()
+        delay = self.backoff_s[0]
         while not stop.is_set():
             try:
                 current = self.desired()
+                delay = self.backoff_s[0]  # the API server answered: the next failure starts over
                 yield current
                 last = current
                 stream = watch.Watch().stream(
@@ -57,22 +80,42 @@ class NodeClient:
                     if value != last:
                         last = value
                         yield value
-            except (ApiException, OSError) as error:
-                log.warning("Failed to watch node node=%s err=%s", self.node, error)
-                stop.wait(2.0)
+            except CONNECTION_ERRORS as error:
+                # Unreachable at start or dropped later: keep the agent up and try again.
+                log.warning(
+                    "Failed to watch node node=%s retryAfter=%gs err=%s",
+                    self.node,
+                    delay,
+                    _short(error),
+                )
+                stop.wait(delay)
+                delay = min(delay * 2, self.backoff_s[1])
 
     def publish(self, state: str, inventory: str) -> None:
         body = {
             "metadata": {"annotations": {STATE_ANNOTATION: state, INVENTORY_ANNOTATION: inventory}}
         }
-        self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
+        try:
+            self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
+        except CONNECTION_ERRORS as error:
+            raise KubeUnavailable(f"publish state of node {self.node}: {_short(error)}") from error
 
     def assigned_pods(self) -> tuple[AssignedPod, ...]:
-        """Pending pods bound here that carry the extender's assignment (malformed ones skipped)."""
-        pods = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node},status.phase=Pending",
-            _request_timeout=self.timeout_s,
-        )
+        """Pods bound here, in any phase but a finished one, that carry the extender's assignment.
+
+        Not only Pending ones: a pod may be reported Running before the kubelet calls Allocate
+        for it (the core's `choose_shared_pod` keeps each pod served once). Malformed ones are
+        skipped.
+        """
+        try:
+            pods = self.core.list_pod_for_all_namespaces(
+                field_selector=(
+                    f"spec.nodeName={self.node},status.phase!=Succeeded,status.phase!=Failed"
+                ),
+                _request_timeout=self.timeout_s,
+            )
+        except CONNECTION_ERRORS as error:
+            raise KubeUnavailable(f"list pods on node {self.node}: {_short(error)}") from error
         found = []
         for pod in pods.items:
             # Parse at the edge: the plain dict form, where every field is what the API sent.
@@ -90,6 +133,8 @@ class NodeClient:
                         created=str(meta.get("creationTimestamp", "")),
                         request=parse_pod_request(raw),
                         assignment=decode_assignment(text),
+                        phase=str((raw.get("status") or {}).get("phase", "")),
+                        deleting=meta.get("deletionTimestamp") is not None,
                     )
                 )
             except GpupartError as error:
@@ -102,3 +147,10 @@ class NodeClient:
 def _annotations(obj: Any) -> Mapping[str, str]:
     meta = obj.metadata
     return (meta.annotations if meta is not None else None) or {}
+
+
+def _short(error: BaseException) -> str:
+    """One line for the log: an ApiException's status and reason, else the error's first line."""
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}"
+    return (str(error).splitlines() or [type(error).__name__])[0][:300]

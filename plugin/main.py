@@ -32,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
     if settings.simulate:
-        return SimulatedGpus(list(settings.simulate), node=settings.node_name)
+        return SimulatedGpus(
+            [g.product for g in settings.simulate],
+            node=settings.node_name,
+            mig_enabled=[g.mig_enabled for g in settings.simulate],
+        )
     from gpupart_plugin.nvml import NvmlGpus  # only on real nodes: loads libnvidia-ml
 
     return NvmlGpus()
@@ -57,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     node = NodeClient(client.ApiClient(), settings.node_name)
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
-    allocator = Allocator(hub, settings.node_name, node.assigned_pods, cdi=settings.cdi)
+    allocator = Allocator(
+        hub, settings.node_name, node.assigned_pods, held=pod_resources.list, cdi=settings.cdi
+    )
     plugins = DevicePlugins(
         hub,
         allocator,
@@ -69,8 +75,16 @@ def run(args: argparse.Namespace) -> int:
         backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
     )
     agent = NodeAgent(actuator, hub, plugins, node.publish, metrics)
+
+    def reconcile(desired: str | None) -> None:
+        if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
+            # Stands in for the admin's GPU reset that a real MIG mode change waits for.
+            for index in backend.reset_idle():
+                log.info("Reset simulated GPU gpu=%d reason=pending MIG mode change", index)
+        agent.reconcile(desired)
+
     if settings.once:
-        agent.reconcile(node.desired())
+        reconcile(node.desired())
         plugins.stop()
         return 0
 
@@ -105,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for desired in node.watch_desired(stop, resync_s=settings.resync_s):
             try:
-                agent.reconcile(desired)
+                reconcile(desired)
             except GpupartError as error:
                 log.error("Failed to reconcile node err=%s", error)
     finally:

@@ -12,6 +12,17 @@ from gpupart.core.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)
+class SimulatedGpu:
+    product: str
+    mig_enabled: bool = True
+    """The MIG mode the GPU starts in (as a real GPU keeps it across driver reloads)."""
+
+
+MIG_SUFFIXES = {"mig-on": True, "mig-off": False}
+"""`--simulate` product suffixes (`A100-SXM4-80GB:mig-off`) for the initial MIG mode."""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSettings:
     node_name: str
     """This node's name (env NODE_NAME from the downward API)."""
@@ -22,8 +33,10 @@ class NodeSettings:
     mps_root: Path
     """Host directory for MPS pipe, log and shm directories (hostPath mounted at the same path)."""
     mps_control: tuple[str, ...]
-    simulate: tuple[str, ...]
-    """Simulated GPU products (e.g. 8 × H200-141GB) instead of NVML; empty for real GPUs."""
+    simulate: tuple[SimulatedGpu, ...]
+    """Simulated GPUs (e.g. 8 × H200-141GB) instead of NVML; empty for real GPUs."""
+    simulate_auto_reset: bool
+    """Simulated GPUs only: a pending MIG mode change takes effect on the next pass once idle."""
     ignored_xids: frozenset[int]
     recovery_s: float
     resync_s: float
@@ -65,7 +78,15 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
         "--simulate",
         "GPUPART_SIMULATE",
         "",
-        "simulated GPUs instead of NVML, e.g. 8xH200-141GB or A100-SXM4-80GB,A30",
+        "simulated GPUs instead of NVML, e.g. 8xH200-141GB or A100-SXM4-80GB,A30; a suffix "
+        ":mig-off (or :mig-on, the default) sets the MIG mode they start in",
+    ),
+    (
+        "--simulate-auto-reset",
+        "GPUPART_SIMULATE_AUTO_RESET",
+        "false",
+        "simulated GPUs only: reset an idle GPU with a pending MIG mode change before each "
+        "pass, as an administrator would, so the change takes effect",
     ),
     (
         "--ignored-xids",
@@ -103,21 +124,39 @@ _FLAGS: tuple[tuple[str, str, str, str], ...] = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, env, default, help_text in _FLAGS:
-        parser.add_argument(
-            flag, default=None, help=f"{help_text} [env {env}, default {default!r}]"
-        )
+        described = f"{help_text} [env {env}, default {default!r}]"
+        if flag in _BOOLEAN_FLAGS:
+            # A bare boolean flag means true; `--flag=false` still works.
+            parser.add_argument(flag, default=None, nargs="?", const="true", help=described)
+        else:
+            parser.add_argument(flag, default=None, help=described)
     parser.add_argument("--once", action="store_true", help="run one reconcile pass and exit")
 
 
-def _products(text: str) -> tuple[str, ...]:
-    products: list[str] = []
+_BOOLEAN_FLAGS = frozenset({"--cdi", "--simulate-auto-reset"})
+
+
+def _truth(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes")
+
+
+def simulated_gpus(text: str) -> tuple[SimulatedGpu, ...]:
+    """`8xH200-141GB`, `A100-SXM4-80GB:mig-off,2xA30`: one entry per GPU, in order."""
+    gpus: list[SimulatedGpu] = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        count, sep, product = part.partition("x")
+        spec, _, suffix = part.partition(":")
+        if suffix and suffix not in MIG_SUFFIXES:
+            raise InvalidInput(
+                "--simulate",
+                f"{part!r}: unknown suffix {suffix!r} (known: {', '.join(MIG_SUFFIXES)})",
+            )
+        mig = MIG_SUFFIXES.get(suffix, True)
+        count, sep, product = spec.partition("x")
         if sep and count.isdigit():
-            products += [product] * int(count)
+            gpus += [SimulatedGpu(product, mig)] * int(count)
         else:
-            products.append(part)
-    return tuple(products)
+            gpus.append(SimulatedGpu(spec, mig))
+    return tuple(gpus)
 
 
 def from_args(args: argparse.Namespace) -> NodeSettings:
@@ -136,6 +175,12 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         port = int(value("--metrics-port"))
     except ValueError as error:
         raise InvalidInput("flags", f"expected numbers: {error}") from None
+    simulate = simulated_gpus(value("--simulate"))
+    auto_reset = _truth(value("--simulate-auto-reset"))
+    if auto_reset and not simulate:
+        raise InvalidInput(
+            "--simulate-auto-reset", "works only with --simulate (real GPUs are reset by an admin)"
+        )
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
@@ -143,12 +188,13 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         pod_resources_socket=Path(value("--pod-resources-socket")),
         mps_root=Path(value("--mps-root")),
         mps_control=tuple(value("--mps-control").split()),
-        simulate=_products(value("--simulate")),
+        simulate=simulate,
+        simulate_auto_reset=auto_reset,
         ignored_xids=xids,
         recovery_s=numbers[0],
         resync_s=numbers[1],
         metrics_address=value("--metrics-address"),
         metrics_port=port,
-        cdi=value("--cdi").lower() in ("1", "true", "yes"),
+        cdi=_truth(value("--cdi")),
         once=bool(getattr(args, "once", False)),
     )

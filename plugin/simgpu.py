@@ -3,7 +3,8 @@
 Used by tests, the e2e suite, the benchmark and `gpupart node --simulate`. It follows NVML where
 the agent depends on it: destroying a GPU instance with compute instances or processes is InUse,
 an overlapping or unplaceable instance is InsufficientResources, MIG calls on a GPU without MIG
-mode are NotSupported, and a MIG mode change stays pending until `reset`.
+mode are NotSupported, and a MIG mode change stays pending until `reset` (or `reset_idle`, the
+reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between passes).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import uuid as uuidlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpupart.core.catalogue import GpuModel, require_gpu_model
@@ -75,18 +77,24 @@ class SimulatedGpus:
         products: list[str],
         *,
         node: str = "sim",
-        mig_enabled: bool = True,
+        mig_enabled: bool | Sequence[bool] = True,
         mode_change_needs_reset: bool = True,
     ) -> None:
+        """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it)."""
+        modes = (
+            [mig_enabled] * len(products) if isinstance(mig_enabled, bool) else list(mig_enabled)
+        )
+        if len(modes) != len(products):
+            raise ValueError(f"{len(modes)} MIG modes for {len(products)} GPUs")
         self._lock = threading.RLock()
         self._gpus = [
             _Gpu(
                 index,
                 f"GPU-{uuidlib.uuid5(_NAMESPACE, f'{node}/{index}')}",
                 require_gpu_model(product),
-                mig_enabled,
+                mig,
             )
-            for index, product in enumerate(products)
+            for index, (product, mig) in enumerate(zip(products, modes, strict=True))
         ]
         self._needs_reset = mode_change_needs_reset
         self._faults: list[list[object]] = []  # [Fault, calls seen, failures left]
@@ -125,6 +133,18 @@ class SimulatedGpus:
             if gpu.mig_pending is not None:
                 gpu.mig_enabled, gpu.mig_pending = gpu.mig_pending, None
             gpu.instances.clear()
+
+    def reset_idle(self) -> tuple[int, ...]:
+        """Reset every GPU with a pending MIG mode change and no process; the indices reset.
+
+        What an administrator does on a real node (`nvidia-smi -r` once the GPU is idle); a GPU
+        still in use keeps its pending change until a later call.
+        """
+        with self._lock:
+            due = [g.index for g in self._gpus if g.mig_pending is not None and not g.processes]
+            for index in due:
+                self.reset(index)
+            return tuple(due)
 
     def inject_xid(
         self, index: int, xid: int, gpu_instance_id: int | None = None, ci: int | None = None

@@ -30,6 +30,11 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "existing-scheduler": {"scheduler.mode": "existing"},
     "no-scheduler": {"scheduler.mode": "none", "extender.enabled": False},
     "simulated-gpus": {"node.simulate": "8xH200-141GB", "node.privileged": False},
+    "simulated-shared-gpus": {
+        "node.simulate": "2xA100-SXM4-80GB:mig-off,A30",
+        "node.simulateAutoReset": True,
+        "node.privileged": False,
+    },
     "monitoring": {"serviceMonitor.enabled": True, "serviceMonitor.labels": {"release": "prom"}},
     "no-dashboard": {"grafanaDashboard.enabled": False},
     "operator-only": {
@@ -189,6 +194,14 @@ def test_simulated_gpus_drop_privileges(render: Render) -> None:
     assert "--simulate=8xH200-141GB" in container["args"]
     assert container["securityContext"]["privileged"] is False
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not any(a.startswith("--simulate-auto-reset") for a in container["args"])
+
+
+def test_simulated_gpus_without_mig_and_with_auto_reset_pass_through(render: Render) -> None:
+    spec = pod_specs(render(COMBINATIONS["simulated-shared-gpus"]))["gp-gpupart-node"]
+    args = spec["containers"][0]["args"]
+    assert "--simulate=2xA100-SXM4-80GB:mig-off,A30" in args
+    assert "--simulate-auto-reset=true" in args
 
 
 def test_operator_runs_two_peered_replicas_with_a_disruption_budget(render: Render) -> None:
@@ -274,6 +287,8 @@ def test_service_monitors_scrape_each_component(render: Render) -> None:
         ({"operator.replica": 2}, "replica"),
         ({"extender.settings": {"strategy": "random"}}, "extender/settings/strategy"),
         ({"node.simulate": "8 x H200"}, "node/simulate"),
+        ({"node.simulate": "A100-SXM4-80GB:mig-of"}, "node/simulate"),
+        ({"node.simulateAutoReset": True}, "node.simulateAutoReset works only with node.simulate"),
         ({"extender.port": 70000}, "extender/port"),
         ({"operator.resources": {"requests": {"cpu": "lots"}}}, "operator/resources/requests/cpu"),
         ({"node.privileged": False}, "node.privileged=false works only with node.simulate"),

@@ -273,3 +273,35 @@ def test_no_desired_annotation_changes_nothing(tmp_path: Path) -> None:
     result = agent(sim, Pods(), tmp_path, ["true"]).reconcile(None)
     assert sim.calls == []
     assert result.report.gpus[0].state is GpuState.APPLIED
+
+
+def test_reset_idle_makes_a_pending_mig_change_take_effect_once_the_gpu_is_idle(
+    tmp_path: Path, mps_command: list[str]
+) -> None:
+    # Two GPUs, one per starting mode, as `--simulate A100-SXM4-80GB:mig-off,A100-SXM4-80GB`.
+    sim = SimulatedGpus(["A100-SXM4-80GB"] * 2, mig_enabled=[False, True])
+    actuator = agent(sim, Pods(), tmp_path, mps_command)
+    mps = (DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)),)
+    first = actuator.reconcile(mps).report.gpus
+    assert [g.state for g in first] == [GpuState.APPLIED, GpuState.PENDING]
+    assert sim.reset_idle() == (1,)
+    second = actuator.reconcile(mps)
+    assert [g.state for g in second.report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
+    assert [v.mode for v in second.views] == [Mode.MPS, Mode.MPS]
+    assert sim.reset_idle() == ()  # nothing pending: no reset
+
+    # Back to MIG: a process on GPU 0 keeps it Blocked; GPU 1 goes Pending, then Applied.
+    sim.start_process(0, 42)
+    assert actuator.reconcile((mig((("3g.40gb", 2),)),)).report.gpus[0].state is GpuState.BLOCKED
+    sim.stop_process(0, 42)
+    assert [g.state for g in actuator.reconcile((mig((("3g.40gb", 2),)),)).report.gpus] == [
+        GpuState.PENDING,
+        GpuState.PENDING,
+    ]
+    sim.start_process(1, 43)  # not idle: a reset waits
+    assert sim.reset_idle() == (0,)
+    sim.stop_process(1, 43)
+    assert sim.reset_idle() == (1,)
+    final = actuator.reconcile((mig((("3g.40gb", 2),)),)).report.gpus
+    assert [g.state for g in final] == [GpuState.APPLIED, GpuState.APPLIED]
+    assert all(layout_counts(g.layout) == {"3g.40gb": 2} for g in final)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -12,6 +12,7 @@ import pytest
 from conftest import FakeKubelet
 
 from gpupart.core.devices import AssignedPod
+from gpupart.core.errors import InvalidInput
 from gpupart.core.resources import GpuRequest
 from gpupart.core.spec import Mode, MpsSettings
 from gpupart.core.wire import (
@@ -29,6 +30,7 @@ from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 from gpupart_plugin.registration import DevicePlugins
 from gpupart_plugin.simgpu import SimulatedGpus
 
@@ -227,6 +229,41 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
     assert "/dev/shm" in mounts
     with pytest.raises(grpc.RpcError):  # the only assigned pod was served already
         stub.Allocate(request, timeout=5)
+
+
+def test_shared_allocate_serves_running_pods_once_across_a_plugin_restart(node: Node) -> None:
+    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    gpu0, gpu1 = (g.uuid for g in node.sim.gpus())
+    # Reported Running before their Allocate (kwok does so at once).
+    node.pods.extend(
+        replace(_assigned(str(n), gpu, 8192, 20), phase="Running")
+        for n, gpu in ((1, gpu0), (2, gpu1), (3, gpu0))
+    )
+    slot = [f"{gpu0}::0"]
+    first = node.plugins.allocator.allocate("nvidia.com/gpu.shared", slot)
+    assert dict(first.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu0  # pod-1, the oldest
+
+    # A new plugin process remembers nothing; the kubelet's PodResources says who holds slots.
+    held = [PodDevices("ml/pod-1", "nvidia.com/gpu.shared", (f"{gpu0}::0",))]
+    restarted = Allocator(node.hub, "node-a", lambda: tuple(node.pods), held=lambda: tuple(held))
+    second = restarted.allocate("nvidia.com/gpu.shared", slot)
+    assert dict(second.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu1  # pod-2, not pod-1 again
+    assert restarted.preferred("nvidia.com/gpu.shared", [f"{gpu1}::1", f"{gpu0}::1"], [], 1) == (
+        f"{gpu0}::1",  # pod-3 is next: its assigned GPU first
+    )
+    third = restarted.allocate("nvidia.com/gpu.shared", slot)
+    assert dict(third.envs)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu0}=8192M"
+    with pytest.raises(InvalidInput, match="not yet served"):
+        restarted.allocate("nvidia.com/gpu.shared", slot)
+
+    # PodResources down: only this process's memory decides (still once per pod).
+    def down() -> tuple[PodDevices, ...]:
+        raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
+
+    blind = Allocator(node.hub, "node-a", lambda: tuple(node.pods), held=down)
+    assert dict(blind.allocate("nvidia.com/gpu.shared", slot).envs)["NVIDIA_VISIBLE_DEVICES"] == (
+        gpu0
+    )
 
 
 def test_metrics_and_healthz(node: Node) -> None:

@@ -1,0 +1,45 @@
+"""Node agent settings: the `--simulate` spec with its MIG-mode suffix, and the simulated admin reset."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from gpupart.core.errors import InvalidInput
+from gpupart_plugin import settings as node_settings
+from gpupart_plugin.settings import SimulatedGpu, simulated_gpus
+
+
+def parse(*argv: str) -> node_settings.NodeSettings:
+    parser = argparse.ArgumentParser()
+    node_settings.add_arguments(parser)
+    return node_settings.from_args(parser.parse_args(["--node-name=n", *argv]))
+
+
+def test_simulate_spec_counts_products_and_mig_suffixes() -> None:
+    assert simulated_gpus("2xA100-SXM4-80GB:mig-off, A30 ,H200-141GB:mig-on") == (
+        SimulatedGpu("A100-SXM4-80GB", False),
+        SimulatedGpu("A100-SXM4-80GB", False),
+        SimulatedGpu("A30", True),
+        SimulatedGpu("H200-141GB", True),
+    )
+    assert simulated_gpus("") == ()
+
+
+def test_simulate_spec_refuses_an_unknown_suffix() -> None:
+    with pytest.raises(InvalidInput, match="mig-of"):
+        simulated_gpus("A100-SXM4-80GB:mig-of")
+
+
+def test_auto_reset_flag_bare_or_valued_and_only_with_simulated_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPUPART_SIMULATE_AUTO_RESET", raising=False)
+    assert not parse("--simulate=A30").simulate_auto_reset
+    assert parse("--simulate=A30", "--simulate-auto-reset").simulate_auto_reset
+    assert not parse("--simulate=A30", "--simulate-auto-reset=false").simulate_auto_reset
+    monkeypatch.setenv("GPUPART_SIMULATE_AUTO_RESET", "true")
+    assert parse("--simulate=A30").simulate_auto_reset
+    with pytest.raises(InvalidInput, match="only with --simulate"):
+        parse()
