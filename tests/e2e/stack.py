@@ -137,6 +137,7 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
         self.devices: dict[str, list[tuple[str, str]]] = {}
         self.stubs: dict[str, api_grpc.DevicePluginStub] = {}
         self.allocations: dict[str, PodAllocation] = {}  # pod uid -> what Allocate gave it
+        self._allocating: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> devices in flight
         self.errors: list[str] = []
         self._lock = threading.RLock()
         self._channels: list[grpc.Channel] = []
@@ -224,15 +225,16 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
     def _allocate(self, pod: Any) -> None:
         uid = pod.metadata.uid
         with self._lock:
-            if uid in self.allocations:
+            if uid in self.allocations or uid in self._allocating:
                 return
             limits = pod.spec.containers[0].resources.limits or {}
             wanted = [(r, int(q)) for r, q in limits.items() if r in self.stubs]
             if not wanted:
                 return
             resource, count = wanted[0]
+            held = [(a.resource, a.device_ids) for a in self.allocations.values()]
             used = {
-                d for a in self.allocations.values() if a.resource == resource for d in a.device_ids
+                d for r, ids in [*held, *self._allocating.values()] if r == resource for d in ids
             }
             free = [
                 d for d, h in self.devices.get(resource, []) if h == "Healthy" and d not in used
@@ -244,19 +246,26 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
                 return
             ids = tuple(free[:count])
             stub = self.stubs[resource]
-            try:
-                response = stub.Allocate(
-                    api.AllocateRequest(
-                        container_requests=[api.ContainerAllocateRequest(devices_ids=list(ids))]
-                    ),
-                    timeout=10,
-                )
-            except grpc.RpcError as error:
-                self.errors.append(
-                    f"{pod.metadata.name}: Allocate {error.code().name} {error.details()}"
-                )
-                return
-            envs = dict(response.container_responses[0].envs)
+            self._allocating[uid] = (resource, ids)
+        # Outside the lock, as in the kubelet: the plugin asks PodResources List during Allocate,
+        # and the pod shows there only once Allocate returned.
+        try:
+            response = stub.Allocate(
+                api.AllocateRequest(
+                    container_requests=[api.ContainerAllocateRequest(devices_ids=list(ids))]
+                ),
+                timeout=10,
+            )
+        except grpc.RpcError as error:
+            self.errors.append(
+                f"{pod.metadata.name}: Allocate {error.code().name} {error.details()}"
+            )
+            with self._lock:
+                self._allocating.pop(uid, None)
+            return
+        envs = dict(response.container_responses[0].envs)
+        with self._lock:
+            self._allocating.pop(uid, None)
             self.allocations[uid] = PodAllocation(
                 pod.metadata.namespace, pod.metadata.name, resource, ids, envs
             )
@@ -325,8 +334,12 @@ class Stack:
         self.processes.append(proc)
         self._healthy(proc, f"http://{LOOPBACK}:{port}/healthz")
 
-    def start_node(self, node: str, gpus: str) -> FakeKubelet:
-        """The node agent with simulated GPUs, talking to a fake kubelet in a short directory."""
+    def start_node(self, node: str, gpus: str, *, auto_reset: bool = False) -> FakeKubelet:
+        """The node agent with simulated GPUs, talking to a fake kubelet in a short directory.
+
+        `gpus` is the `--simulate` spec (`A100-SXM4-80GB:mig-off` starts without MIG);
+        `auto_reset` adds `--simulate-auto-reset`, so MIG mode changes take effect once idle.
+        """
         directory = Path(tempfile.mkdtemp(prefix="gp-", dir="/tmp"))
         kubelet = FakeKubelet(node, self.api_client, directory)
         kubelet.start()
@@ -342,6 +355,7 @@ class Stack:
                 f"--pod-resources-socket={kubelet.pod_resources_socket}",
                 f"--mps-root={directory / 'mps'}", f"--mps-control={mps}",
                 "--resync-seconds=3", "--metrics-port=0",
+                *(["--simulate-auto-reset"] if auto_reset else []),
             ],
             self.work,
             env={"KUBECONFIG": str(self.cp.kubeconfig)},

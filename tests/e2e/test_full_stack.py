@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.wire import STATE_ANNOTATION, decode_report
+from gpupart.core.spec import Mode
+from gpupart.core.wire import (
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    STATE_ANNOTATION,
+    decode_assignment,
+    decode_inventory,
+    decode_report,
+)
 
 from .cluster import REPO, ControlPlane, create_nodes, gpu_node, wait_for
 from .stack import Stack
@@ -61,7 +69,9 @@ def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
-def nodes_for(stack: Stack, scenario: str, product: str, gpus: str, count: int) -> list[str]:
+def nodes_for(
+    stack: Stack, scenario: str, product: str, gpus: str, count: int, *, auto_reset: bool = False
+) -> list[str]:
     names = [f"stack-{scenario}-{i}" for i in range(count)]
     manifests = [
         gpu_node(
@@ -76,7 +86,7 @@ def nodes_for(stack: Stack, scenario: str, product: str, gpus: str, count: int) 
     ]
     create_nodes(stack.api_client, manifests)
     for name in names:
-        stack.start_node(name, gpus)
+        stack.start_node(name, gpus, auto_reset=auto_reset)
     return names
 
 
@@ -101,7 +111,7 @@ def pod(name: str, scenario: str, limits: dict[str, str]) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": "registry.invalid/gpupart/cuda:0",
+                    "image": "gpupart/cuda:0",
                     "resources": {"limits": limits},
                 }
             ],
@@ -154,6 +164,10 @@ class Cluster:
     def gpu_report(self, node: str) -> Any:
         text = (self.core.read_node(node).metadata.annotations or {}).get(STATE_ANNOTATION)
         return decode_report(text) if text else None
+
+    def inventory(self, node: str) -> Any:
+        text = (self.core.read_node(node).metadata.annotations or {}).get(INVENTORY_ANNOTATION)
+        return decode_inventory(text) if text else ()
 
     def pods(self, namespace: str) -> dict[str, Any]:
         return {p.metadata.name: p for p in self.core.list_namespaced_pod(namespace).items}
@@ -277,19 +291,15 @@ def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
 
 SHARED = "nvidia.com/gpu.shared"
 MEMORY = "gpupart.io/gpu-memory"
+COMPUTE = "gpupart.io/gpu-compute"
 
 
-@pytest.mark.skip(
-    reason="`gpupart node --simulate` starts every simulated GPU in MIG mode and a MIG-mode change "
-    "needs a GPU reset the process never performs, so an MPS partition stays Pending ('MIG mode is "
-    "disabled but takes effect after a GPU reset'); the node agent needs a flag for simulated GPUs "
-    "without MIG (or with resets that take effect)"
-)
 def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
     stack: Stack, namespace: str
 ) -> None:
     c = Cluster(stack)
-    nodes = nodes_for(stack, "mps", A100, "A100-SXM4-80GB", 2)
+    # Simulated GPUs that start without MIG; the simulated admin reset lets MPS -> MIG converge.
+    nodes = nodes_for(stack, "mps", A100, "A100-SXM4-80GB:mig-off", 2, auto_reset=True)
     spec = {"mode": "MPS", "mps": {"maxClients": 4, "defaultMemory": "10Gi"}}
     c.custom.create_cluster_custom_object(
         GROUP, VERSION, PLURAL, partition("stack-mps", "mps", spec)
@@ -305,33 +315,55 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         c.until(
             lambda: all(c.capacity(n, SHARED) == 4 for n in nodes), 30, "4 client slots per node"
         )
+        gpu_uuids = {n: c.inventory(n)[0].uuid for n in nodes}
+        assert all(c.gpu_report(n).gpus[0].mode is Mode.MPS for n in nodes)
 
-        # 8 pods of 20000 MiB fill both GPUs; each gets its GPU's MPS pipe and memory limit.
-        names = [f"mps-{i}" for i in range(8)]
-        for name in names:
-            c.core.create_namespaced_pod(
-                namespace, pod(name, "mps", {SHARED: "1", MEMORY: "20000"})
-            )
-        c.until(lambda: len(c.running(namespace)) == 8, 90, "8 pods Running")
-        c.until(lambda: all(c.allocated(namespace, n) for n in names), 30, "8 Allocates")
-        for name in names:
+        # 6 pods of about 25000 MiB: 3 fit on each 81920 MiB GPU. One at a time, so each
+        # Allocate has exactly one pod waiting for it (the kubelet's Allocate names no pod).
+        computes = ["20", "30", None, "20", "30", None]
+        names = [f"mps-{i}" for i in range(6)]
+        for i, name in enumerate(names):
+            limits = {SHARED: "1", MEMORY: str(25000 + i)}
+            if computes[i]:
+                limits[COMPUTE] = computes[i]
+            c.core.create_namespaced_pod(namespace, pod(name, "mps", limits))
+            c.until(lambda n=name: c.allocated(namespace, n), 60, f"Allocate for {name}")
+        for i, name in enumerate(names):
+            placed = c.pods(namespace)[name]
+            assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
+            assert assignment.node == placed.spec.node_name
+            assert assignment.gpu_uuid == gpu_uuids[placed.spec.node_name]
             env = c.allocated(namespace, name).envs
-            assert env["CUDA_MPS_PIPE_DIRECTORY"], env
-            gpu_uuid, limit = env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].split("=")
-            assert gpu_uuid.startswith("GPU-") and limit == "20000M", env
-        c.core.create_namespaced_pod(namespace, pod("mps-8", "mps", {SHARED: "1", MEMORY: "20000"}))
+            assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, env
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps", env
+            limit = f"{assignment.gpu_uuid}={25000 + i}M"
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit, env
+            # Without a compute request: the partition's even share, 100 / maxClients.
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == (computes[i] or "25"), env
+        on_node = {
+            n: [p for p, o in c.pods(namespace).items() if o.spec.node_name == n] for n in nodes
+        }
+        assert sorted(len(v) for v in on_node.values()) == [3, 3], on_node
+
+        # A 7th pod asking more memory than either GPU has left (a client slot is free) waits.
+        c.core.create_namespaced_pod(namespace, pod("mps-6", "mps", {SHARED: "1", MEMORY: "10000"}))
         events = c.until(
-            lambda: [e for e in c.events(namespace, "mps-8") if e.startswith("FailedScheduling")],
+            lambda: [e for e in c.events(namespace, "mps-6") if e.startswith("FailedScheduling")],
             60,
-            "FailedScheduling event for the 9th pod",
+            "FailedScheduling event for the 7th pod",
         )
-        assert any("20000 MiB" in e or "client slot" in e or SHARED in e for e in events), events
+        assert any("10000 MiB free" in e and "MiB free (used by" in e for e in events), events
+        assert c.pods(namespace)["mps-6"].spec.node_name is None
 
+        # One pod goes: the 7th takes its memory, on that pod's GPU.
+        freed = c.pods(namespace)["mps-0"].spec.node_name
         c.core.delete_namespaced_pod("mps-0", namespace, grace_period_seconds=0)
-        c.until(lambda: "mps-8" in c.running(namespace), 90, "the 9th pod Running")
-        c.until(lambda: c.allocated(namespace, "mps-8"), 30, "Allocate for the 9th pod")
+        c.until(lambda: c.allocated(namespace, "mps-6"), 90, "Allocate for the 7th pod")
+        env = c.allocated(namespace, "mps-6").envs
+        assert c.pods(namespace)["mps-6"].spec.node_name == freed
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuids[freed]}=10000M", env
 
-        # MPS -> MIG while clients run: Blocked, nothing changed.
+        # MPS -> MIG while clients run: Blocked, naming them; nothing changed.
         c.custom.patch_cluster_custom_object(
             GROUP,
             VERSION,
@@ -347,9 +379,11 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             "both nodes Blocked",
         )
         for node in nodes:
-            assert c.gpu_report(node).gpus[0].blocking_pods
+            blocking = c.gpu_report(node).gpus[0].blocking_pods
+            assert blocking and all(b.startswith(f"{namespace}/mps-") for b in blocking), blocking
             assert c.capacity(node, SHARED) == 4 and c.capacity(node, MIG_3G) == 0
 
+        # Pods gone: MIG is enabled (Pending until the simulated reset), then the layout applied.
         c.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         c.until(lambda: not c.pods(namespace), 60, "pods deleted")
         c.until(
@@ -364,5 +398,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             30,
             "2 x 3g.40gb advertised per node",
         )
+        agents = [p for p in stack.processes if p.name in {f"node-{n}" for n in nodes}]
+        assert all("Reset simulated GPU" in p.log.read_text() for p in agents)
     finally:
         remove(stack, "stack-mps", nodes)
