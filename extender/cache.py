@@ -4,10 +4,13 @@ Fed by events (`apply`) and relists (`replace`), from the watch loop in `kube.py
 no I/O here. Pods the extender has bound but the watch has not yet shown ("assumed") count
 against capacity until the watch confirms them or their TTL lapses.
 
+Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
+stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
+
 After every change the nodes it touched are rebuilt at once (on the watch thread, not in a
 request): the node view, its version, its *state id* and the GPU shapes of its pods. The state
-id interns `scheduling.anonymous(view)`: nodes with equal inventory and usage (up to pod
-names) share an id, so the service evaluates each distinct state once per pod shape. A request
+id interns `scheduling.anonymous(view)`: nodes with equal inventory, allocatable CPU and usage
+(GPU and CPU, up to pod names) share an id, so the service evaluates each distinct state once per pod shape. A request
 then maps names to `(version, state id)` with one dict lookup per node (`signatures()`).
 """
 
@@ -21,13 +24,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupart.core.errors import GpupartError
-from gpupart.core.resources import parse_pod_request
+from gpupart.core.resources import GpuRequest, parse_pod_request
 from gpupart.core.scheduling import (
     NodeView,
     PlacedPod,
+    Shape,
+    Tenant,
     anonymous,
     assemble_node,
     demand_shape,
+    node_cpu_milli,
+    pod_cpu_milli,
+    pod_key,
     tenant_of,
 )
 from gpupart.core.wire import (
@@ -47,6 +55,8 @@ _DONE_PHASES = ("Succeeded", "Failed")
 class NodeEntry:
     inventory: tuple[InventoryGpu, ...] | None
     problem: str
+    cpu_milli: int | None = None
+    """Allocatable CPU (millicores); None when the Node does not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +74,25 @@ class Assumed:
 
 
 def read_node(node: Mapping[str, Any]) -> NodeEntry:
-    """Inventory from a Node object's annotation, or the problem that keeps it from being read."""
+    """Inventory from a Node object's annotation (or the problem that keeps it from being read),
+    and its allocatable CPU."""
     annotations = (node.get("metadata") or {}).get("annotations") or {}
     text = annotations.get(INVENTORY_ANNOTATION)
+    cpu = node_cpu_milli(node)
     if text is None:
         return NodeEntry(
             None,
             f"no GPU inventory (annotation {INVENTORY_ANNOTATION} not written by the node agent)",
+            cpu,
         )
     try:
-        return NodeEntry(decode_inventory(text), "")
+        return NodeEntry(decode_inventory(text), "", cpu)
     except GpupartError as error:
-        return NodeEntry(None, f"GPU inventory unreadable: {error}")
+        return NodeEntry(None, f"GPU inventory unreadable: {error}", cpu)
 
 
 def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
-    """The GPU capacity a bound, live pod holds; None for pods that hold none."""
+    """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -89,8 +102,12 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     try:
         request = parse_pod_request(pod)
     except GpupartError:
-        return None  # admission let through a pod we cannot read; it holds nothing we track
-    if request.empty:
+        request = GpuRequest()  # admission let through a pod we cannot read: no GPU we track
+    try:
+        cpu = pod_cpu_milli(pod)
+    except GpupartError:
+        cpu = 0  # the API server validates quantities; an unreadable one counts as none
+    if request.empty and cpu == 0:
         return None
     assignment = None
     text = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
@@ -99,12 +116,14 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
             assignment = decode_assignment(text)
         except GpupartError:
             assignment = None
-    tenant = tenant_of(pod, request)
+    # A CPU-only pod is no GPU tenant: its name and namespace are all it needs (no labels).
+    namespace = str(meta.get("namespace") or "default")
+    tenant = Tenant(pod_key(pod), namespace) if request.empty else tenant_of(pod, request)
     return PodEntry(
         str(meta.get("uid") or tenant.pod),
         tenant.pod,
         str(node),
-        PlacedPod(tenant, request, assignment),
+        PlacedPod(tenant, request, assignment, cpu),
     )
 
 
@@ -124,8 +143,8 @@ class ClusterCache:
         self._sigs: dict[str, tuple[int, int]] = {}
         self._states: dict[NodeView, int] = {}
         self._max_states = max_states
-        self._shapes: dict[str, tuple[tuple[int, int], ...]] = {}
-        self._mix: Counter[tuple[int, int]] = Counter()
+        self._shapes: dict[str, tuple[Shape, ...]] = {}
+        self._mix: Counter[Shape] = Counter()
         self.generation = 0
         """Bumped when state ids are renumbered (the intern table outgrew `max_states`)."""
         self.synced: dict[str, bool] = {NODE: False, POD: False}
@@ -148,7 +167,7 @@ class ClusterCache:
             elif event in ("ADDED", "MODIFIED"):
                 node_entry = read_node(obj)
                 if self._nodes.get(name) == node_entry:
-                    return  # heartbeats and label changes do not touch GPUs
+                    return  # heartbeats and label changes touch neither GPUs nor allocatable
                 self._nodes[name] = node_entry
             else:
                 return
@@ -240,12 +259,13 @@ class ClusterCache:
                 self._mix.update(shapes)
         self._mix = +self._mix  # drop shapes counted down to zero
 
-    def _pod_shapes(self, name: str, view: NodeView) -> tuple[tuple[int, int], ...]:
+    def _pod_shapes(self, name: str, view: NodeView) -> tuple[Shape, ...]:
         gpus = {g.index: g for g in view.gpus}
         shapes = []
         for entry in self._by_node.get(name, {}).values():
-            a = entry.placed.assignment
-            shape = demand_shape(entry.placed.request, gpus.get(a.gpu) if a else None)
+            placed = entry.placed
+            a = placed.assignment
+            shape = demand_shape(placed.request, gpus.get(a.gpu) if a else None, placed.cpu_milli)
             if shape is not None:
                 shapes.append(shape)
         return tuple(shapes)
@@ -295,6 +315,7 @@ class ClusterCache:
                 name,
                 entry.inventory,
                 placed,
+                cpu_milli=entry.cpu_milli,
                 problem=entry.problem,
                 version=self._versions.get(name, 0),
             )
@@ -329,16 +350,16 @@ class ClusterCache:
                 "assumed": len(self._assumed),
             }
 
-    def observed_mix(self) -> Counter[tuple[int, int]]:
-        """How many bound GPU pods have each (GPU count, milli per GPU): the fragmentation mix.
+    def observed_mix(self) -> Counter[Shape]:
+        """How many bound GPU pods have each (GPU count, milli per GPU, CPU): the policy's mix.
 
         Kept up to date incrementally; this returns a copy.
         """
         with self._lock:
             return Counter(self._mix)
 
-    def observed_shapes(self) -> list[tuple[int, int]]:
-        """(GPU count, milli per GPU) of every bound GPU pod, for the fragmentation mix."""
+    def observed_shapes(self) -> list[Shape]:
+        """(GPU count, milli per GPU, CPU) of every bound GPU pod, for the policy's mix."""
         return list(self.observed_mix().elements())
 
 

@@ -29,6 +29,7 @@ from gpupart.core.scheduling import (
     NoFit,
     PlacedPod,
     ScoringConfig,
+    Shape,
     Verdict,
     assemble_node,
     evaluate,
@@ -173,14 +174,14 @@ class ExtenderService:
         self._holds: dict[str, Hold] = {}
         self._holds_lock = threading.Lock()
         self._model: FragmentationModel = fragmentation_model(())
-        self._mix: Counter[tuple[int, int]] = Counter()
+        self._mix: Counter[Shape] = Counter()
         self._model_at = -math.inf
         self._last_purge = -math.inf
 
     # -- shared machinery --
 
     def model(self, now: float) -> FragmentationModel:
-        """The fragmentation model over the observed mix, looked at every `refresh` seconds.
+        """The policy's model over the observed mix (CPU included), looked at every `refresh` seconds.
 
         The mix is kept by the cache; the model (and with it every memoised verdict) is
         replaced only when the typical pods it yields changed.
@@ -389,7 +390,12 @@ class ExtenderService:
                 key,
                 demand.pod,
                 node,
-                PlacedPod(tenant_of(hold.pod, demand.request), demand.request, assignment),
+                PlacedPod(
+                    tenant_of(hold.pod, demand.request),
+                    demand.request,
+                    assignment,
+                    demand.cpu_milli,
+                ),
             )
             # Reserved before the API calls, so a concurrent bind already sees this capacity gone.
             self.cache.assume(entry, expires=now + self.ttl)
@@ -435,12 +441,15 @@ def _uid(pod: Mapping[str, Any]) -> str:
 def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeView]:
     """Views of nodes the scheduler sent in full (nodeCacheCapable false) that the cache lacks.
 
-    No pods are known for them, so they are trusted only as far as their inventory goes.
+    No pods are known for them, so they are trusted only as far as their inventory goes (and
+    their allocatable CPU counts as all free).
     """
     views = {}
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         if name:
             entry = read_node(node)
-            views[name] = assemble_node(name, entry.inventory, (), problem=entry.problem)
+            views[name] = assemble_node(
+                name, entry.inventory, (), cpu_milli=entry.cpu_milli, problem=entry.problem
+            )
     return views

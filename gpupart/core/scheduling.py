@@ -9,8 +9,9 @@ Terms, each in [0, 1] and weighted by `Weights` (formulas in docs/extender.md):
 - memory headroom (`headroom_term`): capacity left after placing, per GPU, binpack or spread;
 - priority (`priority_term`): high priority wants low contention, low priority packs;
 - anti-affinity (`anti_affinity_term`): pods with the same group label avoid a GPU (or a node);
-- fragmentation (`fragmentation_term`): FGD's expected fragmentation against the observed mix,
-  computed by the simulator's own `gpupart.core.scoring.FragmentationModel`.
+- fragmentation (`fragmentation_term`): the simulator's default policy (`scoring.DEFAULT_POLICY`,
+  gpupart: FGD's expected fragmentation plus GPU share stranded without CPU) against the observed
+  mix, scored by `gpupart.core.scoring.score_placement` on the node's free GPU shares and CPU.
 """
 
 from __future__ import annotations
@@ -20,12 +21,21 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from itertools import chain, repeat
 from typing import Any
 
 from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import GpuRequest, parse_pod_request
-from gpupart.core.scoring import FragmentationModel, NodeState, Request, take, typical_pods
+from gpupart.core.resources import GpuRequest, parse_pod_request, parse_quantity
+from gpupart.core.scoring import (
+    DEFAULT_POLICY,
+    FragmentationModel,
+    NodeState,
+    Policy,
+    Request,
+    score_placement,
+    typical_pods,
+)
 from gpupart.core.spec import LabelRequirement, Mode, NodeSelector
 from gpupart.core.trace import MILLI, Pod
 from gpupart.core.wire import InventoryGpu, PodAssignment
@@ -34,7 +44,7 @@ MAX_SCORE = 10
 """kube-scheduler's MaxExtenderPriority; scores are 0..MAX_SCORE."""
 SHARED_MODES = (Mode.MPS, Mode.TIME_SLICING)
 UNLIMITED = 1 << 62
-"""Room used for CPU and memory in fragmentation states: the extender scores GPUs only."""
+"""Room used in fragmentation states for memory, and for CPU on nodes whose CPU is unknown."""
 _NAMES_IN_REASON = 3
 """A reason lists at most this many pods, then "and N more"."""
 
@@ -159,6 +169,10 @@ class NodeView:
     mig_tenants: tuple[Tenant, ...] = ()
     unplaced_tenants: tuple[Tenant, ...] = ()
     """Shared-GPU pods on the node without an assignment the extender can read (GPU unknown)."""
+    cpu_milli: int | None = None
+    """Allocatable CPU in millicores (`Node.status.allocatable.cpu`); None: unknown."""
+    cpu_used_milli: int = 0
+    """CPU requests of the pods on the node (bound or assumed), GPU pods or not."""
     problem: str = ""
     """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
     version: int = field(default=0, compare=False)
@@ -191,6 +205,8 @@ class Demand:
     group: str = ""
     """Value of the configured anti-affinity label ("" if the pod has none)."""
     terms: tuple[AntiAffinityTerm, ...] = ()
+    cpu_milli: int = 0
+    """The pod's CPU request in millicores, summed as kube-scheduler does (`pod_cpu_milli`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +266,79 @@ def parse_demand(pod: Mapping[str, Any], *, group_label: str) -> Demand:
         priority=priority,
         group=labels.get(group_label, "") if group_label else "",
         terms=_anti_affinity_terms(spec.get("affinity"), namespace),
+        cpu_milli=pod_cpu_milli(pod, where="Pod"),
     )
+
+
+def pod_cpu_milli(pod: Mapping[str, Any], *, where: str = "pod") -> int:
+    """The pod's CPU request in millicores (rounded up), as kube-scheduler counts it on a node.
+
+    Per container `requests.cpu`, else `limits.cpu` (the API server defaults the request to the
+    limit); regular containers and sidecars (init containers with `restartPolicy: Always`) add
+    up, an ordinary init container counts with the sidecars started before it, the larger of
+    the two wins, then `spec.overhead.cpu` is added (k8s `resource.PodRequests`). A malformed
+    quantity raises InvalidInput.
+    """
+    spec = pod.get("spec", pod)
+    if not isinstance(spec, Mapping):
+        raise InvalidInput(f"{where}.spec", "must be a mapping")
+    total = Fraction(0)
+    for n, container in enumerate(_containers(spec, "containers", where)):
+        total += _container_cpu(container, f"{where}.spec.containers[{n}].resources")
+    sidecars = Fraction(0)
+    init = Fraction(0)
+    for n, container in enumerate(_containers(spec, "initContainers", where)):
+        cpu = _container_cpu(container, f"{where}.spec.initContainers[{n}].resources")
+        if container.get("restartPolicy") == "Always":
+            total += cpu
+            sidecars += cpu
+            init = max(init, sidecars)
+        else:
+            init = max(init, sidecars + cpu)
+    total = max(total, init)
+    overhead = spec.get("overhead")
+    if isinstance(overhead, Mapping) and overhead.get("cpu") is not None:
+        total += _cpu_quantity(overhead["cpu"], f"{where}.spec.overhead.cpu")
+    return math.ceil(total * 1000)
+
+
+def node_cpu_milli(node: Mapping[str, Any]) -> int | None:
+    """A Node's allocatable CPU in millicores (rounded down); None when absent or unreadable."""
+    status = node.get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(allocatable, Mapping) or allocatable.get("cpu") is None:
+        return None
+    try:
+        return math.floor(_cpu_quantity(allocatable["cpu"], "Node.status.allocatable.cpu") * 1000)
+    except InvalidInput:
+        return None
+
+
+def _containers(spec: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
+    containers = spec.get(key) or []
+    if not isinstance(containers, list) or not all(isinstance(c, Mapping) for c in containers):
+        raise InvalidInput(f"{where}.spec.{key}", "must be a list of containers")
+    return containers
+
+
+def _container_cpu(container: Mapping[str, Any], where: str) -> Fraction:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise InvalidInput(where, "must be a mapping")
+    for part in ("requests", "limits"):
+        amounts = resources.get(part) or {}
+        if not isinstance(amounts, Mapping):
+            raise InvalidInput(f"{where}.{part}", "must be a mapping")
+        if amounts.get("cpu") is not None:
+            return _cpu_quantity(amounts["cpu"], f"{where}.{part}.cpu")
+    return Fraction(0)
+
+
+def _cpu_quantity(text: object, where: str) -> Fraction:
+    value = parse_quantity(text, where=where)
+    if value < 0:
+        raise InvalidInput(where, f"must not be negative, got {text!r}")
+    return value
 
 
 def _labels(raw: object, where: str) -> dict[str, str]:
@@ -337,7 +425,10 @@ class PlacedPod:
 
     tenant: Tenant
     request: GpuRequest
+    """Empty for a pod that holds only CPU."""
     assignment: PodAssignment | None = None
+    cpu_milli: int = 0
+    """The pod's CPU request (`pod_cpu_milli`); counted against the node's allocatable CPU."""
 
 
 def assemble_node(
@@ -345,10 +436,11 @@ def assemble_node(
     inventory: tuple[InventoryGpu, ...] | None,
     pods: Iterable[PlacedPod],
     *,
+    cpu_milli: int | None = None,
     problem: str = "",
     version: int = 0,
 ) -> NodeView:
-    """A node view from the node agent's inventory and the pods on the node."""
+    """A node view from the node agent's inventory, the node's allocatable CPU and its pods."""
     if inventory is None:
         return NodeView(name, problem=problem or "no GPU inventory", version=version)
     by_gpu: dict[int, list[Tenant]] = {}
@@ -356,8 +448,10 @@ def assemble_node(
     mig: list[Tenant] = []
     unplaced: list[Tenant] = []
     shared_indices = {g.index for g in inventory if g.mode in SHARED_MODES}
+    cpu_used = 0
     for placed in pods:
         request, tenant = placed.request, placed.tenant
+        cpu_used += placed.cpu_milli
         if request.whole_gpus:
             whole.append(tenant)
         elif request.mig:
@@ -393,6 +487,8 @@ def assemble_node(
         tuple(whole),
         tuple(mig),
         tuple(unplaced),
+        cpu_milli=cpu_milli,
+        cpu_used_milli=cpu_used,
         problem=problem,
         version=version,
     )
@@ -407,9 +503,9 @@ def anonymous(node: NodeView) -> NodeView:
 
     Name, version, GPU UUIDs and the tenants' pod names are blanked and tenants put in a
     canonical order; what `evaluate` decides on (inventory, usage, tenants' namespaces, labels
-    and requests) is kept. Two nodes with equal anonymous views get the same `Fit` for every
-    demand, and the same `NoFit` up to the node name heading the reason, except for kinds in
-    `POD_NAMING_KINDS`, whose reasons list pods by name.
+    and requests, allocatable and requested CPU) is kept. Two nodes with equal anonymous views
+    get the same `Fit` for every demand, and the same `NoFit` up to the node name heading the
+    reason, except for kinds in `POD_NAMING_KINDS`, whose reasons list pods by name.
     """
     return NodeView(
         "",
@@ -432,6 +528,8 @@ def anonymous(node: NodeView) -> NodeView:
         _anonymous_tenants(node.whole_tenants),
         _anonymous_tenants(node.mig_tenants),
         _anonymous_tenants(node.unplaced_tenants),
+        cpu_milli=node.cpu_milli,
+        cpu_used_milli=node.cpu_used_milli,
         problem=node.problem,
     )
 
@@ -511,12 +609,20 @@ def anti_affinity_term(conflict: Conflict, scope: AffinityScope) -> float:
 
 
 def fragmentation_term(
-    model: FragmentationModel, state: NodeState, request: Request, gpus: tuple[int, ...]
+    model: FragmentationModel,
+    state: NodeState,
+    request: Request,
+    gpus: tuple[int, ...],
+    *,
+    policy: Policy = DEFAULT_POLICY,
 ) -> float:
-    """FGD: sigmoid((F_before - F_after) / 1000) for placing `request` on `gpus` (1 = least frag)."""
-    before = model.fragmentation(state)
-    after = model.fragmentation(take(state, request, gpus))
-    return 1.0 / (1.0 + math.exp(-(before - after) / 1000.0))
+    """The simulator's policy score for placing `request` on `gpus`, divided by 100 (in [0, 1]).
+
+    `scoring.score_placement`: for gpupart int(sigmoid((C_before - C_after) / 1000) * 100) with
+    node cost C = F + S (FGD's expected fragmentation plus GPU share stranded without CPU), the
+    number `scoring.score_node` gives the same placement. 1 = the placement lowers the cost most.
+    """
+    return score_placement(policy, state, request, gpus, model=model) / 100.0
 
 
 def combine(terms: Terms, weights: Weights) -> int:
@@ -551,10 +657,13 @@ def share_milli(memory_mib: int, compute_percent: int, gpu: GpuView, slots: int 
 
 
 def node_state(node: NodeView) -> NodeState:
-    """The node as the fragmentation model sees it: free thousandths of each non-MIG GPU.
+    """The node as the simulator's policy sees it: free CPU and free thousandths of each non-MIG GPU.
 
-    Whole GPUs in use are counted from the lowest index, as the simulator does (the device plugin
-    picks which one, and fragmentation depends only on the multiset of free shares).
+    Free CPU is allocatable minus the pods' requests (millicores), as in the simulator; a node
+    without allocatable CPU gets UNLIMITED, which turns the stranded-share term off (S = 0, FGD).
+    Memory is UNLIMITED (GPU memory is in the shares). Whole GPUs in use are counted from the
+    lowest index, as the simulator does (the device plugin picks which one, and fragmentation
+    depends only on the multiset of free shares).
     """
     used_whole = sum(t.count for t in node.whole_tenants)
     left = []
@@ -573,34 +682,41 @@ def node_state(node: NodeView) -> NodeState:
             left.append(0)
         else:
             left.append(MILLI)
-    return NodeState(UNLIMITED, UNLIMITED, tuple(left), product)
+    cpu_left = UNLIMITED if node.cpu_milli is None else max(0, node.cpu_milli - node.cpu_used_milli)
+    return NodeState(cpu_left, UNLIMITED, tuple(left), product)
 
 
-def fragmentation_model(shapes: Iterable[tuple[int, int]]) -> FragmentationModel:
-    """The simulator's FragmentationModel over an observed mix of (GPU count, milli per GPU).
+Shape = tuple[int, int, int]
+"""A GPU pod in the observed mix: (GPU count, milli per GPU, CPU millicores)."""
+
+
+def fragmentation_model(shapes: Iterable[Shape]) -> FragmentationModel:
+    """The simulator's FragmentationModel over an observed mix of pod shapes.
 
     Shapes go through `scoring.typical_pods`, so the extender's typical pods are chosen exactly
-    as the simulator chooses them (most frequent shapes covering 95 % of pods).
+    as the simulator chooses them (most frequent shapes covering 95 % of pods, a pod without a
+    CPU request counted as 100m), and `cpu_per_gpu` is the mix's CPU per GPU share.
     """
     return fragmentation_model_of(Counter(shapes))
 
 
-def fragmentation_model_of(mix: Mapping[tuple[int, int], int]) -> FragmentationModel:
+def fragmentation_model_of(mix: Mapping[Shape, int]) -> FragmentationModel:
     """`fragmentation_model` from shape counts (one Pod object per shape, repeated `count` times)."""
     pods = chain.from_iterable(
-        repeat(Pod(f"observed-{n}", 0, 0, num, milli), count)
-        for n, ((num, milli), count) in enumerate(sorted(mix.items()))
+        repeat(Pod(f"observed-{n}", cpu, 0, num, milli), count)
+        for n, ((num, milli, cpu), count) in enumerate(sorted(mix.items()))
         if count > 0
     )
     return FragmentationModel.of(typical_pods(pods))
 
 
-def demand_shape(request: GpuRequest, gpu: GpuView | None) -> tuple[int, int] | None:
-    """(GPU count, milli per GPU) of a request for the fragmentation mix; None for MIG."""
+def demand_shape(request: GpuRequest, gpu: GpuView | None, cpu_milli: int = 0) -> Shape | None:
+    """(GPU count, milli per GPU, CPU) of a request for the fragmentation mix; None for MIG."""
     if request.whole_gpus:
-        return (request.whole_gpus, MILLI)
+        return (request.whole_gpus, MILLI, cpu_milli)
     if request.shared and gpu is not None:
-        return (1, share_milli(request.memory_mib, request.compute_percent, gpu, request.shared))
+        milli = share_milli(request.memory_mib, request.compute_percent, gpu, request.shared)
+        return (1, milli, cpu_milli)
     return None
 
 
@@ -704,7 +820,7 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
         headroom=headroom_term(left_after, capacity, config.strategy),
         priority=priority_term(demand.priority, contention, config),
         anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-        fragmentation=0.5,  # FGD's model is about GPU shares; MIG slices are fixed
+        fragmentation=0.5,  # the policy's model is about GPU shares; MIG slices are fixed
     )
     return Fit(combine(terms, config.weights), None, terms)
 
@@ -751,7 +867,9 @@ def _evaluate_whole(
         headroom=headroom_term(free - count, total, config.strategy),
         priority=priority_term(demand.priority, used / total, config),
         anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-        fragmentation=fragmentation_term(model, state, Request(0, 0, count, MILLI), gpus),
+        fragmentation=fragmentation_term(
+            model, state, Request(demand.cpu_milli, 0, count, MILLI), gpus
+        ),
     )
     return Fit(combine(terms, config.weights), None, terms)
 
@@ -853,7 +971,6 @@ def _evaluate_shared(
     elsewhere = aware and _node_conflict(
         (*node.unplaced_tenants, *node.whole_tenants, *node.mig_tenants), demand, label
     )
-    before = model.fragmentation(state)
     seen: set[tuple[int, int, float, Conflict, int, int]] = set()
     best: Fit | None = None
     for gpu in comfortable or fitting:
@@ -879,12 +996,13 @@ def _evaluate_shared(
         if key in seen:
             continue
         seen.add(key)
-        after = model.fragmentation(take(state, Request(0, 0, 1, milli), (position,)))
         terms = Terms(
             headroom=headroom_term(left, capacity, config.strategy),
             priority=priority_term(demand.priority, contention, config),
             anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-            fragmentation=1.0 / (1.0 + math.exp(-(before - after) / 1000.0)),
+            fragmentation=fragmentation_term(
+                model, state, Request(demand.cpu_milli, 0, 1, milli), (position,)
+            ),
             eats_reserve=eats_reserve,
         )
         fit = Fit(combine(terms, config.weights), gpu.index, terms)

@@ -399,3 +399,30 @@ def score_gpupart(state: NodeState, request: Request, model: FragmentationModel)
         ):
             best_score, best_gpu = score, index
     return Placement(float(best_score), (best_gpu,))
+
+
+def score_placement(
+    policy: Policy,
+    state: NodeState,
+    request: Request,
+    gpus: tuple[int, ...],
+    *,
+    model: FragmentationModel,
+) -> float:
+    """The score `score_node` gives placing `request` on exactly the GPU indices `gpus`.
+
+    For ``fgd`` (cost F) and ``gpupart`` (cost F + S), the policies that score a cost gradient:
+    ``int(sigmoid((cost_before - cost_after) / 1000) * 100)``. `score_node` computes this for
+    each candidate GPU and keeps the best; the scheduler extender, which weighs GPUs by other
+    terms too, asks for one placement at a time. Feasibility is the caller's business.
+    """
+    if policy is Policy.FGD:
+        before = model.fragmentation(state)
+        after = model.fragmentation(take(state, request, gpus))
+    elif policy is Policy.GPUPART:
+        after_state = take(state, request, gpus)
+        before = model.fragmentation(state) + model.stranded(state)
+        after = model.fragmentation(after_state) + model.stranded(after_state)
+    else:
+        raise ValueError(f"the {policy} policy scores no cost gradient")
+    return float(_sigmoid_score(before - after))

@@ -39,13 +39,17 @@ def mig_gpu(index: int, profiles: list[tuple[str, int, int]]) -> InventoryGpu:
     return InventoryGpu(index, f"GPU-{index:04d}", H100, H100_MIB, Mode.MIG, devices)
 
 
-def node(name: str, gpus: list[InventoryGpu] | None) -> dict[str, Any]:
+def node(name: str, gpus: list[InventoryGpu] | None, *, cpu: str | None = None) -> dict[str, Any]:
+    """A Node with the node agent's inventory; `cpu`: its `status.allocatable.cpu` (absent: None)."""
     annotations = {} if gpus is None else {INVENTORY_ANNOTATION: encode_inventory(tuple(gpus))}
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "annotations": annotations, "resourceVersion": "1"},
     }
+    if cpu is not None:
+        obj["status"] = {"allocatable": {"cpu": cpu, "memory": "256Gi", "pods": "110"}}
+    return obj
 
 
 def pod(

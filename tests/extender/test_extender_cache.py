@@ -1,13 +1,19 @@
-"""The watch cache fed with events: node inventory, pods holding GPUs, relists, assumed pods."""
+"""The watch cache fed with events: node inventory and allocatable CPU, pods holding GPUs and
+CPU, relists, assumed pods, and live scoring from what the cache saw."""
 
 from __future__ import annotations
 
-from extender_objects import node, pod, shared, shared_gpu
+from collections import Counter
+
+from extender_objects import FakeBinder, node, pod, shared, shared_gpu
 
 from gpupart.core.resources import GpuRequest
-from gpupart.core.scheduling import PlacedPod, Tenant
+from gpupart.core.scheduling import PlacedPod, Tenant, fragmentation_model_of
 from gpupart.core.wire import PodAssignment
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
 
 
 def test_events_build_node_views_with_versions() -> None:
@@ -30,14 +36,43 @@ def test_events_build_node_views_with_versions() -> None:
     assert c.view("n1") is None
 
 
-def test_pending_pods_and_pods_without_gpus_hold_nothing() -> None:
+def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None:
     c = ClusterCache()
-    c.apply(NODE, "ADDED", node("n1", [shared_gpu(0)]))
-    c.apply(POD, "ADDED", pod("pending", shared(100)))
+    c.apply(NODE, "ADDED", node("n1", [shared_gpu(0)], cpu="8"))
+    c.apply(POD, "ADDED", pod("pending", {**shared(100), "cpu": "2"}))
+    c.apply(POD, "ADDED", pod("none", {}, node="n1"))
     c.apply(POD, "ADDED", pod("cpu", {"cpu": "1"}, node="n1"))
-    c.apply(POD, "ADDED", pod("broken", {"nvidia.com/gpu": "lots"}, node="n1"))
+    c.apply(POD, "ADDED", pod("broken", {"nvidia.com/gpu": "lots", "cpu": "250m"}, node="n1"))
     c.apply(POD, "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
-    assert c.counts()["pods"] == 0
+    assert c.counts()["pods"] == 2  # "cpu" and "broken", for their CPU only
+    view = c.view("n1")
+    assert view is not None and view.cpu_milli == 8000 and view.cpu_used_milli == 1250
+    assert not view.gpus[0].tenants and not view.unplaced_tenants and not view.whole_tenants
+    assert c.observed_mix() == Counter()
+
+
+def test_cpu_is_part_of_the_node_state_and_of_the_mix() -> None:
+    c = ClusterCache()
+    c.replace(NODE, [node("n1", [shared_gpu(0)], cpu="16"), node("n2", [shared_gpu(0)], cpu="16")])
+    c.replace(POD, [])
+    assert c.signatures()["n1"][1] == c.signatures()["n2"][1]
+    c.apply(POD, "ADDED", pod("batch", {"cpu": "3500m"}, node="n1"))
+    assert c.signatures()["n1"][1] != c.signatures()["n2"][1]  # CPU use alone tells them apart
+    c.apply(POD, "ADDED", pod("batch", {"cpu": "3500m"}, node="n2", namespace="team-b"))
+    assert c.signatures()["n1"][1] == c.signatures()["n2"][1]
+    # A GPU pod's CPU request is in its mix shape: (GPU count, milli per GPU, CPU).
+    a = PodAssignment("n1", 0, "GPU-0000", 0)
+    c.apply(POD, "ADDED", pod("gpu", {"nvidia.com/gpu": 1, "cpu": "4"}, node="n1"))
+    c.apply(POD, "ADDED", pod("mps", {**shared(compute=50), "cpu": "2"}, node="n1", assignment=a))
+    assert c.observed_mix() == Counter({(1, 1000, 4000): 1, (1, 500, 2000): 1})
+    view = c.view("n1")
+    assert view is not None and view.cpu_used_milli == 3500 + 4000 + 2000
+    # An allocatable change is a node change; a Node without allocatable CPU says None.
+    before = c.signatures()["n2"]
+    c.apply(NODE, "MODIFIED", node("n2", [shared_gpu(0)], cpu="32"))
+    assert c.signatures()["n2"] is not before and c.view("n2").cpu_milli == 32000  # type: ignore[union-attr]
+    c.apply(NODE, "MODIFIED", node("n2", [shared_gpu(0)]))
+    assert c.view("n2").cpu_milli is None  # type: ignore[union-attr]
 
 
 def test_bad_inventory_is_a_problem_not_a_crash() -> None:
@@ -77,3 +112,43 @@ def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
     assert c.view("n1").gpus[0].used_memory_mib == 600  # type: ignore[union-attr]  # counted once
     c.assume(PodEntry("uid-x", "team-a/x", "n1", entry.placed), expires=10.0)
     assert c.expire(9.0) == 0 and c.expire(10.0) == 1
+
+
+def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
+    """Watched objects only: allocatable CPU from the Nodes, CPU requests from every bound pod,
+    the mix (and its CPU per GPU share) from the bound GPU pods."""
+    gpus = [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]
+    c = ClusterCache()
+    c.replace(NODE, [node(n, gpus, cpu="64") for n in ("ref", "roomy", "drained")])
+    c.replace(
+        POD,
+        [
+            # The mix: half a GPU with 4 cores, i.e. 8 cores per GPU.
+            *(
+                pod(
+                    f"infer-{g}",
+                    {**shared(20000), "cpu": "4"},
+                    node="ref",
+                    assignment=PodAssignment("ref", g, f"GPU-{g:04d}", 20000),
+                )
+                for g in (0, 1)
+            ),
+            pod("batch", {"cpu": "36"}, node="drained"),
+        ],
+    )
+    assert c.observed_mix() == Counter({(1, 500, 4000): 2})
+    assert fragmentation_model_of(c.observed_mix()).cpu_per_gpu == 8.0
+    service = ExtenderService(
+        c, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+    )
+    hungry = pod("new", {**shared(10000), "cpu": "24"})
+    scores = dict(service.prioritize(hungry, ["roomy", "drained"]))
+    assert scores["roomy"] > scores["drained"]
+    # A pod asking little CPU strands nothing on either node: they score alike.
+    light = pod("light", {**shared(10000), "cpu": "1"})
+    scores = dict(service.prioritize(light, ["roomy", "drained"]))
+    assert scores["roomy"] == scores["drained"]
+    # Bound by us, the pod's CPU counts on the node before the watch shows it.
+    assert service.filter(hungry, ["roomy"]).passed == ["roomy"]
+    assert service.bind("team-a", "new", "uid-team-a-new", "roomy") == ""
+    assert c.view("roomy").cpu_used_milli == 24000  # type: ignore[union-attr]

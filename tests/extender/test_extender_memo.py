@@ -1,19 +1,21 @@
 """The verdict memo (per node state and pod shape) never answers differently from a fresh evaluation.
 
 Random event sequences on a few nodes with equal inventories (so states are shared between
-nodes and come back after changes), random demands, anti-affinity labels and terms: after every
-step, filter and prioritize answers must equal `evaluate` on the node's current view.
+nodes and come back after changes), random demands, anti-affinity labels and terms, CPU
+requests (GPU pods and CPU-only pods) and allocatable CPU that changes or goes missing: after
+every step, filter and prioritize answers must equal `evaluate` on the node's current view.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu, whole_gpu
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.scheduling import Fit, anonymous, evaluate, parse_demand
+from gpupart.core.scheduling import Fit, Weights, anonymous, evaluate, parse_demand
 from gpupart.core.wire import PodAssignment
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
 from gpupart_extender.metrics import Metrics
@@ -22,6 +24,8 @@ from gpupart_extender.settings import ExtenderSettings
 
 NODES = ["n0", "n1", "n2", "n3"]
 MEMORY = 40000
+ALLOCATABLE = [None, "4", "64"]
+"""A node's allocatable CPU: unknown (the policy degrades to FGD), scarce, plenty."""
 
 
 def _inventory(kind: int) -> list[Any]:
@@ -32,7 +36,7 @@ def _inventory(kind: int) -> list[Any]:
     return [whole_gpu(0), whole_gpu(1)]
 
 
-_resources = st.one_of(
+_gpu_resources = st.one_of(
     st.builds(
         shared,
         memory=st.sampled_from([0, 5000, 10000, 20000, 35000]),
@@ -40,6 +44,20 @@ _resources = st.one_of(
     ),
     st.just({"nvidia.com/mig-3g.40gb": 1}),
     st.sampled_from([{"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 2}]),
+    st.just({}),  # a CPU-only pod
+)
+_cpu = st.sampled_from([None, "500m", "2", "6"])
+
+
+def _with_cpu(resources: dict[str, str | int], cpu: str | None) -> dict[str, str | int]:
+    return resources if cpu is None else {**resources, "cpu": cpu}
+
+
+_resources = st.builds(_with_cpu, _gpu_resources, _cpu)
+_asked = st.builds(
+    _with_cpu,
+    st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
+    st.sampled_from([None, "4"]),
 )
 _labels = st.sampled_from([{}, {"app": "a"}, {"app": "b"}])
 _affinity = st.sampled_from(
@@ -66,24 +84,17 @@ _events = st.lists(
             _labels,
             st.sampled_from([None, 0, 1]),
         ),
-        st.tuples(st.just("inventory"), st.integers(0, len(NODES) - 1), st.integers(0, 2)),
+        st.tuples(
+            st.just("inventory"),
+            st.integers(0, len(NODES) - 1),
+            st.integers(0, 2),
+            st.sampled_from(ALLOCATABLE),
+        ),
         st.tuples(st.just("assume"), st.integers(0, len(NODES) - 1), st.integers(0, 5)),
         st.tuples(st.just("forget"), st.integers(0, 5)),
         # Few distinct demands, asked often: answers come from the memo most of the time.
-        st.tuples(
-            st.just("ask"),
-            st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
-            _labels,
-            _affinity,
-            st.just("team-a"),
-        ),
-        st.tuples(
-            st.just("ask"),
-            st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
-            _labels,
-            _affinity,
-            st.just("team-a"),
-        ),
+        st.tuples(st.just("ask"), _asked, _labels, _affinity, st.just("team-a")),
+        st.tuples(st.just("ask"), _asked, _labels, _affinity, st.just("team-a")),
     ),
     min_size=5,
     max_size=60,
@@ -100,7 +111,7 @@ class _Clock:
 def _apply(cache: ClusterCache, service: ExtenderService, clock: _Clock, event: Any) -> None:
     op = event[0]
     if op == "inventory":
-        cache.apply(NODE, "MODIFIED", node(NODES[event[1]], _inventory(event[2])))
+        cache.apply(NODE, "MODIFIED", node(NODES[event[1]], _inventory(event[2]), cpu=event[3]))
     elif op in ("add", "delete", "finish"):
         _, n, k, resources, labels, gpu = event
         name = NODES[n]
@@ -115,7 +126,8 @@ def _apply(cache: ClusterCache, service: ExtenderService, clock: _Clock, event: 
         cache.apply(POD, "DELETED" if op == "delete" else "MODIFIED", obj)
     elif op == "assume":
         _, n, k = event
-        entry = read_pod(pod(f"x{k}", shared(5000), node=NODES[n], labels={"app": "a"}))
+        resources = {**shared(5000), "cpu": "3"}
+        entry = read_pod(pod(f"x{k}", resources, node=NODES[n], labels={"app": "a"}))
         assert entry is not None
         cache.assume(PodEntry(f"assumed-{k}", entry.key, NODES[n], entry.placed), expires=1e9)
     elif op == "forget":
@@ -141,16 +153,28 @@ def _apply(cache: ClusterCache, service: ExtenderService, clock: _Clock, event: 
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(kinds=st.lists(st.integers(0, 2), min_size=len(NODES), max_size=len(NODES)), events=_events)
-def test_memoised_answers_equal_a_fresh_evaluation(kinds: list[int], events: list[Any]) -> None:
+@given(
+    kinds=st.lists(st.integers(0, 2), min_size=len(NODES), max_size=len(NODES)),
+    cpus=st.lists(st.sampled_from(ALLOCATABLE), min_size=len(NODES), max_size=len(NODES)),
+    events=_events,
+    policy_only=st.booleans(),
+)
+def test_memoised_answers_equal_a_fresh_evaluation(
+    kinds: list[int], cpus: list[str | None], events: list[Any], policy_only: bool
+) -> None:
+    """`policy_only`: the score is the fragmentation term alone, so a memo that missed a change
+    the policy sees (CPU use, allocatable, the mix) shows in the 0-10 score."""
     clock = _Clock()
     cache = ClusterCache()
-    cache.replace(NODE, [node(n, _inventory(k)) for n, k in zip(NODES, kinds, strict=True)])
-    cache.replace(POD, [])
-    config = ExtenderSettings()
-    service = ExtenderService(
-        cache, config.scoring(), binder=FakeBinder(), metrics=Metrics(), clock=clock
+    cache.replace(
+        NODE,
+        [node(n, _inventory(k), cpu=c) for n, k, c in zip(NODES, kinds, cpus, strict=True)],
     )
+    cache.replace(POD, [])
+    scoring = ExtenderSettings().scoring()
+    if policy_only:
+        scoring = dataclasses.replace(scoring, weights=Weights(0, 0, 0, 1))
+    service = ExtenderService(cache, scoring, binder=FakeBinder(), metrics=Metrics(), clock=clock)
     for event in events:
         _apply(cache, service, clock, event)
         clock.now += 7  # the model is looked at again now and then (refresh 60 s)

@@ -1,9 +1,11 @@
 """The extender's pure scheduling terms (gpupart.core.scheduling).
 
 Covers: each term's formula and direction (headroom binpack/spread, priority, anti-affinity,
-fragmentation through the simulator's model), combining into 0-10 with the reserve cap,
+fragmentation: the simulator's default gpupart policy, same code and same numbers as
+`scoring.score_node`, CPU-starved nodes avoided, FGD when CPU is unknown), combining into 0-10
+with the reserve cap,
 MIG / whole / shared evaluation with the reasons a person reads, GPU choice for shared pods
-(reserve, anti-affinity, required podAntiAffinity), and parsing a pod into a Demand.
+(reserve, anti-affinity, required podAntiAffinity), and parsing a pod into a Demand (CPU request included).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpupart.core.scheduling import (
     Demand,
     FailureKind,
     Fit,
+    NodeView,
     NoFit,
     PlacedPod,
     ScoringConfig,
@@ -35,17 +38,26 @@ from gpupart.core.scheduling import (
     fragmentation_model,
     fragmentation_term,
     headroom_term,
+    node_cpu_milli,
     node_state,
     parse_demand,
+    pod_cpu_milli,
     priority_term,
     share_milli,
 )
-from gpupart.core.scoring import NodeState, Request
+from gpupart.core.scoring import (
+    DEFAULT_POLICY,
+    NodeState,
+    Policy,
+    Request,
+    score_node,
+    score_placement,
+)
 from gpupart.core.spec import Mode
 from gpupart.core.wire import PodAssignment
 
 CONFIG = ScoringConfig()
-MODEL = fragmentation_model([(1, 250)] * 5 + [(1, 1000)] * 5)
+MODEL = fragmentation_model([(1, 250, 0)] * 5 + [(1, 1000, 0)] * 5)
 
 
 def tenant(
@@ -116,10 +128,142 @@ def test_fragmentation_term_prefers_the_gpu_that_keeps_typical_sizes_placeable()
 
 
 def test_fragmentation_model_uses_the_simulators_typical_pods() -> None:
-    model = fragmentation_model([(1, 500)] * 99 + [(2, 1000)])
+    model = fragmentation_model([(1, 500, 0)] * 99 + [(2, 1000, 0)])
     shapes = {(t.request.num_gpu, t.request.gpu_milli) for t in model.typical}
     assert shapes == {(1, 500)}  # the 1 % shape falls outside the 95 % coverage
     assert fragmentation_model([]).typical == ()
+
+
+# --- the simulator's policy as the fragmentation term -----------------------------------------
+
+# Typical pods: half a GPU with 4 cores, so the mix asks 8 millicores per GPU thousandth.
+CPU_MODEL = fragmentation_model([(1, 500, 4000)] * 10)
+
+
+def cpu_node(name: str, *, allocatable: int | None, used: int, gpu_used: int = 0) -> NodeView:
+    """Two 40000 MiB MPS GPUs; GPU 0 holds a `gpu_used` MiB pod; CPU-only pods use `used` m."""
+    inv = (shared_gpu(0, memory=40000), shared_gpu(1, memory=40000))
+    pods = [PlacedPod(tenant("batch"), GpuRequest(), cpu_milli=used)]
+    if gpu_used:
+        pods.append(on_gpu(tenant("infer", memory=gpu_used), 0, name))
+    return assemble_node(name, inv, pods, cpu_milli=allocatable)
+
+
+def test_the_node_that_would_strand_gpu_share_without_cpu_scores_lower() -> None:
+    # Same GPUs, same allocatable CPU; "drained" has 28 cores left, "roomy" 64. The pod takes a
+    # quarter GPU and 24 cores: on "drained" 4 cores would be left for 1.75 free GPUs, which feed
+    # only half a GPU at the mix's 8 cores per GPU.
+    pod_demand = Demand(
+        "team-a/new", "team-a", GpuRequest(shared=1, memory_mib=10000), cpu_milli=24000
+    )
+    roomy = cpu_node("roomy", allocatable=64000, used=0)
+    drained = cpu_node("drained", allocatable=64000, used=36000)
+    on_roomy = evaluate(roomy, pod_demand, config=CONFIG, model=CPU_MODEL)
+    on_drained = evaluate(drained, pod_demand, config=CONFIG, model=CPU_MODEL)
+    assert isinstance(on_roomy, Fit) and isinstance(on_drained, Fit)
+    assert on_roomy.terms.fragmentation == 0.5  # nothing stranded before or after
+    assert on_drained.terms.fragmentation == 0.22  # int(sigmoid(-1250 / 1000) * 100) / 100
+    assert on_roomy.score > on_drained.score  # kube-scheduler sees the difference
+    # FGD's F alone sees no difference: 4 cores still host a typical pod.
+    for view in (roomy, drained):
+        state = node_state(view)
+        fgd = fragmentation_term(
+            CPU_MODEL, state, Request(24000, 0, 1, 250), (0,), policy=Policy.FGD
+        )
+        assert fgd == 0.5
+    # Without allocatable CPU the node degrades to FGD (S = 0): both score alike.
+    blind = [
+        evaluate(cpu_node(n, allocatable=None, used=u), pod_demand, config=CONFIG, model=CPU_MODEL)
+        for n, u in (("a", 0), ("b", 36000))
+    ]
+    assert blind[0] == blind[1] == on_roomy
+
+
+def test_the_fragmentation_term_is_score_node_of_the_default_policy() -> None:
+    assert DEFAULT_POLICY is Policy.GPUPART
+    # Extender side: GPU 0 has 30000 of 40000 MiB used (250 free thousandths), GPU 1 is empty;
+    # 20 of 32 cores requested. The pod asks 8000 MiB (200 thousandths) and 6 cores.
+    view = cpu_node("n1", allocatable=32000, used=20000, gpu_used=30000)
+    pod_demand = Demand(
+        "team-a/new", "team-a", GpuRequest(shared=1, memory_mib=8000), cpu_milli=6000
+    )
+    fit = evaluate(view, pod_demand, config=CONFIG, model=CPU_MODEL)
+    assert isinstance(fit, Fit)
+    # Simulator side: the same node and pod as the replay engine states them.
+    state = NodeState(12000, 256 * 1024, (250, 1000), shared_gpu(0).product)
+    request = Request(6000, 0, 1, 200)
+    placement = score_node(DEFAULT_POLICY, state, request, model=CPU_MODEL)
+    assert placement is not None and placement.gpus == (fit.gpu,) == (0,)
+    assert fit.terms.fragmentation == placement.score / 100 == 0.47
+    assert node_state(view).cpu_left == state.cpu_left
+    assert node_state(view).gpu_left == state.gpu_left
+    # Whole GPUs too: the lowest free GPUs, scored as score_node scores them.
+    whole = Demand("team-a/new", "team-a", GpuRequest(whole_gpus=1), cpu_milli=6000)
+    inv = (whole_gpu(0), whole_gpu(1))
+    pods = [PlacedPod(tenant("w"), GpuRequest(whole_gpus=1), cpu_milli=20000)]
+    wfit = evaluate(
+        assemble_node("w", inv, pods, cpu_milli=32000), whole, config=CONFIG, model=CPU_MODEL
+    )
+    wplace = score_node(
+        DEFAULT_POLICY,
+        NodeState(12000, 1 << 20, (0, 1000), "H100"),
+        Request(6000, 0, 1, 1000),
+        model=CPU_MODEL,
+    )
+    assert isinstance(wfit, Fit) and wplace is not None
+    assert wfit.terms.fragmentation == wplace.score / 100
+
+
+@given(
+    cpu_left=st.integers(0, 64000),
+    gpus=st.lists(st.sampled_from([0, 100, 250, 500, 750, 1000]), min_size=1, max_size=8),
+    cpu=st.sampled_from([0, 1000, 4000, 16000]),
+    milli=st.sampled_from([100, 250, 500, 1000]),
+    num=st.integers(1, 2),
+)
+def test_score_placement_is_what_score_node_scores(
+    cpu_left: int, gpus: list[int], cpu: int, milli: int, num: int
+) -> None:
+    """The per-GPU helper the extender calls agrees with score_node on every state: it is the
+    score of score_node's own pick and no candidate GPU scores higher."""
+    state = NodeState(cpu_left, 1 << 20, tuple(gpus), "H100")
+    request = Request(cpu, 0, 1, milli) if milli < 1000 else Request(cpu, 0, num, 1000)
+    for policy in (Policy.GPUPART, Policy.FGD):
+        placement = score_node(policy, state, request, model=CPU_MODEL)
+        if placement is None:
+            continue
+        assert (
+            score_placement(policy, state, request, placement.gpus, model=CPU_MODEL)
+            == placement.score
+        )
+        if request.is_shared:
+            fitting = [i for i, share in enumerate(gpus) if share >= milli]
+            best = max(
+                score_placement(policy, state, request, (i,), model=CPU_MODEL) for i in fitting
+            )
+            assert best == placement.score
+
+
+def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
+    raw = pod("p", {**shared(1000), "cpu": "1500m"})
+    raw["spec"]["containers"].append({"name": "side", "resources": {"limits": {"cpu": "500m"}}})
+    assert parse_demand(raw, group_label="app").cpu_milli == 2000
+    raw["spec"]["initContainers"] = [
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+        {"name": "setup", "resources": {"requests": {"cpu": "2500m"}}},
+    ]
+    raw["spec"]["overhead"] = {"cpu": "100m"}
+    # max(containers 2 + sidecar 1, setup 2.5 + sidecar 1) + overhead 0.1
+    assert pod_cpu_milli(raw) == 3600
+    assert pod_cpu_milli(pod("q", shared())) == 0
+    raw["spec"]["overhead"] = {"cpu": "lots"}
+    with pytest.raises(InvalidInput, match="overhead.cpu"):
+        parse_demand(raw, group_label="app")
+    assert node_cpu_milli({"status": {"allocatable": {"cpu": "7910m"}}}) == 7910
+    assert node_cpu_milli({"status": {"allocatable": {"cpu": "8"}}}) == 8000
+    assert node_cpu_milli({"status": {"allocatable": {"memory": "1Gi"}}}) is None
+    assert node_cpu_milli({"status": {"allocatable": {"cpu": "many"}}}) is None
+    assert node_cpu_milli({}) is None
 
 
 def test_combine_is_a_weighted_mean_scaled_to_ten() -> None:
