@@ -369,6 +369,11 @@ def _fgd(state: NodeState, request: Request, model: FragmentationModel) -> Place
     return Placement(float(best_score), (best_gpu,))
 
 
+def gpupart_cost(state: NodeState, model: FragmentationModel) -> float:
+    """Our node cost C(n) = F(n) + S(n): expected fragmentation plus CPU-stranded GPU share."""
+    return model.fragmentation(state) + model.stranded(state)
+
+
 def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
     """Ours: FGD's gradient over fragmentation plus GPU share stranded without CPU.
 
@@ -382,17 +387,15 @@ def score_gpupart(state: NodeState, request: Request, model: FragmentationModel)
     docs/simulator.md). Inside the node a shared pod takes the tightest GPU among those with the
     best score, so larger holes stay open for larger shares.
     """
-    before = model.fragmentation(state) + model.stranded(state)
+    before = gpupart_cost(state, model)
     if not request.is_shared:
         gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
-        after_state = take(state, request, gpus)
-        after = model.fragmentation(after_state) + model.stranded(after_state)
+        after = gpupart_cost(take(state, request, gpus), model)
         return Placement(float(_sigmoid_score(before - after)), gpus)
     best_score = -1
     best_gpu = -1
     for index in _candidates(state, request):
-        after_state = take(state, request, (index,))
-        after = model.fragmentation(after_state) + model.stranded(after_state)
+        after = gpupart_cost(take(state, request, (index,)), model)
         score = _sigmoid_score(before - after)
         if score > best_score or (
             score == best_score and state.gpu_left[index] < state.gpu_left[best_gpu]
@@ -420,9 +423,8 @@ def score_placement(
         before = model.fragmentation(state)
         after = model.fragmentation(take(state, request, gpus))
     elif policy is Policy.GPUPART:
-        after_state = take(state, request, gpus)
-        before = model.fragmentation(state) + model.stranded(state)
-        after = model.fragmentation(after_state) + model.stranded(after_state)
+        before = gpupart_cost(state, model)
+        after = gpupart_cost(take(state, request, gpus), model)
     else:
         raise ValueError(f"the {policy} policy scores no cost gradient")
     return float(_sigmoid_score(before - after))

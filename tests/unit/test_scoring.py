@@ -80,7 +80,7 @@ def test_law_fast_fragmentation_equals_the_papers_definition(
 ) -> None:
     model = FragmentationModel.of(mix)
     assert abs(model.fragmentation(state) - naive_fragmentation(state, mix)) < 1e-6
-    assert 0.0 <= model.fragmentation(state) <= state.gpu_left_total + 1e-6
+    assert -1e-6 <= model.fragmentation(state) <= state.gpu_left_total + 1e-6  # float sums
 
 
 @given(state=states, request=requests, policy=st.sampled_from(list(Policy)))
