@@ -24,38 +24,41 @@ from .cache import NODE, POD, ClusterCache
 log = logging.getLogger(__name__)
 
 
+POOL_SIZE = 64
+"""Kept-alive API connections: binds run concurrently on the server's thread pool (up to 40 in
+flight), and the client's default pool (5 x CPUs) would drop the connections beyond it."""
+
+
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
     """In-cluster credentials when there is no kubeconfig and we run in a pod, else kubeconfig."""
+    configuration = client.Configuration()
     if kubeconfig is not None:
-        api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
-        return api
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        fallback: client.ApiClient = config.new_client_from_config()
-        return fallback
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = POOL_SIZE
+    return client.ApiClient(configuration)
 
 
 class ApiBinder:
-    """Annotation patch and Binding create through the API server (the `Binder` protocol)."""
+    """The Binding create through the API server (the `Binder` protocol)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
 
-    def annotate(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
-        # The uid precondition makes the patch fail if the pod was replaced under the same name.
-        body = (
-            {"metadata": {"uid": uid, "annotations": dict(annotations)}}
-            if uid
-            else {"metadata": {"annotations": dict(annotations)}}
-        )
-        self.core.patch_namespaced_pod(name, namespace, body)
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
+        # The uid precondition makes the Binding fail if the pod was replaced under the same
+        # name; its annotations land on the pod in the same write as spec.nodeName.
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -64,7 +67,15 @@ class ApiBinder:
         }
         # _preload_content=False: the client cannot deserialise the Status that create returns.
         # (The client's signature asks for a V1Binding; it serialises a plain dict the same way.)
-        self.core.create_namespaced_binding(namespace, body, _preload_content=False)  # type: ignore[arg-type]
+        response: Any = self.core.create_namespaced_binding(
+            namespace,
+            body,  # type: ignore[arg-type]
+            _preload_content=False,
+        )
+        # Read to the end and hand the connection back to the pool: an unreleased response
+        # keeps its connection, and the next bind would open (and TLS-handshake) a new one.
+        response.read()
+        response.release_conn()
 
 
 class Watcher:

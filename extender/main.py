@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import logging
+import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -27,6 +31,38 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 1000)
+
+
+def start_profiling() -> list[cProfile.Profile] | None:
+    """GPUPART_EXTENDER_PROFILE=<file>: cProfile every thread (event loop, watch, bind pool);
+    the merged stats are dumped to <file> at shutdown. Off (None) by default."""
+    if not os.environ.get("GPUPART_EXTENDER_PROFILE"):
+        return None
+    profilers: list[cProfile.Profile] = []
+
+    def per_thread(*_: object) -> None:
+        profiler = cProfile.Profile(time.thread_time)
+        profilers.append(profiler)
+        profiler.enable()  # replaces this hook for the calling thread
+
+    threading.setprofile(per_thread)
+    main = cProfile.Profile(time.thread_time)
+    profilers.append(main)
+    main.enable()
+    return profilers
+
+
+def dump_profile(profilers: list[cProfile.Profile] | None) -> None:
+    import pstats
+
+    if not profilers:
+        return
+    for profiler in profilers:
+        profiler.create_stats()
+    stats = pstats.Stats(profilers[0])
+    for profiler in profilers[1:]:
+        stats.add(profiler)
+    stats.dump_stats(os.environ["GPUPART_EXTENDER_PROFILE"])
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -60,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level,
     )
     logs.configure(settings.log_level)
+    profilers = start_profiling()
     api = api_client(settings.kubeconfig)
     cache = ClusterCache()
     service = ExtenderService(
@@ -79,8 +116,11 @@ def run(args: argparse.Namespace) -> int:
         extra={"kv": {"host": settings.host, "port": settings.port, "prefix": settings.prefix}},
     )
     try:
+        app = create_app(settings, service)
+        # uvicorn re-raises SIGTERM after its graceful shutdown: dump from the shutdown hook.
+        app.router.on_shutdown.append(lambda: dump_profile(profilers))
         config = uvicorn.Config(
-            create_app(settings, service),
+            app,
             log_level=settings.log_level.lower(),
             access_log=False,
             ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,

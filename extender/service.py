@@ -48,12 +48,13 @@ log = logging.getLogger(__name__)
 
 
 class Binder(Protocol):
-    """The two API writes of a bind; `kube.ApiBinder` does them for real, tests pass a fake."""
+    """The one API write of a bind: a Binding that also carries the pod's new annotations (the
+    API server copies a Binding's annotations onto the pod in the same update as its nodeName).
+    `kube.ApiBinder` does it for real, tests pass a fake."""
 
-    def annotate(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
     ) -> None: ...
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
 
 
 def explain(error: BaseException) -> str:
@@ -399,12 +400,12 @@ class ExtenderService:
             )
             # Reserved before the API calls, so a concurrent bind already sees this capacity gone.
             self.cache.assume(entry, expires=now + self.ttl)
+        # MIG and whole-GPU pods have no assignment: a bare Binding.
+        annotations = (
+            {} if assignment is None else {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}
+        )
         try:
-            if assignment is not None:
-                self.binder.annotate(
-                    namespace, name, uid, {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}
-                )
-            self.binder.bind(namespace, name, uid, node)
+            self.binder.bind(namespace, name, uid, node, annotations)
         except Exception as error:  # noqa: BLE001 - any API failure is reported, never raised
             self.cache.forget(key)
             self.metrics.decisions.labels("bind", "error").inc()

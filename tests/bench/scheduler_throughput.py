@@ -100,6 +100,19 @@ def step(text: str) -> None:
     print(f"scheduler_throughput: {text}", file=sys.stderr, flush=True)
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds of each process so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            out[name] = 0.0
+    return out
+
+
 def run_batch(core: Any, ns: str, prefix: str, scheduler: str, pods: int) -> float:
     started = time.monotonic()
     parallel(
@@ -107,8 +120,16 @@ def run_batch(core: Any, ns: str, prefix: str, scheduler: str, pods: int) -> flo
     )
 
     def done() -> bool:
-        items = core.list_namespaced_pod(ns, label_selector=f"app={prefix}").items
-        return sum(1 for p in items if p.spec.node_name) == pods
+        # Only the pods still unbound, as raw JSON: listing (and deserialising) every pod of
+        # the batch 5 times a second loaded the API server and this process more the longer a
+        # batch took, slowing down the slower run most.
+        response = core.list_namespaced_pod(
+            ns,
+            label_selector=f"app={prefix}",
+            field_selector="spec.nodeName=",
+            _preload_content=False,
+        )
+        return not json.loads(response.data).get("items")
 
     wait_for(done, 600, f"{pods} {prefix} pods bound", interval=0.2)
     return pods / (time.monotonic() - started)
@@ -190,11 +211,30 @@ def main() -> int:
         )
         ns = "bench"
         core.create_namespace({"metadata": {"name": ns}})
+        pids = {p.name: p.popen.pid for p in cp.procs}
+        pids["extender"] = procs[0].pid
+        pids["gpupart-scheduler"] = procs[1].pid
+        before = cpu_seconds(pids)
         time.sleep(3)  # both schedulers' informers sync
+        idle = cpu_seconds(pids)
+        # Background load (kwok heartbeats of every node, informers) goes on during both batches.
+        step(
+            f"idle CPU seconds per second: { {k: round((idle[k] - before[k]) / 3, 2) for k in pids} }"
+        )
+
+        def batch(prefix: str, scheduler: str) -> float:
+            before = cpu_seconds(pids)
+            rate = run_batch(core, ns, prefix, scheduler, args.pods)
+            after = cpu_seconds(pids)
+            used = {k: round(after[k] - before[k], 1) for k in pids}
+            step(f"{prefix}: {rate:.1f} pods/s, CPU seconds by process: {used}")
+            return rate
+
         step("scheduling without the extender")
-        without = run_batch(core, ns, "plain", "default-scheduler", args.pods)
+        without = batch("plain", "default-scheduler")
         step("scheduling with the extender")
-        with_ext = run_batch(core, ns, "gpupart", "gpupart-scheduler", args.pods)
+        with_ext = batch("gpupart", "gpupart-scheduler")
+        step("extender verb latency: " + _verb_latency(f"http://{LOOPBACK}:{port}/metrics"))
         print(
             f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, with {with_ext:.1f} pods/s"
         )
@@ -212,6 +252,27 @@ def main() -> int:
         for proc in reversed(procs):
             _stop(proc)
         cp.stop()
+
+
+def _verb_latency(url: str) -> str:
+    """Server-side count and mean seconds per verb, from the extender's own histogram."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            head = f'gpupart_extender_request_duration_seconds{suffix}{{verb="'
+            if line.startswith(head):
+                verb = line[len(head) :].split('"', 1)[0]
+                into[verb] = float(line.rsplit(" ", 1)[1])
+    return ", ".join(
+        f"{v} n={int(counts[v])} mean={1000 * sums[v] / counts[v]:.2f}ms"
+        for v in counts
+        if counts[v]
+    )
 
 
 def _ok(url: str) -> bool:

@@ -111,12 +111,11 @@ class FakeBinder:
         self.bindings: list[tuple[str, str, str, str]] = []
         self.fail: Exception | None = None
 
-    def annotate(self, namespace: str, name: str, uid: str, annotations: Any) -> None:
-        self.annotations.append((namespace, name, uid, dict(annotations)))
-
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Any) -> None:
         if self.fail is not None:
             raise self.fail
+        if annotations:
+            self.annotations.append((namespace, name, uid, dict(annotations)))
         self.bindings.append((namespace, name, uid, node))
 
 
