@@ -650,7 +650,7 @@ def pod_manifest(
             "containers": [
                 {
                     "name": "main",
-                    "image": "registry.invalid/gpupart/sleep:0",
+                    "image": "gpupart/sleep:0",
                     "resources": {"requests": res, "limits": res},
                 }
             ],

@@ -160,7 +160,7 @@ def _pod(name: str, limits: dict[str, str], app: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": "registry.invalid/gpupart/sleep:0",
+                    "image": "gpupart/sleep:0",
                     "resources": {"limits": limits, "requests": limits},
                 }
             ],
