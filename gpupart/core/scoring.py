@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpupart.core.trace import MILLI, Pod
+from gpupart.core.trace import MILLI, GpuShape, Pod
 
 TYPICAL_COVERAGE = 0.95
 """FGD's typical pods are the most frequent shapes that together cover this share of all pods."""
@@ -49,7 +49,7 @@ DEFAULT_POLICY = Policy.GPUPART
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class Request(GpuShape):
     """The resource shape of a pod: everything scoring looks at, nothing else (hashable)."""
 
     cpu_milli: int
@@ -57,19 +57,6 @@ class Request:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
-
-    @property
-    def total_gpu_milli(self) -> int:
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def is_shared(self) -> bool:
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
-
-    def accepts(self, model: str) -> bool:
-        if self.num_gpu == 0 or not self.gpu_spec:
-            return True
-        return model in self.gpu_spec
 
 
 def request_of(pod: Pod) -> Request:

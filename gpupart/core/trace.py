@@ -60,18 +60,17 @@ class Node:
         return self.gpus * MILLI
 
 
-@dataclass(frozen=True, slots=True)
-class Pod:
-    """One workload request: `gpu_milli` is per GPU and below 1000 only for a single shared GPU."""
+class GpuShape:
+    """What a pod asks of GPUs, for trace pods and scoring requests alike.
 
-    name: str
-    cpu_milli: int
-    memory_mib: int
+    `gpu_milli` is per GPU and below 1000 only for a single shared GPU; `gpu_spec` lists the GPU
+    models accepted (empty accepts any).
+    """
+
+    __slots__ = ()
     num_gpu: int
     gpu_milli: int
-    gpu_spec: tuple[str, ...] = ()
-    """GPU models the pod accepts; empty accepts any model."""
-    line: int = 0
+    gpu_spec: tuple[str, ...]
 
     @property
     def total_gpu_milli(self) -> int:
@@ -86,6 +85,20 @@ class Pod:
         if self.num_gpu == 0 or not self.gpu_spec:
             return True
         return model in self.gpu_spec
+
+
+@dataclass(frozen=True, slots=True)
+class Pod(GpuShape):
+    """One workload request from a trace."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...] = ()
+    """GPU models the pod accepts; empty accepts any model."""
+    line: int = 0
 
 
 def parse_nodes(text: str, *, source: str) -> tuple[Node, ...]:
