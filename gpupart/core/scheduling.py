@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from itertools import chain, repeat
@@ -104,7 +104,7 @@ class ScoringConfig:
     """Pods with the same value of this label avoid sharing a GPU ("" turns the term off)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Tenant:
     """A pod that holds GPU capacity on a node (bound, or assumed by the extender)."""
 
@@ -535,40 +535,12 @@ def anonymous(node: NodeView) -> NodeView:
 
 
 def _anonymous_tenants(tenants: tuple[Tenant, ...]) -> tuple[Tenant, ...]:
-    if not tenants:
-        return ()
-    return tuple(
-        sorted(
-            (
-                Tenant(
-                    "",
-                    t.namespace,
-                    t.labels,
-                    t.priority,
-                    t.count,
-                    t.profile,
-                    t.memory_mib,
-                    t.compute_percent,
-                )
-                for t in tenants
-            ),
-            key=lambda t: (
-                t.namespace,
-                t.labels,
-                t.priority,
-                t.count,
-                t.profile,
-                t.memory_mib,
-                t.compute_percent,
-            ),
-        )
-    )
+    """The tenants without their pod names, in a canonical order (for state signatures)."""
+    return tuple(sorted(replace(t, pod="") for t in tenants))
 
 
 def _replace_mig(tenant: Tenant, profile: str, count: int) -> Tenant:
-    return Tenant(
-        tenant.pod, tenant.namespace, tenant.labels, tenant.priority, count, profile, 0, 0
-    )
+    return replace(tenant, count=count, profile=profile, memory_mib=0, compute_percent=0)
 
 
 # --- the terms ---------------------------------------------------------------------------------
