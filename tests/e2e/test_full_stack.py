@@ -241,9 +241,10 @@ def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
         assert any("1g.10gb" in e for e in events), events
         assert c.pods(namespace)["slice-14"].spec.node_name is None
 
-        # One pod goes, the Pending one takes its slice.
+        # One pod goes, the Pending one takes its slice. The deadline covers kube-scheduler's
+        # periodic flush of unschedulable pods (5 min) in case no event requeues it sooner.
         c.core.delete_namespaced_pod("slice-00", namespace, grace_period_seconds=0)
-        c.until(lambda: "slice-14" in c.running(namespace), 90, "the 15th pod Running")
+        c.until(lambda: "slice-14" in c.running(namespace), 330, "the 15th pod Running")
         c.until(lambda: c.allocated(namespace, "slice-14"), 30, "Allocate for the 15th pod")
 
         # Repartition while pods run: Blocked, naming the pods; nothing destroyed.
@@ -358,7 +359,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         # One pod goes: the 7th takes its memory, on that pod's GPU.
         freed = c.pods(namespace)["mps-0"].spec.node_name
         c.core.delete_namespaced_pod("mps-0", namespace, grace_period_seconds=0)
-        c.until(lambda: c.allocated(namespace, "mps-6"), 90, "Allocate for the 7th pod")
+        c.until(lambda: c.allocated(namespace, "mps-6"), 330, "Allocate for the 7th pod")
         env = c.allocated(namespace, "mps-6").envs
         assert c.pods(namespace)["mps-6"].spec.node_name == freed
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuids[freed]}=10000M", env
