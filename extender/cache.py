@@ -48,6 +48,8 @@ from gpupart.core.wire import (
 
 NODE = "Node"
 POD = "Pod"
+_LOG_SIZE = 100_000
+"""Node changes remembered for `changed_since` (a few MB of name references at most)."""
 _DONE_PHASES = ("Succeeded", "Failed")
 
 
@@ -139,6 +141,9 @@ class ClusterCache:
         self._views: dict[str, NodeView] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
+        self._log: list[str] = []
+        self._log_start = 0
+        """`_log[i]` is the node of touch number `_log_start + i + 1` (`_clock` counts touches)."""
         self._dirty: set[str] = set()
         self._sigs: dict[str, tuple[int, int]] = {}
         self._states: dict[NodeView, int] = {}
@@ -227,6 +232,12 @@ class ClusterCache:
         self._versions[node] = self._clock
         self._views.pop(node, None)
         self._dirty.add(node)
+        self._log.append(node)
+        if len(self._log) > _LOG_SIZE:
+            # Callers further behind than this start over (changed_since answers None).
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_start += drop
 
     def _refresh(self) -> None:
         """Rebuild view, state id and pod shapes of every node changed since the last refresh."""
@@ -329,6 +340,18 @@ class ClusterCache:
         identity.
         """
         return self._sigs
+
+    @property
+    def clock(self) -> int:
+        """Counts node changes; read under `lock()`, with `changed_since`."""
+        return self._clock
+
+    def changed_since(self, clock: int) -> set[str] | None:
+        """Nodes whose signature may differ from what it was at `clock`; None when the record
+        no longer reaches back that far (everything may have changed). Read under `lock()`."""
+        if clock < self._log_start:
+            return None
+        return set(self._log[clock - self._log_start :])
 
     def has_pod(self, uid: str) -> bool:
         with self._lock:

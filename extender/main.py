@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from . import logs
 from .app import create_app
@@ -20,7 +21,7 @@ from .cache import ClusterCache
 from .kube import ApiBinder, Watcher, api_client
 from .metrics import Metrics
 from .service import ExtenderService
-from .settings import load_settings
+from .settings import ExtenderSettings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,25 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def server(app: FastAPI, settings: ExtenderSettings) -> uvicorn.Server:
+    """uvicorn as production runs it: uvloop and the C HTTP parser (httptools).
+
+    At 5,000 nodes a filter request carries ~70 KB of names and its answer ~300 KB; the
+    pure-Python h11 parser and the default event loop cost more than the decision itself.
+    """
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http="httptools",
+            log_level=settings.log_level.lower(),
+            access_log=False,
+            ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+            ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+        )
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML settings file (see docs/extender.md)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -119,14 +139,7 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(settings, service)
         # uvicorn re-raises SIGTERM after its graceful shutdown: dump from the shutdown hook.
         app.router.on_shutdown.append(lambda: dump_profile(profilers))
-        config = uvicorn.Config(
-            app,
-            log_level=settings.log_level.lower(),
-            access_log=False,
-            ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
-            ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
-        )
-        uvicorn.Server(config).run(sockets=[listen(settings.host, settings.port)])
+        server(app, settings).run(sockets=[listen(settings.host, settings.port)])
     finally:
         watcher.stop()
     return 0

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not, not_
+from operator import attrgetter, eq, is_not
 from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
@@ -107,7 +107,6 @@ _STATUS = attrgetter("status")
 _ITEM = attrgetter("item")
 _HOST = attrgetter("host")
 _KIND = attrgetter("kind")
-_NAME_REASON = attrgetter("name", "reason")
 _NAME_SCORE = attrgetter("name", "score")
 
 
@@ -131,13 +130,84 @@ def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> 
 
 
 @dataclass(slots=True)
+class _Batch:
+    """The answers to one list of node names for one pod shape, with their JSON, patched in place.
+
+    kube-scheduler sends the same candidate list pod after pod (and the survivors of filter to
+    prioritize); between two calls only the nodes the cache changed since `clock` (a bind, a
+    watch event) need new answers. A repeated list then costs one list comparison and the
+    changed nodes, plus re-joining the JSON when anything changed.
+    """
+
+    names: list[str]
+    answers: list[Answer]
+    clock: int
+    index: dict[str, int] = dataclasses.field(default_factory=dict)
+    _filter: tuple[str, str, str] | None = None
+    _kinds: Counter[FailureKind | None] | None = None
+    _hosts: str | None = None
+
+    def patch(self, position: int, answer: Answer) -> None:
+        if self.answers[position] is not answer:
+            self.answers[position] = answer
+            self._filter = self._kinds = self._hosts = None
+
+    def filter_json(self) -> tuple[str, str, str]:
+        """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text."""
+        if self._filter is None:
+            # Per-node work in C: one list of statuses, then compress() by status.
+            statuses = list(map(_STATUS, self.answers))
+            items = list(map(_ITEM, self.answers))
+
+            def joined(status: int) -> str:
+                return ",".join(compress(items, map(eq, statuses, repeat(status))))
+
+            self._filter = (
+                f"[{joined(PASSED)}]",
+                f"{{{joined(FAILED)}}}",
+                f"{{{joined(UNRESOLVABLE)}}}",
+            )
+        return self._filter
+
+    def kinds(self) -> Counter[FailureKind | None]:
+        """How many nodes failed for each reason kind (None counts the nodes that passed)."""
+        if self._kinds is None:
+            self._kinds = Counter(map(_KIND, self.answers))
+        return self._kinds
+
+    def hosts_json(self) -> str:
+        """The HostPriorityList as JSON text."""
+        if self._hosts is None:
+            self._hosts = f"[{','.join(map(_HOST, self.answers))}]"
+        return self._hosts
+
+
+_BATCHES = 4
+"""Lists kept per pod shape: filter's candidates, prioritize's survivors, and two spare."""
+
+
+@dataclass(slots=True)
 class _ShapeMemo:
-    """Memo of one pod shape: verdict per node state id, answer per node name."""
+    """Memo of one pod shape: verdict per node state id, answer per node name, recent lists."""
 
     states: dict[int, Verdict] = dataclasses.field(default_factory=dict)
     """NoFit reasons here lack the node name (added per node); POD_NAMING kinds only record
     that the node's own view must be evaluated for its reason."""
     nodes: dict[str, Answer] = dataclasses.field(default_factory=dict)
+    batches: list[_Batch] = dataclasses.field(default_factory=list)
+    """Most recently used first."""
+
+    def batch(self, names: list[str]) -> _Batch | None:
+        for n, batch in enumerate(self.batches):
+            if batch.names == names:
+                if n:
+                    self.batches.insert(0, self.batches.pop(n))
+                return batch
+        return None
+
+    def keep(self, batch: _Batch) -> None:
+        self.batches.insert(0, batch)
+        del self.batches[_BATCHES:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,19 +276,24 @@ class ExtenderService:
         with self._holds_lock:
             for uid in [u for u, h in self._holds.items() if h.expires <= now]:
                 del self._holds[uid]
-        size = sum(len(m.states) + len(m.nodes) for m in list(self._memo.values()))
+        size = sum(
+            len(m.states) + len(m.nodes) + sum(len(b.names) for b in m.batches)
+            for m in list(self._memo.values())
+        )
         if size > self.memo_size:
             self._memo = {}
 
     def _answers(
         self, names: Sequence[str], demand: Demand, given: Mapping[str, NodeView], now: float
-    ) -> list[Answer]:
+    ) -> _Batch:
         """Answer per node name: memoised per node state and pod shape (see `_ShapeMemo`).
 
-        A request costs a few dict lookups per node; a node is evaluated only when no node in
-        the same state was evaluated for this pod shape since the model last changed (or, for
+        A repeated name list is patched where the cache changed since (see `_Batch`); a new
+        list costs a few dict lookups per node. A node is evaluated only when no node in the
+        same state was evaluated for this pod shape since the model last changed (or, for
         "in use" reasons, which name pods, when this node changed).
         """
+        names = names if isinstance(names, list) else list(names)
         shape = dataclasses.replace(demand, pod="")
         with self.cache.lock():
             model = self.model(now)
@@ -228,8 +303,19 @@ class ExtenderService:
             memo = self._memo.get(shape)
             if memo is None:
                 memo = self._memo[shape] = _ShapeMemo()
-            nodes_memo = memo.nodes
             sigs = self.cache.signatures()
+            batch = None if given else memo.batch(names)
+            if batch is not None:
+                changed = self.cache.changed_since(batch.clock)
+                if changed is not None:
+                    for name in changed:
+                        position = batch.index.get(name)
+                        if position is not None:
+                            batch.patch(position, self._answer(name, sigs, demand, memo, model))
+                    batch.clock = self.cache.clock
+                    return batch
+                memo.batches.remove(batch)
+            nodes_memo = memo.nodes
             # The hot path runs in C (map, compress): memo answers, the cache's current
             # (version, state id) tuples, and the positions where the two do not match.
             out = list(map(nodes_memo.get, names, repeat(_MISSING)))
@@ -239,16 +325,34 @@ class ExtenderService:
             )
             for n in stale:
                 name = names[n]
-                sig = sigs.get(name)
-                if sig is None and name in given:
+                if sigs.get(name) is None and name in given:
                     # Sent in full by the scheduler, unknown to the cache: not memoised.
                     verdict = evaluate(given[name], demand, config=self.scoring, model=model)
                     out[n] = _answer(name, None, verdict)
-                    continue
-                fresh = self._evaluate(name, sig, demand, memo, model)
-                nodes_memo[name] = fresh
-                out[n] = fresh
-        return out
+                else:
+                    out[n] = self._answer(name, sigs, demand, memo, model)
+            batch = _Batch(names, out, self.cache.clock)
+            if not given:
+                batch.index = dict(zip(names, range(len(names)), strict=True))
+                if len(batch.index) == len(names):  # a list naming a node twice is not kept
+                    memo.keep(batch)
+        return batch
+
+    def _answer(
+        self,
+        name: str,
+        sigs: Mapping[str, tuple[int, int]],
+        demand: Demand,
+        memo: _ShapeMemo,
+        model: FragmentationModel,
+    ) -> Answer:
+        """The node's memoised answer while its signature holds, else a fresh one (memoised)."""
+        sig = sigs.get(name)
+        answer = memo.nodes.get(name)
+        if answer is None or answer.sig is not sig:
+            answer = self._evaluate(name, sig, demand, memo, model)
+            memo.nodes[name] = answer
+        return answer
 
     def _evaluate(
         self,
@@ -299,60 +403,52 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        given = _views_from_objects(nodes)
-        answers = self._answers(names, demand, given, now)
-        # Per-node work in C: one list of statuses, then compress() by status.
-        statuses = list(map(_STATUS, answers))
-        ok = list(map(eq, statuses, repeat(PASSED)))
-        no = list(map(eq, statuses, repeat(FAILED)))
-        out = list(map(eq, statuses, repeat(UNRESOLVABLE)))
+        batch = self._answers(names, demand, _views_from_objects(nodes), now)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         if lists:
-            passed = list(compress(names, ok))
-            failed = dict(map(_NAME_REASON, compress(answers, no)))
-            unresolvable = dict(map(_NAME_REASON, compress(answers, out)))
-        kinds = Counter(map(_KIND, compress(answers, map(not_, ok))))
+            for answer in batch.answers:
+                if answer.status == PASSED:
+                    passed.append(answer.name)
+                else:
+                    into = failed if answer.status == FAILED else unresolvable
+                    into[answer.name] = answer.reason
+        kinds = batch.kinds()
         for reason, count in kinds.items():
             if reason is not None:
                 self.metrics.filtered.labels(reason).inc(count)
         uid = _uid(pod)
         with self._holds_lock:
             self._holds[uid] = Hold(pod, demand, now + self.ttl)
-        self.metrics.decisions.labels("filter", "ok" if any(ok) else "unschedulable").inc()
-        if not any(ok):
+        fits = kinds[None] > 0
+        self.metrics.decisions.labels("filter", "ok" if fits else "unschedulable").inc()
+        if not fits:
             log.info(
                 "Filtered out every node",
                 extra={"kv": {"pod": demand.pod, "nodes": len(names)}},
             )
-        items = list(map(_ITEM, answers))
-        encoded = (
-            f"[{','.join(compress(items, ok))}]",
-            f"{{{','.join(compress(items, no))}}}",
-            f"{{{','.join(compress(items, out))}}}",
-        )
-        return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
+        return FilterOutcome(passed, failed, unresolvable, encoded=batch.filter_json())
 
     def prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> list[tuple[str, int]]:
-        return list(map(_NAME_SCORE, self._prioritize(pod, names, nodes)))
+        return list(map(_NAME_SCORE, self._prioritize(pod, names, nodes).answers))
 
     def prioritize_json(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> str:
         """`prioritize` as the JSON HostPriorityList, joined from memoised pieces."""
-        return f"[{','.join(map(_HOST, self._prioritize(pod, names, nodes)))}]"
+        return self._prioritize(pod, names, nodes).hosts_json()
 
     def _prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]]
-    ) -> list[Answer]:
+    ) -> _Batch:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        answers = self._answers(names, demand, _views_from_objects(nodes), now)
+        batch = self._answers(names, demand, _views_from_objects(nodes), now)
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return answers
+        return batch
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""

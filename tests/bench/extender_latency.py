@@ -1,8 +1,8 @@
 """Benchmark: filter + prioritize over HTTP for one pod against 1,000 and 5,000 candidate nodes.
 
-The extender runs in a child process (real uvicorn on 127.0.0.1, the same app and cache as in
-production, fed with a synthetic cluster: 60 % MPS nodes, 25 % MIG nodes, 15 % whole-GPU
-nodes, 8 GPUs each, with a random share already in use). The parent plays kube-scheduler: for
+The extender runs in a child process (uvicorn on 127.0.0.1 as `gpupart extender` runs it, the
+same app and cache as in production, fed with a synthetic cluster: 60 % MPS nodes, 25 % MIG
+nodes, 15 % whole-GPU nodes, 8 GPUs each, with a random share already in use). The parent plays kube-scheduler: for
 each pod, POST filter with every node name, then prioritize with the survivors, and times the
 pair. Pods cycle through a few request shapes, each with its own uid, as a real queue would.
 The last line is JSON: {"p50_ms_1000", "p99_ms_1000", "p50_ms_5000", "p99_ms_5000"}.
@@ -13,7 +13,6 @@ Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import socket
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from gpupart.core.mig import MigInstance, Placement
 from gpupart.core.spec import Mode
@@ -40,7 +38,7 @@ from gpupart.core.wire import (
 )
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
-from gpupart_extender.main import listen, tune_gc
+from gpupart_extender.main import listen, server, tune_gc
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
@@ -127,15 +125,12 @@ def serve(nodes: int, port_file: Path) -> None:
     node_objs, pods = cluster(nodes)
     cache.replace(NODE, node_objs)
     cache.replace(POD, pods)
-    settings = ExtenderSettings()
+    settings = ExtenderSettings(log_level="WARNING")
     service = ExtenderService(cache, settings.scoring(), binder=NoBinder(), metrics=Metrics())
     tune_gc()
     sock = listen("127.0.0.1", 0)
     port_file.write_text(str(sock.getsockname()[1]))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings, service), log_level="warning", access_log=False)
-    )
-    asyncio.run(server.serve(sockets=[sock]))
+    server(create_app(settings, service), settings).run(sockets=[sock])
 
 
 SHAPES = [

@@ -2,11 +2,14 @@
 
 Starts the e2e control plane (etcd, kube-apiserver, default kube-scheduler, kwok), 1,000 kwok
 nodes with 8 MPS GPUs each (inventory annotation + nvidia.com/gpu.shared allocatable), the real
-`gpupart extender` process and a second kube-scheduler ("gpupart-scheduler", the chart's
-configuration). The same batch of shared-GPU pods is scheduled once by the default scheduler
-(without) and once by gpupart-scheduler (with); throughput = pods / seconds until all bound.
+`gpupart extender` process and two more kube-schedulers from the chart's configuration file:
+"gpupart-scheduler" as shipped (with the extender) and "gpupart-plain", the same file with the
+extender removed. The same batch of shared-GPU pods is scheduled by each; throughput = pods /
+seconds until all are bound. `ratio` compares the two that differ only by the extender; the
+default scheduler (which scores a sample of the nodes, not all of them) is reported beside.
 Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
-The last line is JSON: {"pods_per_s_with", "pods_per_s_without", "ratio"}.
+The last line is JSON: {"pods_per_s_with", "pods_per_s_without", "ratio",
+"pods_per_s_default_scheduler", "ratio_to_default_scheduler"}.
 
 Run: .venv/bin/python tests/bench/scheduler_throughput.py [--nodes 1000] [--pods 500]
 """
@@ -77,10 +80,36 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _scheduler(
+    bin_dir: Path, kubeconfig: Path, config: dict[str, Any], base: Path
+) -> subprocess.Popen[bytes]:
+    """A kube-scheduler process with this configuration (leader election off, fast client)."""
+    config = {
+        **config,
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 1000, "burst": 2000},
+    }
+    path = base.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(config))
+    return _start(
+        [
+            str(bin_dir / "kube-scheduler"),
+            f"--config={path}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={free_port()}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--v=1",
+        ],
+        base.with_suffix(".log"),
+    )
+
+
 def _pod(name: str, scheduler: str) -> dict[str, Any]:
     limits = {"nvidia.com/gpu.shared": "1", "cpu": "10m"}
-    if scheduler != "default-scheduler":
-        # Only gpupart-scheduler ignores this resource in its own fit check (ignoredByScheduler).
+    if scheduler == "gpupart-scheduler":
+        # Only the extender's managedResources make kube-scheduler ignore this resource
+        # (ignoredByScheduler); the others would look for it in the node's allocatable.
         limits["gpupart.io/gpu-memory"] = "4096"
     return {
         "apiVersion": "v1",
@@ -191,31 +220,18 @@ def main() -> int:
         wait_for(lambda: _ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
         config = yaml.safe_load(CONFIG_FILE.read_text())
         config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
-        config["leaderElection"] = {"leaderElect": False}
-        config["clientConnection"] = {"kubeconfig": str(cp.kubeconfig), "qps": 1000, "burst": 2000}
-        path = workdir / "gpupart-scheduler.yaml"
-        path.write_text(yaml.safe_dump(config))
-        procs.append(
-            _start(
-                [
-                    str(bin_dir / "kube-scheduler"),
-                    f"--config={path}",
-                    f"--bind-address={LOOPBACK}",
-                    f"--secure-port={free_port()}",
-                    f"--authentication-kubeconfig={cp.kubeconfig}",
-                    f"--authorization-kubeconfig={cp.kubeconfig}",
-                    "--v=1",
-                ],
-                workdir / "gpupart-scheduler.log",
-            )
-        )
+        plain = {k: v for k, v in config.items() if k != "extenders"}
+        plain["profiles"] = [{**config["profiles"][0], "schedulerName": "gpupart-plain"}]
+        for name, cfg in (("gpupart-scheduler", config), ("gpupart-plain", plain)):
+            procs.append(_scheduler(bin_dir, cp.kubeconfig, cfg, workdir / name))
         ns = "bench"
         core.create_namespace({"metadata": {"name": ns}})
         pids = {p.name: p.popen.pid for p in cp.procs}
         pids["extender"] = procs[0].pid
         pids["gpupart-scheduler"] = procs[1].pid
+        pids["gpupart-plain"] = procs[2].pid
         before = cpu_seconds(pids)
-        time.sleep(3)  # both schedulers' informers sync
+        time.sleep(3)  # the schedulers' informers sync
         idle = cpu_seconds(pids)
         # Background load (kwok heartbeats of every node, informers) goes on during both batches.
         step(
@@ -230,13 +246,16 @@ def main() -> int:
             step(f"{prefix}: {rate:.1f} pods/s, CPU seconds by process: {used}")
             return rate
 
-        step("scheduling without the extender")
-        without = batch("plain", "default-scheduler")
+        step("scheduling with the same configuration without the extender")
+        without = batch("plain", "gpupart-plain")
         step("scheduling with the extender")
         with_ext = batch("gpupart", "gpupart-scheduler")
+        step("scheduling with the default scheduler")
+        default = batch("default", "default-scheduler")
         step("extender verb latency: " + _verb_latency(f"http://{LOOPBACK}:{port}/metrics"))
         print(
-            f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, with {with_ext:.1f} pods/s"
+            f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, "
+            f"with {with_ext:.1f} pods/s, default scheduler {default:.1f} pods/s"
         )
         print(
             json.dumps(
@@ -244,6 +263,8 @@ def main() -> int:
                     "pods_per_s_with": round(with_ext, 1),
                     "pods_per_s_without": round(without, 1),
                     "ratio": round(with_ext / without, 3),
+                    "pods_per_s_default_scheduler": round(default, 1),
+                    "ratio_to_default_scheduler": round(with_ext / default, 3),
                 }
             )
         )
