@@ -1,8 +1,17 @@
 """Benchmark: Allocate latency through the real gRPC unix socket, and relayout time on a simulated 8-GPU node.
 
-Run: python tests/bench/allocate.py  (last line: one JSON object with the figures)
+Run: python tests/bench/allocate.py [--floor]  (last line: one JSON object with the figures)
 - allocate_p50_ms / allocate_p99_ms: 10,000 Allocate calls (one MIG device each) from a client
-  on the plugin's unix socket, one at a time, as the kubelet makes them.
+  in another process on the plugin's unix socket, one at a time, as the kubelet makes them, after
+  500 untimed ones; like the kubelet, the client holds a ListAndWatch stream open meanwhile.
+- client: "go" when the client is tests/bench/kubeletclient, a Go program that dials and calls
+  the plugin as the kubelet does, with the kubelet's own stubs (k8s.io/kubelet) and grpc-go. It is
+  built once with the `go` on PATH into ${XDG_CACHE_HOME:-~/.cache}/gpupart/bench/, under a hash
+  of its sources; the pinned modules come from the Go module cache or GOPROXY. "python" when Go is
+  missing or the build fails (said on stderr): a grpcio client, which adds its own latency.
+- floor_p50_ms / floor_p99_ms (with --floor): the same client and server setup, but a servicer
+  whose Allocate returns one precomputed response: what gRPC (grpcio, the client, the kernel)
+  costs without the plugin's own work.
 - relayout_s: from a new desired annotation (8 × H200, 7 × 1g.18gb -> 4 × 1g.18gb + 1 × 3g.71gb
   per GPU) to the ListAndWatch stream showing the new device list: read NVML, plan, apply 120
   simulated NVML steps, report, re-advertise.
@@ -10,7 +19,9 @@ Run: python tests/bench/allocate.py  (last line: one JSON object with the figure
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import queue
 import shutil
 import statistics
@@ -34,38 +45,115 @@ from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.registration import DevicePlugins, socket_name
+from gpupart_plugin.server import ResourceServicer, start_server
 from gpupart_plugin.simgpu import SimulatedGpus
 
 CALLS = 10_000
+WARMUP = 500
 RESOURCE = "nvidia.com/mig-1g.18gb"
+GO_CLIENT = Path(__file__).resolve().parent / "kubeletclient"
 
 
 def desired(counts: dict[str, int]) -> str:
     return encode_desired((DesiredGroup("bench", 1, None, Mode.MIG, tuple(counts.items())),))
 
 
+def go_client() -> Path | None:
+    """The built Go client (built now when not cached), or None with the reason on stderr."""
+    go = shutil.which("go")
+    if go is None:
+        print("allocate bench: no `go` on PATH; falling back to the Python client", file=sys.stderr)
+        return None
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum", "main.go"):
+        digest.update((GO_CLIENT / name).read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpupart" / "bench"
+    binary = cache / f"kubeletclient-{digest.hexdigest()[:16]}"
+    if binary.exists():
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
+    try:
+        subprocess.run(
+            [go, "build", "-mod=readonly", "-buildvcs=false", "-trimpath", "-o", str(partial), "."],
+            cwd=GO_CLIENT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        stderr = getattr(error, "stderr", None)
+        detail = stderr if isinstance(stderr, str) and stderr.strip() else str(error)
+        partial.unlink(missing_ok=True)
+        print(
+            f"allocate bench: building the Go client failed ({detail.strip()}); "
+            "falling back to the Python client",
+            file=sys.stderr,
+        )
+        return None
+    partial.replace(binary)
+    return binary
+
+
 def client(socket: str, ids: list[str]) -> None:
-    """Allocate CALLS times, one device per call; prints [p50_ms, p99_ms]."""
+    """The fallback client: Allocate CALLS times, one device per call; prints {"p50_ms", "p99_ms"}."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = api_grpc.DevicePluginStub(channel)
+        # The kubelet keeps a ListAndWatch stream open to every registered plugin.
+        stream = stub.ListAndWatch(api.Empty())
+        next(stream)
+
+        def drain() -> None:
+            try:
+                for _ in stream:
+                    pass
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=drain, daemon=True).start()
         requests = [
             api.AllocateRequest(
                 container_requests=[api.ContainerAllocateRequest(devices_ids=[ids[n % len(ids)]])]
             )
             for n in range(CALLS)
         ]
-        for request in requests[:500]:  # warm-up: channel, server thread pool
+        for request in requests[:WARMUP]:  # warm-up: channel, server thread pool
             stub.Allocate(request, timeout=5)
         samples = []
         for request in requests:
             start = time.perf_counter()
             stub.Allocate(request, timeout=5)
             samples.append(time.perf_counter() - start)
+        stream.cancel()
     samples.sort()
-    print(json.dumps([statistics.median(samples) * 1000, samples[int(CALLS * 0.99) - 1] * 1000]))
+    p50, p99 = statistics.median(samples), samples[int(CALLS * 0.99) - 1]
+    print(json.dumps({"p50_ms": p50 * 1000, "p99_ms": p99 * 1000}))
 
 
-def main() -> None:
+class ConstantServicer(ResourceServicer):
+    """The floor: the same server, but every Allocate answers one precomputed response."""
+
+    response = api.AllocateResponse()
+
+    def Allocate(  # noqa: N802
+        self, _request: api.AllocateRequest, _context: grpc.ServicerContext
+    ) -> api.AllocateResponse:
+        return self.response
+
+
+def run_client(command: list[str], socket: str, ids: list[str]) -> tuple[float, float]:
+    """Runs a client process against the socket; (p50_ms, p99_ms)."""
+    done = subprocess.run(
+        [*command, socket, *ids], capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"allocate bench: the client failed: {done.stderr.strip()}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures["p50_ms"], figures["p99_ms"]
+
+
+def main(floor: bool) -> None:
     directory = Path(tempfile.mkdtemp(prefix="gp-bench-", dir="/tmp"))
     sim = SimulatedGpus(["H200-141GB"] * 8, node="bench")
     hub, metrics = DeviceHub(), NodeMetrics()
@@ -82,20 +170,31 @@ def main() -> None:
     actuator = Actuator(sim, lambda: (), MpsDaemons(directory / "mps", ["true"]))
     agent = NodeAgent(actuator, hub, plugins, lambda _s, _i: None, metrics)
     agent.reconcile(desired({"1g.18gb": 7}))
-    channel = grpc.insecure_channel(f"unix://{directory / socket_name(RESOURCE)}")
+    socket = str(directory / socket_name(RESOURCE))
+    channel = grpc.insecure_channel(f"unix://{socket}")
     stub = api_grpc.DevicePluginStub(channel)
+    constant: grpc.Server | None = None
+    figures: dict[str, object] = {}
     try:
         ids = [d.id for d in hub.all_devices()]
         # The client runs in its own process, as the kubelet does: in this process it would
         # compete with the server for the GIL and measure that instead.
-        done = subprocess.run(
-            [sys.executable, __file__, "--client", str(directory / socket_name(RESOURCE)), *ids],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-        p50, p99 = json.loads(done.stdout.strip().splitlines()[-1])
+        binary = go_client()
+        if binary is not None:
+            kind, command = "go", [str(binary), "-calls", str(CALLS), "-warmup", str(WARMUP)]
+        else:
+            kind, command = "python", [sys.executable, __file__, "--client"]
+        p50, p99 = run_client(command, socket, ids)
+        if floor:
+            request = api.ContainerAllocateRequest(devices_ids=ids[:1])
+            ConstantServicer.response = stub.Allocate(
+                api.AllocateRequest(container_requests=[request]), timeout=5
+            )
+            floor_socket = str(directory / "floor.sock")
+            servicer = ConstantServicer(RESOURCE, hub, allocator, metrics, poll_s=0.05)
+            constant = start_server(servicer, floor_socket)
+            floor_p50, floor_p99 = run_client(command, floor_socket, ids)
+            figures = {"floor_p50_ms": round(floor_p50, 3), "floor_p99_ms": round(floor_p99, 3)}
         lists: queue.Queue[int] = queue.Queue()
         stream = stub.ListAndWatch(api.Empty(), timeout=60)
 
@@ -116,19 +215,29 @@ def main() -> None:
         stream.cancel()
     finally:
         channel.close()
+        if constant is not None:
+            constant.stop(grace=0.5).wait(5)
         plugins.stop()
         shutil.rmtree(directory, ignore_errors=True)
     print(
-        f"Allocate over gRPC ({CALLS} calls): p50 {p50:.3f} ms, p99 {p99:.3f} ms; "
+        f"Allocate over gRPC ({CALLS} calls, {kind} client): p50 {p50:.3f} ms, p99 {p99:.3f} ms; "
         f"relayout of 8 GPUs to updated ListAndWatch: {relayout:.3f} s",
         file=sys.stderr,
     )
+    if floor:
+        print(
+            f"Floor, constant Allocate response on the same server: "
+            f"p50 {floor_p50:.3f} ms, p99 {floor_p99:.3f} ms",
+            file=sys.stderr,
+        )
     print(
         json.dumps(
             {
                 "allocate_p50_ms": round(p50, 3),
                 "allocate_p99_ms": round(p99, 3),
                 "relayout_s": round(relayout, 3),
+                "client": kind,
+                **figures,
             }
         )
     )
@@ -137,5 +246,7 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--client"]:
         client(sys.argv[2], sys.argv[3:])
+    elif sys.argv[1:] in ([], ["--floor"]):
+        main(floor=sys.argv[1:] == ["--floor"])
     else:
-        main()
+        raise SystemExit("usage: python tests/bench/allocate.py [--floor]")
