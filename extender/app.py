@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
 
 from gpupart.core.errors import GpupartError
 
@@ -52,7 +53,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         # A 4xx with a short message; kube-scheduler logs it and treats the call as failed.
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg', '')}"
             for e in error.errors()[:5]
         )
         return JSONResponse({"Error": f"malformed request: {problems}"}, status_code=400)
@@ -62,9 +63,11 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         response_model=ExtenderFilterResult,
         response_model_by_alias=True,
         summary="Filter nodes for a pod",
+        openapi_extra=_json_body(ExtenderArgs),
     )
-    async def filter_nodes(args: ExtenderArgs) -> Response:
+    async def filter_nodes(request: Request) -> Response:
         started = time.perf_counter()
+        args = await _parse(request, ExtenderArgs)
         names, items = _names(args)
         try:
             # nodeCacheCapable: the reply is joined from pre-encoded pieces, no lists needed.
@@ -115,9 +118,11 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         f"{prefix}/prioritize",
         response_model=list[HostPriority],
         summary="Score nodes 0-10 for a pod",
+        openapi_extra=_json_body(ExtenderArgs),
     )
-    async def prioritize(args: ExtenderArgs) -> Response:
+    async def prioritize(request: Request) -> Response:
         started = time.perf_counter()
+        args = await _parse(request, ExtenderArgs)
         names, items = _names(args)
         try:
             text = service.prioritize_json(args.Pod, names, items)
@@ -160,6 +165,37 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+async def _parse(request: Request, model: type[_Model]) -> _Model:
+    """The body in one pass of pydantic's JSON parser: at 5,000 node names, half the cost of
+    FastAPI's json.loads and then validation. Errors answer like FastAPI's own (400)."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body the handler parses itself; nested models inlined (no components)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    content = {"application/json": {"schema": inline(schema)}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def _names(args: ExtenderArgs) -> tuple[list[str], list[dict[str, Any]]]:

@@ -138,6 +138,8 @@ class ClusterCache:
         self._pods: dict[str, PodEntry] = {}
         self._by_node: dict[str, dict[str, PodEntry]] = {}
         self._assumed: dict[str, Assumed] = {}
+        self._assumed_on: dict[str, dict[str, Assumed]] = {}
+        """The same assumed pods by node: a view reads its node's only."""
         self._views: dict[str, NodeView] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
@@ -214,8 +216,7 @@ class ClusterCache:
         assumed = self._assumed.get(uid)
         if entry is not None and assumed is not None:
             # The watch now shows the pod bound: the reservation has served its purpose.
-            del self._assumed[uid]
-            self._touch(assumed.entry.node)
+            self._drop_assumed(uid)
         if old == entry:
             return
         if old is not None:
@@ -285,16 +286,27 @@ class ClusterCache:
 
     def assume(self, entry: PodEntry, *, expires: float) -> None:
         with self._lock:
-            self._assumed[entry.uid] = Assumed(entry, expires)
+            self._drop_assumed(entry.uid)
+            assumed = self._assumed[entry.uid] = Assumed(entry, expires)
+            self._assumed_on.setdefault(entry.node, {})[entry.uid] = assumed
             self._touch(entry.node)
             self._refresh()
 
     def forget(self, uid: str) -> None:
         with self._lock:
-            assumed = self._assumed.pop(uid, None)
-            if assumed is not None:
-                self._touch(assumed.entry.node)
+            if self._drop_assumed(uid):
                 self._refresh()
+
+    def _drop_assumed(self, uid: str) -> bool:
+        assumed = self._assumed.pop(uid, None)
+        if assumed is None:
+            return False
+        on_node = self._assumed_on[assumed.entry.node]
+        del on_node[uid]
+        if not on_node:
+            del self._assumed_on[assumed.entry.node]
+        self._touch(assumed.entry.node)
+        return True
 
     def expire(self, now: float) -> int:
         """Drop assumed pods whose TTL has passed; returns how many."""
@@ -321,7 +333,7 @@ class ClusterCache:
             if entry is None:
                 return None
             placed = [p.placed for p in self._by_node.get(name, {}).values()]
-            placed += [a.entry.placed for a in self._assumed.values() if a.entry.node == name]
+            placed += [a.entry.placed for a in self._assumed_on.get(name, {}).values()]
             view = assemble_node(
                 name,
                 entry.inventory,

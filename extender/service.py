@@ -15,8 +15,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter, eq, is_not
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
@@ -103,11 +103,8 @@ class Answer:
 _MISSING = Answer((-1, -1), "", FAILED, 0, "", None, "", "")
 """Stands for "no memo entry": its `sig` is a tuple the cache never holds, so it never matches."""
 _SIG = attrgetter("sig")
-_STATUS = attrgetter("status")
-_ITEM = attrgetter("item")
 _HOST = attrgetter("host")
 _KIND = attrgetter("kind")
-_NAME_SCORE = attrgetter("name", "score")
 
 
 def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> Answer:
@@ -129,57 +126,101 @@ def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> 
     )  # fmt: skip
 
 
+_BLOCK = 64
+"""Answers per `_Block`: a change re-encodes one block, a reply joins len/64 pieces."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """The JSON pieces of a run of consecutive answers (items joined by ',', maybe empty)."""
+
+    passed: str
+    failed: str
+    unresolvable: str
+    hosts: str
+    """`{"Host","Score"}` of every node."""
+    passed_hosts: str
+    """`{"Host","Score"}` of the passed nodes only (prioritize after filter)."""
+    passed_names: tuple[str, ...]
+
+
+def _block(answers: Sequence[Answer]) -> _Block:
+    items: tuple[list[str], list[str], list[str]] = ([], [], [])
+    passed_hosts = []
+    for answer in answers:
+        items[answer.status].append(answer.item)
+        if answer.status == PASSED:
+            passed_hosts.append(answer.host)
+    return _Block(
+        ",".join(items[PASSED]),
+        ",".join(items[FAILED]),
+        ",".join(items[UNRESOLVABLE]),
+        ",".join(map(_HOST, answers)),
+        ",".join(passed_hosts),
+        tuple(a.name for a in answers if a.status == PASSED),
+    )
+
+
+def _join(pieces: Iterable[str]) -> str:
+    return ",".join(p for p in pieces if p)
+
+
 @dataclass(slots=True)
 class _Batch:
-    """The answers to one list of node names for one pod shape, with their JSON, patched in place.
+    """The answers to one list of node names for one pod shape, patched in place.
 
-    kube-scheduler sends the same candidate list pod after pod (and the survivors of filter to
-    prioritize); between two calls only the nodes the cache changed since `clock` (a bind, a
-    watch event) need new answers. A repeated list then costs one list comparison and the
-    changed nodes, plus re-joining the JSON when anything changed.
+    kube-scheduler sends the same candidate list pod after pod, and the survivors of filter
+    to prioritize; between two calls only the nodes the cache changed since `clock` (a bind,
+    a watch event) need new answers. A repeated list then costs one list comparison, the
+    changed nodes, and re-encoding their blocks; the reply joins the blocks' pieces.
     """
 
     names: list[str]
     answers: list[Answer]
     clock: int
+    kinds: Counter[FailureKind | None]
+    """How many nodes failed for each reason kind (None counts the nodes that passed)."""
     index: dict[str, int] = dataclasses.field(default_factory=dict)
-    _filter: tuple[str, str, str] | None = None
-    _kinds: Counter[FailureKind | None] | None = None
-    _hosts: str | None = None
+    _blocks: list[_Block | None] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, names: list[str], answers: list[Answer], clock: int) -> _Batch:
+        blocks: list[_Block | None] = [None] * -(-len(answers) // _BLOCK)
+        return cls(names, answers, clock, Counter(map(_KIND, answers)), _blocks=blocks)
 
     def patch(self, position: int, answer: Answer) -> None:
-        if self.answers[position] is not answer:
+        old = self.answers[position]
+        if old is not answer:
             self.answers[position] = answer
-            self._filter = self._kinds = self._hosts = None
+            self.kinds[old.kind] -= 1
+            self.kinds[answer.kind] += 1
+            self._blocks[position // _BLOCK] = None
+
+    def blocks(self) -> list[_Block]:
+        blocks = self._blocks
+        for b, block in enumerate(blocks):
+            if block is None:
+                blocks[b] = _block(self.answers[b * _BLOCK : (b + 1) * _BLOCK])
+        return blocks  # type: ignore[return-value]  # no None left
+
+    def passed_names(self) -> list[str]:
+        return list(chain.from_iterable(b.passed_names for b in self.blocks()))
 
     def filter_json(self) -> tuple[str, str, str]:
         """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text."""
-        if self._filter is None:
-            # Per-node work in C: one list of statuses, then compress() by status.
-            statuses = list(map(_STATUS, self.answers))
-            items = list(map(_ITEM, self.answers))
+        blocks = self.blocks()
+        return (
+            f"[{_join(b.passed for b in blocks)}]",
+            f"{{{_join(b.failed for b in blocks)}}}",
+            f"{{{_join(b.unresolvable for b in blocks)}}}",
+        )
 
-            def joined(status: int) -> str:
-                return ",".join(compress(items, map(eq, statuses, repeat(status))))
-
-            self._filter = (
-                f"[{joined(PASSED)}]",
-                f"{{{joined(FAILED)}}}",
-                f"{{{joined(UNRESOLVABLE)}}}",
-            )
-        return self._filter
-
-    def kinds(self) -> Counter[FailureKind | None]:
-        """How many nodes failed for each reason kind (None counts the nodes that passed)."""
-        if self._kinds is None:
-            self._kinds = Counter(map(_KIND, self.answers))
-        return self._kinds
-
-    def hosts_json(self) -> str:
-        """The HostPriorityList as JSON text."""
-        if self._hosts is None:
-            self._hosts = f"[{','.join(map(_HOST, self.answers))}]"
-        return self._hosts
+    def hosts_json(self, *, passed_only: bool) -> str:
+        """The HostPriorityList as JSON text: of every node, or of the passed ones only."""
+        blocks = self.blocks()
+        if passed_only:
+            return f"[{_join(b.passed_hosts for b in blocks)}]"
+        return f"[{_join(b.hosts for b in blocks)}]"
 
 
 _BATCHES = 4
@@ -197,13 +238,12 @@ class _ShapeMemo:
     batches: list[_Batch] = dataclasses.field(default_factory=list)
     """Most recently used first."""
 
-    def batch(self, names: list[str]) -> _Batch | None:
-        for n, batch in enumerate(self.batches):
-            if batch.names == names:
-                if n:
-                    self.batches.insert(0, self.batches.pop(n))
-                return batch
-        return None
+    def use(self, batch: _Batch) -> _Batch:
+        """A kept batch, moved to the front."""
+        if self.batches[0] is not batch:
+            self.batches.remove(batch)
+            self.batches.insert(0, batch)
+        return batch
 
     def keep(self, batch: _Batch) -> None:
         self.batches.insert(0, batch)
@@ -284,14 +324,22 @@ class ExtenderService:
             self._memo = {}
 
     def _answers(
-        self, names: Sequence[str], demand: Demand, given: Mapping[str, NodeView], now: float
-    ) -> _Batch:
-        """Answer per node name: memoised per node state and pod shape (see `_ShapeMemo`).
+        self,
+        names: Sequence[str],
+        demand: Demand,
+        given: Mapping[str, NodeView],
+        now: float,
+        *,
+        survivors: bool = False,
+    ) -> tuple[_Batch, bool]:
+        """Answers per node name, memoised per node state and pod shape (see `_ShapeMemo`).
 
-        A repeated name list is patched where the cache changed since (see `_Batch`); a new
-        list costs a few dict lookups per node. A node is evaluated only when no node in the
-        same state was evaluated for this pod shape since the model last changed (or, for
-        "in use" reasons, which name pods, when this node changed).
+        Returns the batch and whether `names` are its passed nodes only (`survivors`: a
+        prioritize list may be what filter let through). A repeated list is patched where the
+        cache changed since (see `_Batch`); a new list costs a few dict lookups per node. A
+        node is evaluated only when no node in the same state was evaluated for this pod
+        shape since the model last changed (or, for "in use" reasons, which name pods, when
+        this node changed).
         """
         names = names if isinstance(names, list) else list(names)
         shape = dataclasses.replace(demand, pod="")
@@ -304,17 +352,10 @@ class ExtenderService:
             if memo is None:
                 memo = self._memo[shape] = _ShapeMemo()
             sigs = self.cache.signatures()
-            batch = None if given else memo.batch(names)
-            if batch is not None:
-                changed = self.cache.changed_since(batch.clock)
-                if changed is not None:
-                    for name in changed:
-                        position = batch.index.get(name)
-                        if position is not None:
-                            batch.patch(position, self._answer(name, sigs, demand, memo, model))
-                    batch.clock = self.cache.clock
-                    return batch
-                memo.batches.remove(batch)
+            if not given:
+                found = self._kept(names, memo, sigs, demand, model, survivors=survivors)
+                if found is not None:
+                    return found
             nodes_memo = memo.nodes
             # The hot path runs in C (map, compress): memo answers, the cache's current
             # (version, state id) tuples, and the positions where the two do not match.
@@ -331,12 +372,39 @@ class ExtenderService:
                     out[n] = _answer(name, None, verdict)
                 else:
                     out[n] = self._answer(name, sigs, demand, memo, model)
-            batch = _Batch(names, out, self.cache.clock)
+            batch = _Batch.of(names, out, self.cache.clock)
             if not given:
                 batch.index = dict(zip(names, range(len(names)), strict=True))
                 if len(batch.index) == len(names):  # a list naming a node twice is not kept
                     memo.keep(batch)
-        return batch
+        return batch, False
+
+    def _kept(
+        self,
+        names: list[str],
+        memo: _ShapeMemo,
+        sigs: Mapping[str, tuple[int, int]],
+        demand: Demand,
+        model: FragmentationModel,
+        *,
+        survivors: bool,
+    ) -> tuple[_Batch, bool] | None:
+        """A kept batch for `names`, patched up to the cache's clock; None when none fits."""
+        for batch in list(memo.batches):
+            changed = self.cache.changed_since(batch.clock)
+            if changed is None:  # too far behind to patch
+                memo.batches.remove(batch)
+                continue
+            for name in changed:
+                position = batch.index.get(name)
+                if position is not None:
+                    batch.patch(position, self._answer(name, sigs, demand, memo, model))
+            batch.clock = self.cache.clock
+            if batch.names == names:
+                return memo.use(batch), False
+            if survivors and len(names) <= len(batch.names) and batch.passed_names() == names:
+                return memo.use(batch), True
+        return None
 
     def _answer(
         self,
@@ -403,7 +471,7 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        batch = self._answers(names, demand, _views_from_objects(nodes), now)
+        batch, _ = self._answers(names, demand, _views_from_objects(nodes), now)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -414,9 +482,9 @@ class ExtenderService:
                 else:
                     into = failed if answer.status == FAILED else unresolvable
                     into[answer.name] = answer.reason
-        kinds = batch.kinds()
+        kinds = batch.kinds
         for reason, count in kinds.items():
-            if reason is not None:
+            if reason is not None and count > 0:
                 self.metrics.filtered.labels(reason).inc(count)
         uid = _uid(pod)
         with self._holds_lock:
@@ -433,22 +501,24 @@ class ExtenderService:
     def prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> list[tuple[str, int]]:
-        return list(map(_NAME_SCORE, self._prioritize(pod, names, nodes).answers))
+        batch, passed_only = self._prioritize(pod, names, nodes)
+        return [(a.name, a.score) for a in batch.answers if not passed_only or a.status == PASSED]
 
     def prioritize_json(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> str:
         """`prioritize` as the JSON HostPriorityList, joined from memoised pieces."""
-        return self._prioritize(pod, names, nodes).hosts_json()
+        batch, passed_only = self._prioritize(pod, names, nodes)
+        return batch.hosts_json(passed_only=passed_only)
 
     def _prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]]
-    ) -> _Batch:
+    ) -> tuple[_Batch, bool]:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        batch = self._answers(names, demand, _views_from_objects(nodes), now)
+        found = self._answers(names, demand, _views_from_objects(nodes), now, survivors=True)
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return batch
+        return found
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""

@@ -4,7 +4,9 @@ The extender runs in a child process (uvicorn on 127.0.0.1 as `gpupart extender`
 same app and cache as in production, fed with a synthetic cluster: 60 % MPS nodes, 25 % MIG
 nodes, 15 % whole-GPU nodes, 8 GPUs each, with a random share already in use). The parent plays kube-scheduler: for
 each pod, POST filter with every node name, then prioritize with the survivors, and times the
-pair. Pods cycle through a few request shapes, each with its own uid, as a real queue would.
+pair; then it binds the pod to the best node (not timed; the extender's binder writes nothing
+here, but the pod counts on that node from then on), so every pod meets a changed cluster.
+Pods cycle through a few request shapes, each with its own uid, as a real queue would.
 The last line is JSON: {"p50_ms_1000", "p99_ms_1000", "p50_ms_5000", "p99_ms_5000"}.
 
 Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300]
@@ -48,7 +50,8 @@ MIB = 81559
 
 
 class NoBinder:
-    def annotate(self, *_: Any) -> None: ...
+    """Binds nothing: the extender's own bookkeeping (the assumed pod) is all that happens."""
+
     def bind(self, *_: Any) -> None: ...
 
 
@@ -220,8 +223,14 @@ def measure(nodes: int, requests: int) -> tuple[float, float, float]:
                 started = time.perf_counter()
                 out = http.post("/gpupart/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
                 survivors = {"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}
-                http.post("/gpupart/prioritize", survivors)
+                scores = http.post("/gpupart/prioritize", survivors)
                 elapsed = (time.perf_counter() - started) * 1000
+                if scores:
+                    # Bind (not timed) to the best node, as kube-scheduler would: the pod then
+                    # counts on that node, so the next pod sees a changed cluster.
+                    best = max(scores, key=lambda s: s["Score"])["Host"]
+                    binding = {"PodName": f"p{i}", "PodNamespace": "bench", "PodUID": f"u{i}"}
+                    http.post("/gpupart/bind", {**binding, "Node": best})
                 if i == 0:
                     cold = elapsed
                 if i >= len(SHAPES):  # the first pod of each shape fills the verdict memo
