@@ -169,10 +169,10 @@ def _join(pieces: Iterable[str]) -> str:
 class _Batch:
     """The answers to one list of node names for one pod shape, patched in place.
 
-    kube-scheduler sends the same candidate list pod after pod, and the survivors of filter
+    kube-scheduler sends the same candidate nodes pod after pod, and the survivors of filter
     to prioritize; between two calls only the nodes the cache changed since `clock` (a bind,
-    a watch event) need new answers. A repeated list then costs one list comparison, the
-    changed nodes, and re-encoding their blocks; the reply joins the blocks' pieces.
+    a watch event) need new answers. A repeated set of names then costs one set comparison,
+    the changed nodes, and re-encoding their blocks; the reply joins the blocks' pieces.
     """
 
     names: list[str]
@@ -182,6 +182,7 @@ class _Batch:
     """How many nodes failed for each reason kind (None counts the nodes that passed)."""
     index: dict[str, int] = dataclasses.field(default_factory=dict)
     _blocks: list[_Block | None] = dataclasses.field(default_factory=list)
+    _passed: frozenset[str] | None = None
 
     @classmethod
     def of(cls, names: list[str], answers: list[Answer], clock: int) -> _Batch:
@@ -195,6 +196,8 @@ class _Batch:
             self.kinds[old.kind] -= 1
             self.kinds[answer.kind] += 1
             self._blocks[position // _BLOCK] = None
+            if old.status != answer.status:
+                self._passed = None
 
     def blocks(self) -> list[_Block]:
         blocks = self._blocks
@@ -203,8 +206,11 @@ class _Batch:
                 blocks[b] = _block(self.answers[b * _BLOCK : (b + 1) * _BLOCK])
         return blocks  # type: ignore[return-value]  # no None left
 
-    def passed_names(self) -> list[str]:
-        return list(chain.from_iterable(b.passed_names for b in self.blocks()))
+    def passed(self) -> frozenset[str]:
+        """The names of the nodes that passed."""
+        if self._passed is None:
+            self._passed = frozenset(chain.from_iterable(b.passed_names for b in self.blocks()))
+        return self._passed
 
     def filter_json(self) -> tuple[str, str, str]:
         """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text."""
@@ -389,7 +395,13 @@ class ExtenderService:
         *,
         survivors: bool,
     ) -> tuple[_Batch, bool] | None:
-        """A kept batch for `names`, patched up to the cache's clock; None when none fits."""
+        """A kept batch for `names`, patched up to the cache's clock; None when none fits.
+
+        kube-scheduler lists the feasible nodes in the order its parallel filter found them,
+        which changes from pod to pod: a batch answers any list of the same nodes, and its
+        reply keeps the batch's order (the scheduler reads replies by name, not position).
+        """
+        key: frozenset[str] | None = None
         for batch in list(memo.batches):
             changed = self.cache.changed_since(batch.clock)
             if changed is None:  # too far behind to patch
@@ -400,9 +412,15 @@ class ExtenderService:
                 if position is not None:
                     batch.patch(position, self._answer(name, sigs, demand, memo, model))
             batch.clock = self.cache.clock
-            if batch.names == names:
+            if batch.names == names:  # the same order: cheapest
                 return memo.use(batch), False
-            if survivors and len(names) <= len(batch.names) and batch.passed_names() == names:
+            if key is None:
+                key = frozenset(names)
+                if len(key) != len(names):
+                    return None  # a list naming a node twice is answered afresh
+            if batch.index.keys() == key:
+                return memo.use(batch), False
+            if survivors and batch.passed() == key:
                 return memo.use(batch), True
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -71,9 +72,19 @@ def parse_quantity(text: object, *, where: str) -> Fraction:
         return Fraction(text)
     if not isinstance(text, str):
         raise InvalidInput(where, f"must be a quantity such as 1 or 10Gi, got {text!r}")
+    value = _quantity(text)
+    if value is None:
+        raise InvalidInput(where, f"{text!r} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi)")
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Fraction | None:
+    """Cached: a cluster's pods repeat a few quantities, and exact parsing is the slow part of
+    reading a pod (the extender reads one per watch event)."""
     match = _QUANTITY.match(text.strip())
     if match is None:
-        raise InvalidInput(where, f"{text!r} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi)")
+        return None
     number, suffix = match.group(1), match.group(2) or ""
     if suffix[:1] in ("e", "E"):
         return Fraction(number) * Fraction(10) ** int(suffix[1:])

@@ -3,7 +3,8 @@
 The extender runs in a child process (uvicorn on 127.0.0.1 as `gpupart extender` runs it, the
 same app and cache as in production, fed with a synthetic cluster: 60 % MPS nodes, 25 % MIG
 nodes, 15 % whole-GPU nodes, 8 GPUs each, with a random share already in use). The parent plays kube-scheduler: for
-each pod, POST filter with every node name, then prioritize with the survivors, and times the
+each pod, POST filter with every node name (shuffled: kube-scheduler's parallel filter lists
+feasible nodes in a new order for each pod), then prioritize with the survivors, and times the
 pair; then it binds the pod to the best node (not timed; the extender's binder writes nothing
 here, but the pod counts on that node from then on), so every pod meets a changed cluster.
 Pods cycle through a few request shapes, each with its own uid, as a real queue would.
@@ -199,6 +200,7 @@ def measure(nodes: int, requests: int) -> tuple[float, float, float]:
         port = int(port_file.read_text())
         url = f"http://127.0.0.1:{port}"
         names = [f"node-{n:05d}" for n in range(nodes)]
+        order = random.Random(7)
         timings = []
         cold = 0.0
         for _attempt in range(300):
@@ -220,6 +222,7 @@ def measure(nodes: int, requests: int) -> tuple[float, float, float]:
                     },
                     "spec": {"containers": [{"resources": {"limits": limits}}]},
                 }
+                order.shuffle(names)  # kube-scheduler's parallel filter finds nodes in any order
                 started = time.perf_counter()
                 out = http.post("/gpupart/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
                 survivors = {"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}

@@ -2,14 +2,16 @@
 
 Starts the e2e control plane (etcd, kube-apiserver, default kube-scheduler, kwok), 1,000 kwok
 nodes with 8 MPS GPUs each (inventory annotation + nvidia.com/gpu.shared allocatable), the real
-`gpupart extender` process and two more kube-schedulers from the chart's configuration file:
-"gpupart-scheduler" as shipped (with the extender) and "gpupart-plain", the same file with the
-extender removed. The same batch of shared-GPU pods is scheduled by each; throughput = pods /
-seconds until all are bound. `ratio` compares the two that differ only by the extender; the
-default scheduler (which scores a sample of the nodes, not all of them) is reported beside.
+`gpupart extender` process and three more kube-schedulers from the chart's configuration
+file: "gpupart-scheduler" as shipped (with the extender), "gpupart-plain" (the same file with
+the extender removed) and "unbatched" (gpupart-plain with opportunistic batching off, which
+kube-scheduler does for any profile with an extender). The same batch of shared-GPU pods is
+scheduled by each; throughput = pods / seconds until all are bound. `ratio` compares the two
+that differ only by the extender; the unbatched and the default scheduler (which scores a
+sample of the nodes, not all of them) are reported beside.
 Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
 The last line is JSON: {"pods_per_s_with", "pods_per_s_without", "ratio",
-"pods_per_s_default_scheduler", "ratio_to_default_scheduler"}.
+"pods_per_s_without_batching", "pods_per_s_default_scheduler", "ratio_to_default_scheduler"}.
 
 Run: .venv/bin/python tests/bench/scheduler_throughput.py [--nodes 1000] [--pods 500]
 """
@@ -81,7 +83,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _scheduler(
-    bin_dir: Path, kubeconfig: Path, config: dict[str, Any], base: Path
+    bin_dir: Path, kubeconfig: Path, config: dict[str, Any], base: Path, *extra: str
 ) -> subprocess.Popen[bytes]:
     """A kube-scheduler process with this configuration (leader election off, fast client)."""
     config = {
@@ -100,6 +102,7 @@ def _scheduler(
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             "--v=1",
+            *extra,
         ],
         base.with_suffix(".log"),
     )
@@ -222,14 +225,23 @@ def main() -> int:
         config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
         plain = {k: v for k, v in config.items() if k != "extenders"}
         plain["profiles"] = [{**config["profiles"][0], "schedulerName": "gpupart-plain"}]
-        for name, cfg in (("gpupart-scheduler", config), ("gpupart-plain", plain)):
-            procs.append(_scheduler(bin_dir, cp.kubeconfig, cfg, workdir / name))
+        unbatched = {**plain, "profiles": [{**plain["profiles"][0], "schedulerName": "unbatched"}]}
+        for name, cfg, extra in (
+            ("gpupart-scheduler", config, ()),
+            ("gpupart-plain", plain, ()),
+            # kube-scheduler turns opportunistic batching (pods alike reuse the last cycle's
+            # node ranking, KEP-5598) off in any profile with an extender: this one shows
+            # what that alone costs.
+            ("unbatched", unbatched, ("--feature-gates=OpportunisticBatching=false",)),
+        ):
+            procs.append(_scheduler(bin_dir, cp.kubeconfig, cfg, workdir / name, *extra))
         ns = "bench"
         core.create_namespace({"metadata": {"name": ns}})
         pids = {p.name: p.popen.pid for p in cp.procs}
         pids["extender"] = procs[0].pid
         pids["gpupart-scheduler"] = procs[1].pid
         pids["gpupart-plain"] = procs[2].pid
+        pids["unbatched"] = procs[3].pid
         before = cpu_seconds(pids)
         time.sleep(3)  # the schedulers' informers sync
         idle = cpu_seconds(pids)
@@ -250,12 +262,15 @@ def main() -> int:
         without = batch("plain", "gpupart-plain")
         step("scheduling with the extender")
         with_ext = batch("gpupart", "gpupart-scheduler")
+        step("scheduling with the same configuration, no extender, no opportunistic batching")
+        unbatched = batch("unbatched", "unbatched")
         step("scheduling with the default scheduler")
         default = batch("default", "default-scheduler")
         step("extender verb latency: " + _verb_latency(f"http://{LOOPBACK}:{port}/metrics"))
         print(
             f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, "
-            f"with {with_ext:.1f} pods/s, default scheduler {default:.1f} pods/s"
+            f"with {with_ext:.1f} pods/s, without batching {unbatched:.1f} pods/s, "
+            f"default scheduler {default:.1f} pods/s"
         )
         print(
             json.dumps(
@@ -263,6 +278,7 @@ def main() -> int:
                     "pods_per_s_with": round(with_ext, 1),
                     "pods_per_s_without": round(without, 1),
                     "ratio": round(with_ext / without, 3),
+                    "pods_per_s_without_batching": round(unbatched, 1),
                     "pods_per_s_default_scheduler": round(default, 1),
                     "ratio_to_default_scheduler": round(with_ext / default, 3),
                 }

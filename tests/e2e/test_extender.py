@@ -260,3 +260,34 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
         for n in [*mps, mig]:
             core.delete_node(n)
+
+
+def test_the_binder_writes_node_and_annotations_in_one_binding_and_reports_refusals(
+    k8s_api: Any,
+) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(k8s_api)
+    ns = "binder"
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        pod = core.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": "p"},
+                # No scheduler serves this name: only our Binding places the pod.
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+            },
+        )
+        binder = ApiBinder(k8s_api)
+        with pytest.raises(ApiException) as refused:
+            binder.bind(ns, "p", "not-the-uid", "node-a", {})
+        assert refused.value.status == 409, refused.value
+        assert "not-the-uid" in str(refused.value.body), refused.value.body
+        binder.bind(ns, "p", pod.metadata.uid, "node-a", {ASSIGNMENT_ANNOTATION: "x"})
+        bound = core.read_namespaced_pod("p", ns)
+        assert bound.spec.node_name == "node-a"
+        assert bound.metadata.annotations[ASSIGNMENT_ANNOTATION] == "x"
+    finally:
+        core.delete_namespace(ns)

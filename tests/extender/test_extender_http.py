@@ -182,9 +182,7 @@ def test_bind_writes_assignment_then_binding_and_reserves(
     assert view is not None and view.gpus[1].used_memory_mib == 8000  # assumed until watched
 
 
-def test_assumed_pods_block_capacity_until_ttl(
-    client: TestClient, clock: Any
-) -> None:
+def test_assumed_pods_block_capacity_until_ttl(client: TestClient, clock: Any) -> None:
     for n in range(5):
         p = pod(f"big-{n}", shared(9000))
         client.post("/gpupart/filter", json=args(p, ["node-mps"]))
