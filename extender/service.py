@@ -173,6 +173,7 @@ class _Batch:
     to prioritize; between two calls only the nodes the cache changed since `clock` (a bind,
     a watch event) need new answers. A repeated set of names then costs one set comparison,
     the changed nodes, and re-encoding their blocks; the reply joins the blocks' pieces.
+    Read and changed under the cache's lock only.
     """
 
     names: list[str]
@@ -493,14 +494,16 @@ class ExtenderService:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if lists:
-            for answer in batch.answers:
-                if answer.status == PASSED:
-                    passed.append(answer.name)
-                else:
-                    into = failed if answer.status == FAILED else unresolvable
-                    into[answer.name] = answer.reason
-        kinds = batch.kinds
+        with self.cache.lock():  # kept batches change under this lock only
+            if lists:
+                for answer in batch.answers:
+                    if answer.status == PASSED:
+                        passed.append(answer.name)
+                    else:
+                        into = failed if answer.status == FAILED else unresolvable
+                        into[answer.name] = answer.reason
+            kinds = Counter(batch.kinds)
+            encoded = batch.filter_json()
         for reason, count in kinds.items():
             if reason is not None and count > 0:
                 self.metrics.filtered.labels(reason).inc(count)
@@ -514,20 +517,24 @@ class ExtenderService:
                 "Filtered out every node",
                 extra={"kv": {"pod": demand.pod, "nodes": len(names)}},
             )
-        return FilterOutcome(passed, failed, unresolvable, encoded=batch.filter_json())
+        return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
 
     def prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> list[tuple[str, int]]:
         batch, passed_only = self._prioritize(pod, names, nodes)
-        return [(a.name, a.score) for a in batch.answers if not passed_only or a.status == PASSED]
+        with self.cache.lock():
+            return [
+                (a.name, a.score) for a in batch.answers if not passed_only or a.status == PASSED
+            ]
 
     def prioritize_json(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]] = ()
     ) -> str:
         """`prioritize` as the JSON HostPriorityList, joined from memoised pieces."""
         batch, passed_only = self._prioritize(pod, names, nodes)
-        return batch.hosts_json(passed_only=passed_only)
+        with self.cache.lock():
+            return batch.hosts_json(passed_only=passed_only)
 
     def _prioritize(
         self, pod: Mapping[str, Any], names: Sequence[str], nodes: Iterable[Mapping[str, Any]]
