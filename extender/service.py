@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -165,7 +165,7 @@ def _join(pieces: Iterable[str]) -> str:
     return ",".join(p for p in pieces if p)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: batches are found in lists and dicts by identity
 class _Batch:
     """The answers to one list of node names for one pod shape, patched in place.
 
@@ -232,6 +232,9 @@ class _Batch:
 
 _BATCHES = 4
 """Lists kept per pod shape: filter's candidates, prioritize's survivors, and two spare."""
+KEPT_LISTS = 16
+"""Lists kept in all: each costs ~1 MB at 5,000 nodes (index and JSON pieces); the pod shapes
+asked most recently keep theirs."""
 
 
 @dataclass(slots=True)
@@ -252,9 +255,12 @@ class _ShapeMemo:
             self.batches.insert(0, batch)
         return batch
 
-    def keep(self, batch: _Batch) -> None:
+    def keep(self, batch: _Batch) -> list[_Batch]:
+        """Keep a new batch; returns those it pushed out."""
         self.batches.insert(0, batch)
+        dropped = self.batches[_BATCHES:]
         del self.batches[_BATCHES:]
+        return dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +283,7 @@ class ExtenderService:
         ttl_seconds: float = 30.0,
         refresh_seconds: float = 60.0,
         memo_size: int = 200_000,
+        kept_lists: int = KEPT_LISTS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
@@ -288,6 +295,9 @@ class ExtenderService:
         self.memo_size = memo_size
         self.clock = clock
         self._memo: dict[Demand, _ShapeMemo] = {}
+        self.kept_lists = kept_lists
+        self._recent: OrderedDict[_Batch, _ShapeMemo] = OrderedDict()
+        """Every kept batch, least recently used first, with the memo that keeps it."""
         self._generation = cache.generation
         self._holds: dict[str, Hold] = {}
         self._holds_lock = threading.Lock()
@@ -312,7 +322,7 @@ class ExtenderService:
                 model = fragmentation_model_of(mix)
                 if model != self._model:
                     self._model = model
-                    self._memo = {}  # verdicts depend on the model
+                    self._forget()  # verdicts depend on the model
         return self._model
 
     def _housekeeping(self, now: float) -> None:
@@ -323,12 +333,25 @@ class ExtenderService:
         with self._holds_lock:
             for uid in [u for u, h in self._holds.items() if h.expires <= now]:
                 del self._holds[uid]
-        size = sum(
-            len(m.states) + len(m.nodes) + sum(len(b.names) for b in m.batches)
-            for m in list(self._memo.values())
-        )
+        size = sum(len(m.states) + len(m.nodes) for m in list(self._memo.values()))
         if size > self.memo_size:
-            self._memo = {}
+            self._forget()
+
+    def _forget(self) -> None:
+        self._memo = {}
+        self._recent.clear()
+
+    def _keep(self, memo: _ShapeMemo, batch: _Batch) -> None:
+        for dropped in memo.keep(batch):
+            self._recent.pop(dropped, None)
+        self._recent[batch] = memo
+        while len(self._recent) > self.kept_lists:
+            oldest, owner = self._recent.popitem(last=False)
+            owner.batches.remove(oldest)
+
+    def _use(self, memo: _ShapeMemo, batch: _Batch) -> _Batch:
+        self._recent.move_to_end(batch)
+        return memo.use(batch)
 
     def _answers(
         self,
@@ -354,7 +377,7 @@ class ExtenderService:
             model = self.model(now)
             if self.cache.generation != self._generation:
                 self._generation = self.cache.generation
-                self._memo = {}
+                self._forget()
             memo = self._memo.get(shape)
             if memo is None:
                 memo = self._memo[shape] = _ShapeMemo()
@@ -383,7 +406,7 @@ class ExtenderService:
             if not given:
                 batch.index = dict(zip(names, range(len(names)), strict=True))
                 if len(batch.index) == len(names):  # a list naming a node twice is not kept
-                    memo.keep(batch)
+                    self._keep(memo, batch)
         return batch, False
 
     def _kept(
@@ -407,6 +430,7 @@ class ExtenderService:
             changed = self.cache.changed_since(batch.clock)
             if changed is None:  # too far behind to patch
                 memo.batches.remove(batch)
+                self._recent.pop(batch, None)
                 continue
             for name in changed:
                 position = batch.index.get(name)
@@ -414,15 +438,15 @@ class ExtenderService:
                     batch.patch(position, self._answer(name, sigs, demand, memo, model))
             batch.clock = self.cache.clock
             if batch.names == names:  # the same order: cheapest
-                return memo.use(batch), False
+                return self._use(memo, batch), False
             if key is None:
                 key = frozenset(names)
                 if len(key) != len(names):
                     return None  # a list naming a node twice is answered afresh
             if batch.index.keys() == key:
-                return memo.use(batch), False
+                return self._use(memo, batch), False
             if survivors and batch.passed() == key:
-                return memo.use(batch), True
+                return self._use(memo, batch), True
         return None
 
     def _answer(

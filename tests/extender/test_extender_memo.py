@@ -187,12 +187,18 @@ def _apply(
     cpus=st.lists(st.sampled_from(ALLOCATABLE), min_size=len(NODES), max_size=len(NODES)),
     events=_events,
     policy_only=st.booleans(),
+    kept_lists=st.sampled_from([1, 16]),
 )
 def test_memoised_answers_equal_a_fresh_evaluation(
-    kinds: list[int], cpus: list[str | None], events: list[Any], policy_only: bool
+    kinds: list[int],
+    cpus: list[str | None],
+    events: list[Any],
+    policy_only: bool,
+    kept_lists: int,
 ) -> None:
     """`policy_only`: the score is the fragmentation term alone, so a memo that missed a change
-    the policy sees (CPU use, allocatable, the mix) shows in the 0-10 score."""
+    the policy sees (CPU use, allocatable, the mix) shows in the 0-10 score. `kept_lists`: the
+    bound on kept name lists across pod shapes."""
     clock = _Clock()
     cache = ClusterCache()
     cache.replace(
@@ -203,10 +209,14 @@ def test_memoised_answers_equal_a_fresh_evaluation(
     scoring = ExtenderSettings().scoring()
     if policy_only:
         scoring = dataclasses.replace(scoring, weights=Weights(0, 0, 0, 1))
-    service = ExtenderService(cache, scoring, binder=FakeBinder(), metrics=Metrics(), clock=clock)
+    service = ExtenderService(
+        cache, scoring, binder=FakeBinder(), metrics=Metrics(), clock=clock, kept_lists=kept_lists
+    )
     asked: list[Any] = []
     for event in events:
         _apply(cache, service, clock, event, asked)
+        # kept_lists=1: shapes take each other's kept list, answers must not change.
+        assert sum(len(m.batches) for m in service._memo.values()) <= kept_lists
         clock.now += 7  # the model is looked at again now and then (refresh 60 s)
 
 
