@@ -144,6 +144,10 @@ class _Block:
     passed_names: tuple[str, ...]
 
 
+_PASSED, _FAILED, _UNRESOLVABLE = (attrgetter(f) for f in ("passed", "failed", "unresolvable"))
+_HOSTS, _PASSED_HOSTS = attrgetter("hosts"), attrgetter("passed_hosts")
+
+
 def _block(answers: Sequence[Answer]) -> _Block:
     items: tuple[list[str], list[str], list[str]] = ([], [], [])
     passed_hosts = []
@@ -162,7 +166,7 @@ def _block(answers: Sequence[Answer]) -> _Block:
 
 
 def _join(pieces: Iterable[str]) -> str:
-    return ",".join(p for p in pieces if p)
+    return ",".join(filter(None, pieces))  # empty blocks add no comma
 
 
 @dataclass(slots=True, eq=False)  # identity: batches are found in lists and dicts by identity
@@ -217,17 +221,15 @@ class _Batch:
         """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text."""
         blocks = self.blocks()
         return (
-            f"[{_join(b.passed for b in blocks)}]",
-            f"{{{_join(b.failed for b in blocks)}}}",
-            f"{{{_join(b.unresolvable for b in blocks)}}}",
+            f"[{_join(map(_PASSED, blocks))}]",
+            f"{{{_join(map(_FAILED, blocks))}}}",
+            f"{{{_join(map(_UNRESOLVABLE, blocks))}}}",
         )
 
     def hosts_json(self, *, passed_only: bool) -> str:
         """The HostPriorityList as JSON text: of every node, or of the passed ones only."""
         blocks = self.blocks()
-        if passed_only:
-            return f"[{_join(b.passed_hosts for b in blocks)}]"
-        return f"[{_join(b.hosts for b in blocks)}]"
+        return f"[{_join(map(_PASSED_HOSTS if passed_only else _HOSTS, blocks))}]"
 
 
 _BATCHES = 4
