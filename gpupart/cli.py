@@ -21,6 +21,10 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     ),
     "operator": ("gpupart_operator.main", "Run the GpuPartition operator (kopf)"),
     "node": ("gpupart_plugin.main", "Run the node agent and kubelet device plugin"),
+    "nvml-report": (
+        "gpupart_plugin.report",
+        "Print what NVML reports of this node's GPUs (read-only) against the catalogue",
+    ),
     "extender": ("gpupart_extender.main", "Run the kube-scheduler extender (FastAPI)"),
 }
 

@@ -248,3 +248,43 @@ def require_gpu_model(product: str) -> GpuModel:
     if model is None:
         raise UnknownProduct(product, tuple(m.product for m in catalogue()))
     return model
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileDifference:
+    """Where NVML's answer for a profile differs from the catalogue's (value None: absent)."""
+
+    profile: str
+    field: str
+    nvml: object
+    catalogue: object
+
+    @property
+    def structural(self) -> bool:
+        """Geometry (slices, placements, profile id, presence): the solver's plans depend on it.
+        Memory MiB is informative only: NVML's answer wins at run time."""
+        return self.field != "memory_mib"
+
+    def __str__(self) -> str:
+        return f"{self.profile}: {self.field} is {self.nvml!r} in NVML, {self.catalogue!r} here"
+
+
+_COMPARED = ("profile_id", "compute_slices", "memory_slices", "max_count", "starts", "memory_mib")
+
+
+def compare_models(nvml: GpuModel, known: GpuModel) -> list[ProfileDifference]:
+    """Every difference between what NVML reports for a GPU and the catalogue entry for it."""
+    differences = []
+    found = {p.name: p for p in nvml.profiles}
+    expected = {p.name: p for p in known.profiles}
+    for name in sorted(found.keys() | expected.keys()):
+        a, b = found.get(name), expected.get(name)
+        if a is None or b is None:
+            differences.append(ProfileDifference(name, "present", a is not None, b is not None))
+            continue
+        for field in _COMPARED:
+            if getattr(a, field) != getattr(b, field):
+                differences.append(
+                    ProfileDifference(name, field, getattr(a, field), getattr(b, field))
+                )
+    return differences

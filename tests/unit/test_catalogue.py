@@ -159,3 +159,26 @@ def test_profile_names_parse_compute_and_suffixes():
     assert parse_profile_name("1c.3g.40gb") == (1, 3, 40, "")
     assert parse_profile_name("1g.10gb+me") == (1, 1, 10, "+me")
     assert parse_profile_name("1g.24gb+me.all") == (1, 1, 24, "+me.all")
+
+
+def test_compare_models_names_every_difference_from_nvml() -> None:
+    from dataclasses import replace
+
+    from gpupart.core.catalogue import compare_models, require_gpu_model
+
+    known = require_gpu_model("A100-SXM4-80GB")
+    assert compare_models(known, known) == []
+    first, *rest = known.profiles
+    moved = replace(first, starts=first.starts[:-1], memory_mib=first.memory_mib + 1)
+    extra = replace(first, name="9g.999gb")
+    nvml = replace(known, profiles=(moved, *rest[1:], extra))
+    differences = {(d.profile, d.field): d for d in compare_models(nvml, known)}
+    assert set(differences) == {
+        (first.name, "starts"),
+        (first.name, "memory_mib"),
+        (rest[0].name, "present"),
+        ("9g.999gb", "present"),
+    }
+    assert not differences[(first.name, "memory_mib")].structural
+    assert differences[(rest[0].name, "present")].nvml is False
+    assert f"{first.name}: starts is" in str(differences[(first.name, "starts")])
