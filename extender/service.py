@@ -340,8 +340,9 @@ class ExtenderService:
             self._forget()
 
     def _forget(self) -> None:
-        self._memo = {}
-        self._recent.clear()
+        with self.cache.lock():  # bind's housekeeping runs on a worker thread
+            self._memo = {}
+            self._recent.clear()
 
     def _keep(self, memo: _ShapeMemo, batch: _Batch) -> None:
         for dropped in memo.keep(batch):
