@@ -52,11 +52,6 @@ class DeviceHub:
         with self._changed:
             return tuple(sorted(self._devices))
 
-    def offered(self) -> tuple[str, ...]:
-        """Resources with at least one device."""
-        with self._changed:
-            return tuple(sorted(r for r, d in self._devices.items() if d))
-
     def devices(self, resource: str) -> Mapping[str, Device]:
         with self._changed:
             return self._devices.get(resource, {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,6 +60,28 @@ def _call(what: str, function: Callable[..., T], *args: Any) -> T:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _listed(
+    what: str, function: Callable[..., None], parent: Any, profile_id: object, kind: Any, size: int
+) -> list[Any]:
+    """The handles an NVML list call fills in: (parent, profile ID, handle array, byref count)."""
+    handles = (kind * max(1, size))()
+    count = ctypes.c_uint(0)
+    _call(what, function, parent, profile_id, handles, ctypes.byref(count))
+    return list(handles[: count.value])
+
+
+def _compute_profiles(gi: Any) -> Iterator[Any]:
+    """The shared-engine compute-instance profiles the GPU instance offers."""
+    for ci_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        try:
+            raw = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, ci_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            )
+        except pynvml.NVMLError:
+            continue  # not offered for this GPU instance
+        yield raw
 
 
 class NvmlGpus:
@@ -170,20 +192,17 @@ class NvmlGpus:
 
     def _gpu_instances(self, index: int) -> list[tuple[MigInstance, Any, int]]:
         """(instance, GI handle, GI id) for every GPU instance."""
-        handle, model = self._handle(index), self.model(index)
+        handle = self._handle(index)
         found = []
-        for profile in model.profiles:
-            handles = (pynvml.c_nvmlGpuInstance_t * profile.max_count)()
-            count = ctypes.c_uint(0)
-            _call(
+        for profile in self.model(index).profiles:
+            for gi in _listed(
                 f"list GPU instances of GPU {index}",
                 pynvml.nvmlDeviceGetGpuInstances,
                 handle,
                 profile.profile_id,
-                handles,
-                ctypes.byref(count),
-            )
-            for gi in handles[: count.value]:
+                pynvml.c_nvmlGpuInstance_t,
+                profile.max_count,
+            ):
                 info = _call("read GPU instance", pynvml.nvmlGpuInstanceGetInfo, gi)
                 placement = Placement(int(info.placement.start), int(info.placement.size))
                 found.append((MigInstance(placement, profile.name), gi, int(info.id)))
@@ -191,24 +210,15 @@ class NvmlGpus:
 
     def _compute_instances(self, gi: Any) -> list[tuple[Any, int]]:
         found = []
-        for ci_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                raw = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, ci_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                )
-            except pynvml.NVMLError:
-                continue
-            handles = (pynvml.c_nvmlComputeInstance_t * max(1, int(raw.instanceCount)))()
-            count = ctypes.c_uint(0)
-            _call(
+        for raw in _compute_profiles(gi):
+            for ci in _listed(
                 "list compute instances",
                 pynvml.nvmlGpuInstanceGetComputeInstances,
                 gi,
                 raw.id,
-                handles,
-                ctypes.byref(count),
-            )
-            for ci in handles[: count.value]:
+                pynvml.c_nvmlComputeInstance_t,
+                int(raw.instanceCount),
+            ):
                 info = _call("read compute instance", pynvml.nvmlComputeInstanceGetInfo, ci)
                 found.append((ci, int(info.id)))
         return found
@@ -229,9 +239,10 @@ class NvmlGpus:
         return found
 
     def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
-        if not self._info(index).mig_enabled:
+        info = self._info(index)
+        if not info.mig_enabled:
             return ()
-        minor = self._info(index).minor
+        minor = info.minor
         caps = self._cap_minors()
         uuids = {
             (gi, ci): _text(_call("read MIG UUID", pynvml.nvmlDeviceGetUUID, mig))
@@ -385,13 +396,7 @@ class NvmlGpus:
 
     def _full_compute_profile(self, gi: Any, slices: int, what: str) -> int:
         """The compute-instance profile ID that fills the GPU instance (what `-cgi ... -C` makes)."""
-        for ci_index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                raw = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                    gi, ci_index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                )
-            except pynvml.NVMLError:
-                continue
+        for raw in _compute_profiles(gi):
             if int(raw.sliceCount) == slices:
                 return int(raw.id)
         raise NvmlError(NvmlFailure.NOT_SUPPORTED, f"{what}: no {slices}-slice compute profile")

@@ -90,10 +90,6 @@ class DevicePlugins:
             self._register_pending()
             return True
 
-    def registered(self) -> dict[str, bool]:
-        with self._lock:
-            return {r: p.registered for r, p in self._plugins.items()}
-
     def stop(self) -> None:
         with self._lock:
             for resource, plugin in self._plugins.items():
