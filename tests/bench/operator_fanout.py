@@ -19,13 +19,9 @@ import argparse
 import json
 import os
 import re
-import signal
-import ssl
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +34,15 @@ from gpupart.core.wire import DESIRED_ANNOTATION  # noqa: E402
 from tests.e2e.cluster import (  # noqa: E402
     LOOPBACK,
     ControlPlane,
+    Proc,
     bin_dir_from_env,
     create_nodes,
     free_port,
     gpu_node,
+    http_get,
     mig_labels,
     parallel,
+    spawn,
     wait_for,
 )
 
@@ -52,14 +51,10 @@ RESYNC_SECONDS = 2.0
 
 
 def scrape(url: str, token: str | None = None, ca: Path | None = None) -> str:
-    request = urllib.request.Request(url)
-    context = None
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    if ca:
-        context = ssl.create_default_context(cafile=str(ca))
-    with urllib.request.urlopen(request, timeout=10, context=context) as response:
-        return str(response.read().decode())
+    status, text = http_get(url, token=token, ca_file=ca)
+    if status != 200:
+        raise RuntimeError(f"GET {url}: HTTP {status}: {text[:200]}")
+    return text
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -126,7 +121,7 @@ def run(nodes: int, resyncs: int) -> dict[str, Any]:
         )
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-operator-"))
     cp = ControlPlane(bin_dir=bin_dir, workdir=workdir)
-    operator: subprocess.Popen[bytes] | None = None
+    operator: Proc | None = None
     try:
         cp.start(scheduler=False)
         cp.kubectl("apply", "-f", str(CRD_DIR))
@@ -154,8 +149,8 @@ def run(nodes: int, resyncs: int) -> dict[str, Any]:
         wait_for(all_running, 120, f"{nodes} kwok nodes Running", interval=1)
 
         metrics_port = free_port()
-        log = workdir / "operator.log"
-        operator = subprocess.Popen(
+        operator = spawn(
+            "operator",
             [
                 sys.executable,
                 "-m",
@@ -166,16 +161,14 @@ def run(nodes: int, resyncs: int) -> dict[str, Any]:
                 f"--metrics-port={metrics_port}",
                 f"--resync-seconds={RESYNC_SECONDS}",
             ],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            workdir,
         )
         metrics_url = f"http://{LOOPBACK}:{metrics_port}/metrics"
 
         def op_metric(name: str, **want: str) -> float:
-            if operator is not None and operator.poll() is not None:
+            if operator is not None and not operator.alive():
                 raise SystemExit(
-                    f"operator exited {operator.returncode}:\n{log.read_text()[-3000:]}"
+                    f"operator exited {operator.popen.returncode}:\n{operator.tail(60)}"
                 )
             return metric(scrape(metrics_url), name, **want)
 
@@ -238,12 +231,8 @@ def run(nodes: int, resyncs: int) -> dict[str, Any]:
             "load_average": round(os.getloadavg()[0], 1),
         }
     finally:
-        if operator is not None and operator.poll() is None:
-            os.killpg(operator.pid, signal.SIGTERM)
-            try:
-                operator.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(operator.pid, signal.SIGKILL)
+        if operator is not None:
+            operator.stop(15)
         cp.stop()
 
 

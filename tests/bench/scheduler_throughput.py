@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,73 +38,25 @@ from gpupart.core.wire import INVENTORY_ANNOTATION, InventoryGpu, encode_invento
 from tests.e2e.cluster import (  # noqa: E402
     LOOPBACK,
     ControlPlane,
+    Proc,
     bin_dir_from_env,
     create_nodes,
     free_port,
     gpu_node,
+    http_get,
+    http_ok,
     missing_binaries,
     parallel,
+    spawn,
+    start_scheduler,
     wait_for,
 )
 
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the benchmark process dies (Linux prctl)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        cmd,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, before exec
-    )
-
-
 def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)  # run the finally blocks that stop what we started
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _scheduler(
-    bin_dir: Path, kubeconfig: Path, config: dict[str, Any], base: Path, *extra: str
-) -> subprocess.Popen[bytes]:
-    """A kube-scheduler process with this configuration (leader election off, fast client)."""
-    config = {
-        **config,
-        "leaderElection": {"leaderElect": False},
-        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": 1000, "burst": 2000},
-    }
-    path = base.with_suffix(".yaml")
-    path.write_text(yaml.safe_dump(config))
-    return _start(
-        [
-            str(bin_dir / "kube-scheduler"),
-            f"--config={path}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={free_port()}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
-            "--v=1",
-            *extra,
-        ],
-        base.with_suffix(".log"),
-    )
 
 
 def _pod(name: str, scheduler: str) -> dict[str, Any]:
@@ -184,7 +135,7 @@ def main() -> int:
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
     cp = ControlPlane(bin_dir=bin_dir, workdir=workdir)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Proc] = []
     try:
         step("starting the control plane")
         cp.start(scheduler_config={})
@@ -203,7 +154,8 @@ def main() -> int:
         create_nodes(api, manifests)
         port = free_port()
         procs.append(
-            _start(
+            spawn(
+                "extender",
                 [
                     sys.executable,
                     "-m",
@@ -216,11 +168,11 @@ def main() -> int:
                     "--log-level",
                     "WARNING",
                 ],
-                workdir / "extender.log",
+                workdir,
             )
         )
         step("starting the extender")
-        wait_for(lambda: _ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
+        wait_for(lambda: http_ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
         config = yaml.safe_load(CONFIG_FILE.read_text())
         config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
         plain = {k: v for k, v in config.items() if k != "extenders"}
@@ -234,14 +186,14 @@ def main() -> int:
             # what that alone costs.
             ("unbatched", unbatched, ("--feature-gates=OpportunisticBatching=false",)),
         ):
-            procs.append(_scheduler(bin_dir, cp.kubeconfig, cfg, workdir / name, *extra))
+            proc, _ = start_scheduler(
+                bin_dir, cp.kubeconfig, cfg, name, workdir, verbosity=1, extra=extra
+            )
+            procs.append(proc)
         ns = "bench"
         core.create_namespace({"metadata": {"name": ns}})
         pids = {p.name: p.popen.pid for p in cp.procs}
-        pids["extender"] = procs[0].pid
-        pids["gpupart-scheduler"] = procs[1].pid
-        pids["gpupart-plain"] = procs[2].pid
-        pids["unbatched"] = procs[3].pid
+        pids.update({p.name: p.popen.pid for p in procs})
         before = cpu_seconds(pids)
         time.sleep(3)  # the schedulers' informers sync
         idle = cpu_seconds(pids)
@@ -287,16 +239,13 @@ def main() -> int:
         return 0
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            proc.stop()
         cp.stop()
 
 
 def _verb_latency(url: str) -> str:
     """Server-side count and mean seconds per verb, from the extender's own histogram."""
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
+    text = http_get(url)[1]
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for line in text.splitlines():
@@ -310,13 +259,6 @@ def _verb_latency(url: str) -> str:
         for v in counts
         if counts[v]
     )
-
-
-def _ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as r:
-        return bool(r.status == 200)
 
 
 if __name__ == "__main__":

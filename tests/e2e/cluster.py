@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,14 +121,20 @@ def _set_parent_death_signal() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def _https_get(url: str, token: str | None, ca_file: Path | None) -> tuple[int, str]:
-    """GET a loopback URL; verify against ca_file if given (the scheduler self-signs its cert)."""
-    if ca_file is not None:
-        ctx = ssl.create_default_context(cafile=str(ca_file))
-    else:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+def http_get(url: str, *, token: str | None = None, ca_file: Path | None = None) -> tuple[int, str]:
+    """GET a loopback URL: status and body (an HTTP error status is returned, not raised).
+
+    HTTPS is verified against ca_file when given; without one it is not verified (the
+    schedulers serve self-signed certificates, and every URL here is loopback).
+    """
+    ctx = None
+    if url.startswith("https:"):
+        if ca_file is not None:
+            ctx = ssl.create_default_context(cafile=str(ca_file))
+        else:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
@@ -139,12 +145,9 @@ def _https_get(url: str, token: str | None, ca_file: Path | None) -> tuple[int, 
         return e.code, e.read().decode(errors="replace")
 
 
-def _http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
+def http_ok(url: str) -> bool:
+    """The URL answers 200 (a refused connection raises, which `wait_for` counts as not yet)."""
+    return http_get(url)[0] == 200
 
 
 # --- certificates ----------------------------------------------------------------------------
@@ -244,6 +247,87 @@ class Proc:
         except OSError as e:
             return f"(no log: {e})"
         return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace: float = 10) -> None:
+        """SIGTERM the process group we created, SIGKILL it after grace seconds."""
+        if self.popen.poll() is not None:
+            return
+        pgid = self.popen.pid  # start_new_session made the child its own group leader
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def spawn(
+    name: str,
+    args: list[str],
+    log_dir: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Proc:
+    """Start a process whose output goes to `<log_dir>/<name>.log` (appended).
+
+    Own session: a Ctrl-C in the terminal reaches the test runner only, which then stops these
+    in order, and `Proc.stop` signals the whole group we created, nothing else. It dies with
+    the process that started it (Linux), even when that one is SIGKILLed.
+    """
+    log = log_dir / f"{name}.log"
+    with log.open("ab") as out:
+        out.write(f"\n=== {' '.join(args)}\n".encode())
+        out.flush()
+        popen = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
+            start_new_session=True,
+            preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - only prctl, before exec
+        )
+    return Proc(name, popen, log)
+
+
+def start_scheduler(
+    bin_dir: Path,
+    kubeconfig: Path,
+    config: Mapping[str, Any],
+    name: str,
+    workdir: Path,
+    *,
+    qps: int = 1000,
+    burst: int = 2000,
+    verbosity: int = 2,
+    extra: Sequence[str] = (),
+) -> tuple[Proc, int]:
+    """One more kube-scheduler with this KubeSchedulerConfiguration (leader election off), its
+    file and log named after it in workdir; returns the process and its /healthz port."""
+    config = {
+        **config,
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": {"kubeconfig": str(kubeconfig), "qps": qps, "burst": burst},
+    }
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    args = [
+        str(bin_dir / "kube-scheduler"),
+        f"--config={path}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={port}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--authorization-always-allow-paths=/healthz",
+        f"--v={verbosity}",
+        *extra,
+    ]
+    return spawn(name, args, workdir), port
 
 
 @dataclass
@@ -355,23 +439,7 @@ class ControlPlane:
             raise
 
     def _spawn(self, name: str, args: list[str]) -> Proc:
-        log = self.logs_dir / f"{name}.log"
-        logf = log.open("ab")
-        logf.write(f"\n=== {' '.join(args)}\n".encode())
-        logf.flush()
-        popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            # Own session: a Ctrl-C in the terminal reaches pytest only, which then stops
-            # these in order; and we can signal the whole group we created, nothing else.
-            start_new_session=True,
-            preexec_fn=_set_parent_death_signal,
-        )
-        logf.close()
-        proc = Proc(name, popen, log)
+        proc = spawn(name, args, self.logs_dir, cwd=self.workdir)
         self.procs.append(proc)
         return proc
 
@@ -400,7 +468,7 @@ class ControlPlane:
                 return
             except (TimeoutError, RuntimeError) as e:
                 port_race = "address already in use" in proc.tail(200)
-                self._terminate(proc)
+                proc.stop()
                 self.procs.remove(proc)
                 if port_race and attempt < 2:
                     continue
@@ -430,7 +498,7 @@ class ControlPlane:
                 "--quota-backend-bytes=2147483648",
                 "--log-level=warn",
             ]
-            return args, lambda: json.loads(_http_get(f"{url}/health")[1]).get("health") == "true"
+            return args, lambda: json.loads(http_get(f"{url}/health")[1]).get("health") == "true"
 
         self._start_retrying("etcd", make, timeout=30)
         return url
@@ -477,7 +545,7 @@ class ControlPlane:
             ]
 
             def healthy() -> bool:
-                code, _ = _https_get(f"{self.api_url}/readyz", self.token, self.ca_file)
+                code, _ = http_get(f"{self.api_url}/readyz", token=self.token, ca_file=self.ca_file)
                 return code == 200
 
             return args, healthy
@@ -534,7 +602,7 @@ class ControlPlane:
             # for this loopback-only health probe.
             return (
                 args,
-                lambda: _https_get(f"https://{LOOPBACK}:{port}/healthz", None, None)[0] == 200,
+                lambda: http_ok(f"https://{LOOPBACK}:{port}/healthz"),
             )
 
         self._start_retrying("kube-scheduler", make, timeout=60)
@@ -552,23 +620,9 @@ class ControlPlane:
                 f"--server-address={LOOPBACK}:{port}",
                 f"--config={STAGES_FILE}",
             ]
-            return args, lambda: _http_get(f"http://{LOOPBACK}:{port}/healthz")[0] == 200
+            return args, lambda: http_ok(f"http://{LOOPBACK}:{port}/healthz")
 
         self._start_retrying("kwok", make, timeout=60)
-
-    def _terminate(self, proc: Proc, grace: float = 10) -> None:
-        """SIGTERM the process group we created for proc, SIGKILL it after grace seconds."""
-        if proc.popen.poll() is not None:
-            return
-        pgid = proc.popen.pid  # start_new_session made the child its own group leader
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        try:
-            proc.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            proc.popen.wait(5)
 
     def stop(self) -> None:
         """Stop the processes we started, newest first. Safe to call twice."""
@@ -577,7 +631,7 @@ class ControlPlane:
                 return
             self._stopped = True
         for proc in reversed(self.procs):
-            self._terminate(proc)
+            proc.stop()
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 

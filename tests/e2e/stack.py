@@ -10,18 +10,11 @@ a pod is bound to the node, and the PodResources List the node agent asks who us
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import ssl
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +29,17 @@ from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
 from gpupart_plugin.api import podresources_pb2 as pr
 from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
 
-from .cluster import LOOPBACK, REPO, ControlPlane, free_port, wait_for
+from .cluster import (
+    LOOPBACK,
+    REPO,
+    ControlPlane,
+    Proc,
+    free_port,
+    http_ok,
+    spawn,
+    start_scheduler,
+    wait_for,
+)
 
 GPUPART = Path(sys.executable).parent / "gpupart"
 CHART = REPO / "charts" / "gpupart"
@@ -58,61 +61,6 @@ if command == "quit":
 elif command.startswith("get_default_active_thread_percentage"):
     print("100.0")
 """
-
-
-# --- processes -------------------------------------------------------------------------------
-
-
-@dataclass
-class Process:
-    """One process we started, in its own session so that a kill reaches all of it."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return f"----- {self.name} -----\n" + "\n".join(text.splitlines()[-lines:])
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace: float = 5) -> None:
-        if self.popen.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
-
-
-def spawn(name: str, args: list[str], log_dir: Path, env: Mapping[str, str] = {}) -> Process:  # noqa: B006
-    log = log_dir / f"{name}.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-    return Process(name, popen, log)
-
-
-def http_ok(url: str, *, insecure: bool = False) -> bool:
-    context = None
-    if insecure:  # kube-scheduler's self-signed serving certificate, loopback only
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    with urllib.request.urlopen(url, timeout=2, context=context) as response:
-        return bool(response.status == 200)
 
 
 # --- fake kubelet ----------------------------------------------------------------------------
@@ -312,14 +260,14 @@ class Stack:
     cp: ControlPlane
     api_client: Any
     work: Path
-    processes: list[Process] = field(default_factory=list)
+    processes: list[Proc] = field(default_factory=list)
     kubelets: dict[str, FakeKubelet] = field(default_factory=dict)
 
     def tails(self) -> str:
         errors = [
             f"fake kubelet {n}: {k.errors[-10:]}" for n, k in self.kubelets.items() if k.errors
         ]
-        return "\n".join([p.tail() for p in self.processes] + errors)
+        return "\n".join([f"----- {p.name} -----\n{p.tail()}" for p in self.processes] + errors)
 
     def start_operator(self) -> None:
         port = free_port()
@@ -395,34 +343,23 @@ class Stack:
         (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
         config = yaml.safe_load(config_map["data"]["config.yaml"])
         config["extenders"][0]["urlPrefix"] = extender_url
-        config["leaderElection"] = {"leaderElect": False}
-        config["clientConnection"] = {
-            "kubeconfig": str(self.cp.kubeconfig),
-            "qps": 200,
-            "burst": 400,
-        }
-        path = self.work / "gpupart-scheduler.yaml"
-        path.write_text(yaml.safe_dump(config))
-        port = free_port()
-        proc = spawn(
+        proc, port = start_scheduler(
+            self.cp.bin_dir,
+            self.cp.kubeconfig,
+            config,
             "gpupart-scheduler",
-            [
-                str(self.cp.bin_dir / "kube-scheduler"), f"--config={path}",
-                f"--bind-address={LOOPBACK}", f"--secure-port={port}",
-                f"--authentication-kubeconfig={self.cp.kubeconfig}",
-                f"--authorization-kubeconfig={self.cp.kubeconfig}",
-                "--authorization-always-allow-paths=/healthz", "--v=2",
-            ],
             self.work,
-        )  # fmt: skip
+            qps=200,
+            burst=400,
+        )
         self.processes.append(proc)
-        self._healthy(proc, f"https://{LOOPBACK}:{port}/healthz", insecure=True)
+        self._healthy(proc, f"https://{LOOPBACK}:{port}/healthz")
 
-    def _healthy(self, proc: Process, url: str, *, insecure: bool = False) -> None:
+    def _healthy(self, proc: Proc, url: str) -> None:
         def check() -> bool:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited {proc.popen.returncode}\n{proc.tail()}")
-            return http_ok(url, insecure=insecure)
+            return http_ok(url)
 
         try:
             wait_for(check, 60, f"{proc.name} at {url}")

@@ -8,16 +8,10 @@ kwok nodes carry the node agent's inventory annotation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
-import ssl
-import subprocess
 import threading
 import time
-import urllib.request
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,7 +36,16 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
-from .cluster import LOOPBACK, REPO, ControlPlane, create_nodes, free_port, gpu_node, wait_for
+from .cluster import (
+    LOOPBACK,
+    REPO,
+    ControlPlane,
+    create_nodes,
+    gpu_node,
+    http_ok,
+    start_scheduler,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -74,12 +77,8 @@ def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
     server, thread, port = _serve(create_app(settings, service))
     url = f"http://{LOOPBACK}:{port}"
 
-    def ready() -> bool:
-        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-            return r.status == 200
-
     try:
-        wait_for(ready, 30, "the extender's watch cache to sync")
+        wait_for(lambda: http_ok(f"{url}/readyz"), 30, "the extender's watch cache to sync")
         yield f"{url}{settings.prefix}"
     finally:
         watcher.stop()
@@ -96,51 +95,18 @@ def gpupart_scheduler(
     cp = k8s_control_plane
     config = yaml.safe_load(CONFIG_FILE.read_text())
     config["extenders"][0]["urlPrefix"] = extender_url
-    config["leaderElection"] = {"leaderElect": False}
-    config["clientConnection"] = {"kubeconfig": str(cp.kubeconfig), "qps": 1000, "burst": 2000}
-    path = cp.workdir / "gpupart-scheduler.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (cp.workdir / "gpupart-scheduler.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(cp.bin_dir / "kube-scheduler"),
-            f"--config={path}",
-            f"--bind-address={LOOPBACK}",
-            f"--secure-port={port}",
-            f"--authentication-kubeconfig={cp.kubeconfig}",
-            f"--authorization-kubeconfig={cp.kubeconfig}",
-            "--authorization-always-allow-paths=/healthz",
-            "--v=2",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    insecure = ssl.create_default_context()
-    insecure.check_hostname = False
-    insecure.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert, loopback only
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(
-            f"https://{LOOPBACK}:{port}/healthz", timeout=2, context=insecure
-        ) as r:
-            return r.status == 200
-
+    proc, port = start_scheduler(cp.bin_dir, cp.kubeconfig, config, "gpupart-scheduler", cp.workdir)
     try:
-        wait_for(healthy, 60, "gpupart-scheduler to serve /healthz")
+        wait_for(
+            lambda: http_ok(f"https://{LOOPBACK}:{port}/healthz"),
+            60,
+            "gpupart-scheduler to serve /healthz",
+        )
         yield
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
-        if proc.returncode not in (0, -signal.SIGTERM):
-            print(Path(log.name).read_text()[-4000:])
+        proc.stop()
+        if proc.popen.returncode not in (0, -signal.SIGTERM):
+            print(proc.log.read_text()[-4000:])
 
 
 def _node(name: str, gpus: list[InventoryGpu], extended: dict[str, int]) -> dict[str, Any]:
