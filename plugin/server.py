@@ -80,7 +80,10 @@ class ResourceServicer(api_grpc.DevicePluginServicer):
         sent = self._listing()
         yield sent
         while context.is_active() and not self.stopped:
-            version = self.hub.wait(version, self.poll_s)
+            latest = self.hub.wait(version, self.poll_s)
+            if latest == version:
+                continue  # timed out: the listing is what was sent (every change bumps the version)
+            version = latest
             listing = self._listing()
             if listing != sent:
                 sent = listing
