@@ -85,34 +85,27 @@ def pack_mig(nodes: Sequence[Node], pods: Sequence[Pod], *, seed: int, load: flo
             and memory[n] >= pod.memory_mib
             and (pod.num_gpu == 0 or pod.accepts(node.model))
         ]
-        placed = False
+        target = -1
         if pod.num_gpu == 0:
-            placed = bool(hosts)
             target = hosts[0] if hosts else -1
         elif pod.gpu_milli < MILLI:
-            target, placed = _place_instance(hosts, models, layouts, whole, pod, profiles)
-            if placed:
-                profile = smallest_profile(models[target], pod.gpu_milli)
+            found = _place_instance(hosts, models, layouts, whole, pod.gpu_milli)
+            if found is not None:
+                target, profile = found
+                profiles[profile.name] = profiles.get(profile.name, 0) + 1
                 accepted_instances.append(profile)
                 granted += profile.compute_slices
         else:
-            target = next(
-                (
-                    n
-                    for n in hosts
-                    if sum(1 for i, g in enumerate(layouts[n]) if not g and not whole[n][i])
-                    >= pod.num_gpu
-                ),
-                -1,
-            )
-            if target >= 0:
-                free = [i for i, g in enumerate(layouts[target]) if not g and not whole[target][i]]
-                for index in free[: pod.num_gpu]:
-                    whole[target][index] = True
-                whole_gpus += pod.num_gpu
-                granted += pod.num_gpu * COMPUTE_SLICES
-                placed = True
-        if placed:
+            for n in hosts:
+                free = _empty_gpus(layouts[n], whole[n])
+                if len(free) >= pod.num_gpu:
+                    target = n
+                    for index in free[: pod.num_gpu]:
+                        whole[n][index] = True
+                    whole_gpus += pod.num_gpu
+                    granted += pod.num_gpu * COMPUTE_SLICES
+                    break
+        if target >= 0:
             cpu[target] -= pod.cpu_milli
             memory[target] -= pod.memory_mib
             accepted += 1
@@ -136,34 +129,39 @@ def pack_mig(nodes: Sequence[Node], pods: Sequence[Pod], *, seed: int, load: flo
     )
 
 
+def _empty_gpus(layouts: list[Layout], whole: list[bool]) -> list[int]:
+    """Indices of a node's GPUs holding neither MIG instances nor a whole-GPU pod."""
+    return [i for i, layout in enumerate(layouts) if not layout and not whole[i]]
+
+
 def _place_instance(
     hosts: list[int],
     models: list[GpuModel],
     layouts: list[list[Layout]],
     whole: list[list[bool]],
-    pod: Pod,
-    profiles: dict[str, int],
-) -> tuple[int, bool]:
-    """Put one instance on the fullest GPU whose layout can grow by it; empty GPUs last."""
+    share_milli: int,
+) -> tuple[int, MigProfile] | None:
+    """Put one instance on the fullest GPU whose layout can grow by it; empty GPUs last.
+
+    Returns the node and the profile placed, or None when no GPU can take it.
+    """
     candidates = []
     for n in hosts:
+        model = models[n]
         for i, layout in enumerate(layouts[n]):
             if whole[n][i]:
                 continue
-            used = sum(p.compute_slices for p in _profiles_of(models[n], layout))
+            used = sum(
+                model.require_profile(instance.profile).compute_slices for instance in layout
+            )
             candidates.append((-used if layout else 1, n, i))
     candidates.sort()
     for _, n, i in candidates:
-        profile = smallest_profile(models[n], pod.gpu_milli)
+        profile = smallest_profile(models[n], share_milli)
         counts = layout_counts(layouts[n][i])
         counts[profile.name] = counts.get(profile.name, 0) + 1
         new_layout = fit_layout(models[n], counts, keep=layouts[n][i])
         if new_layout is not None:
             layouts[n][i] = new_layout
-            profiles[profile.name] = profiles.get(profile.name, 0) + 1
-            return n, True
-    return -1, False
-
-
-def _profiles_of(model: GpuModel, layout: Layout) -> list[MigProfile]:
-    return [model.require_profile(instance.profile) for instance in layout]
+            return n, profile
+    return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpupart.core.scoring import (
     FragmentationModel,
@@ -101,17 +101,7 @@ def arrivals(
         if total + pod.total_gpu_milli > target:
             return sequence
         total += pod.total_gpu_milli
-        sequence.append(
-            Pod(
-                f"{pod.name}-tuned-{copy}",
-                pod.cpu_milli,
-                pod.memory_mib,
-                pod.num_gpu,
-                pod.gpu_milli,
-                pod.gpu_spec,
-                pod.line,
-            )
-        )
+        sequence.append(replace(pod, name=f"{pod.name}-tuned-{copy}"))
         copy += 1
 
 
@@ -125,6 +115,10 @@ def kind_of(request: Request) -> str:
     if request.is_shared:
         return "shared"
     return "1-gpu" if request.num_gpu == 1 else f"{request.num_gpu}-gpu"
+
+
+_Key = tuple[int, int, tuple[int, ...], str]
+"""A node state up to GPU order: CPU left, memory left, free shares (largest first), model."""
 
 
 class _Group:
@@ -170,8 +164,8 @@ def replay(
     model = FragmentationModel.of(typical if typical is not None else typical_pods(pods))
 
     states = [initial_state(node) for node in ordered_nodes]
-    groups: dict[tuple[int, int, tuple[int, ...], str], _Group] = {}
-    node_key: list[tuple[int, int, tuple[int, ...], str]] = []
+    groups: dict[_Key, _Group] = {}
+    node_key: list[_Key] = []
     frag = [model.fragmentation(state) for state in states]
     frag_total = sum(frag)
     for index, state in enumerate(states):
@@ -190,6 +184,11 @@ def replay(
     failed_by_kind: dict[str, int] = {}
     total = len(sequence)
     requests: dict[tuple[int, int, int, int, tuple[str, ...]], Request] = {}
+
+    def sample() -> None:
+        """One point of each curve: allocation and fragmentation as % of capacity now."""
+        curve.append(100.0 * allocated / capacity if capacity else 0.0)
+        frag_curve.append(100.0 * frag_total / capacity if capacity else 0.0)
 
     for done, pod in enumerate(sequence):
         shape = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
@@ -219,13 +218,11 @@ def replay(
             frag_total += new_frag - frag[chosen]
             frag[chosen] = new_frag
         while len(curve) <= max_percent and arrived * 100 >= len(curve) * capacity:
-            curve.append(100.0 * allocated / capacity if capacity else 0.0)
-            frag_curve.append(100.0 * frag_total / capacity if capacity else 0.0)
+            sample()
         if progress is not None and (done + 1) % PROGRESS_EVERY == 0:
             progress(done + 1, total)
     while len(curve) <= max_percent:  # the tuned workload stops just short of the target
-        curve.append(100.0 * allocated / capacity if capacity else 0.0)
-        frag_curve.append(100.0 * frag_total / capacity if capacity else 0.0)
+        sample()
     if progress is not None:
         progress(total, total)
     return ReplayResult(
@@ -247,7 +244,7 @@ def replay(
     )
 
 
-def _key(state: NodeState) -> tuple[int, int, tuple[int, ...], str]:
+def _key(state: NodeState) -> _Key:
     return (
         state.cpu_left,
         state.memory_left,
@@ -257,8 +254,8 @@ def _key(state: NodeState) -> tuple[int, int, tuple[int, ...], str]:
 
 
 def _join(
-    groups: dict[tuple[int, int, tuple[int, ...], str], _Group],
-    key: tuple[int, int, tuple[int, ...], str],
+    groups: dict[_Key, _Group],
+    key: _Key,
     index: int,
 ) -> None:
     group = groups.get(key)
@@ -270,8 +267,8 @@ def _join(
 
 
 def _leave(
-    groups: dict[tuple[int, int, tuple[int, ...], str], _Group],
-    key: tuple[int, int, tuple[int, ...], str],
+    groups: dict[_Key, _Group],
+    key: _Key,
     index: int,
 ) -> None:
     group = groups[key]
@@ -284,7 +281,7 @@ def _leave(
 
 def _choose(
     policy: Policy,
-    groups: dict[tuple[int, int, tuple[int, ...], str], _Group],
+    groups: dict[_Key, _Group],
     request: Request,
     model: FragmentationModel,
     rng: random.Random,
@@ -297,7 +294,7 @@ def _choose(
             if request in group.scores:
                 fit = group.scores[request] is not None
             else:
-                fit = _fits_group(group, request)
+                fit = fits(group.canonical, request)
                 # cache feasibility only: the random score itself must be drawn per pod
                 group.scores[request] = Placement(0.0, ()) if fit else None
             if fit:
@@ -326,10 +323,6 @@ def _choose(
             best_score = score
             best_node = group.lowest
     return best_node
-
-
-def _fits_group(group: _Group, request: Request) -> bool:
-    return fits(group.canonical, request)
 
 
 _MISSING = Placement(float("nan"), ())

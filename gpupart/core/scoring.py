@@ -22,7 +22,7 @@ import math
 import random
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -198,15 +198,6 @@ class FragmentationModel:
             self._frag[key] = value
         return value
 
-    def fragmentation_sorted(self, cpu_left: int, gpus: tuple[int, ...], model: str) -> float:
-        """`fragmentation` for free shares already sorted in decreasing order (hot path)."""
-        key = (cpu_left, gpus, model)
-        value = self._frag.get(key)
-        if value is None:
-            value = self._fragmentation(cpu_left, gpus, model)
-            self._frag[key] = value
-        return value
-
     def _fragmentation(self, cpu_left: int, gpus: tuple[int, ...], model: str) -> float:
         left = sum(gpus)
         if left == 0:
@@ -217,15 +208,17 @@ class FragmentationModel:
             self._weights[cpu_left] = weights
         gains = self._gains.get((gpus, model))
         if gains is None:
-            gains = self._class_gains(gpus, model)
+            gains = self._class_gains(gpus, left, model)
             self._gains[(gpus, model)] = gains
         value = float(left)
         for index, usable in gains:
             value -= weights[index] * usable
         return value
 
-    def _class_gains(self, gpus: tuple[int, ...], model: str) -> tuple[tuple[int, int], ...]:
-        """For each class that fits these GPUs: (class index, free share it could use)."""
+    def _class_gains(
+        self, gpus: tuple[int, ...], left: int, model: str
+    ) -> tuple[tuple[int, int], ...]:
+        """For each class that fits these GPUs (`left` free in all): (class index, usable share)."""
         gains = []
         for index, c in enumerate(self.classes):
             if c.gpu_spec and model not in c.gpu_spec:
@@ -238,7 +231,7 @@ class FragmentationModel:
                 else:
                     small += share
             if fitting >= c.num_gpu:
-                gains.append((index, sum(gpus) - small))
+                gains.append((index, left - small))
         return tuple(gains)
 
 
@@ -289,7 +282,7 @@ def score_node(
     if policy is Policy.BESTFIT:
         return Placement(float(bestfit_score(state, request)), _tightest_gpus(state, request))
     if policy is Policy.FGD:
-        return _fgd(state, request, model)
+        return _gradient(state, request, model.fragmentation, tightest_on_ties=False)
     return score_gpupart(state, request, model)
 
 
@@ -317,8 +310,6 @@ def _candidates(state: NodeState, request: Request) -> list[int]:
 
 
 def _tightest_gpus(state: NodeState, request: Request) -> tuple[int, ...]:
-    if request.num_gpu == 0:
-        return ()
     if not request.is_shared:
         return _lowest_free(state, request.num_gpu)
     best = -1
@@ -330,7 +321,7 @@ def _tightest_gpus(state: NodeState, request: Request) -> tuple[int, ...]:
 
 def _random_gpu(state: NodeState, request: Request, rng: random.Random) -> tuple[int, ...]:
     if not request.is_shared:
-        return _lowest_free(state, request.num_gpu) if request.num_gpu else ()
+        return _lowest_free(state, request.num_gpu)
     fitting = [i for i, share in enumerate(state.gpu_left) if share >= request.gpu_milli]
     return (fitting[rng.randrange(len(fitting))],)
 
@@ -340,18 +331,29 @@ def _sigmoid_score(delta: float) -> int:
     return int(100.0 / (1.0 + math.exp(-delta / 1000.0)))
 
 
-def _fgd(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
-    before = model.fragmentation(state)
+def _gradient(
+    state: NodeState,
+    request: Request,
+    cost: Callable[[NodeState], float],
+    *,
+    tightest_on_ties: bool,
+) -> Placement:
+    """FGD's score on the gradient of `cost`: whole-GPU pods take the lowest free GPUs; a shared
+    pod the candidate GPU with the best score (the first, or with `tightest_on_ties` the one with
+    the least free share, among equals)."""
+    before = cost(state)
     if not request.is_shared:
-        gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
-        after = model.fragmentation(take(state, request, gpus))
-        return Placement(float(_sigmoid_score(before - after)), gpus)
+        gpus = _lowest_free(state, request.num_gpu)
+        return Placement(float(_sigmoid_score(before - cost(take(state, request, gpus)))), gpus)
     best_score = -1
     best_gpu = -1
     for index in _candidates(state, request):
-        after = model.fragmentation(take(state, request, (index,)))
-        score = _sigmoid_score(before - after)
-        if score > best_score:
+        score = _sigmoid_score(before - cost(take(state, request, (index,))))
+        if score > best_score or (
+            tightest_on_ties
+            and score == best_score
+            and state.gpu_left[index] < state.gpu_left[best_gpu]
+        ):
             best_score, best_gpu = score, index
     return Placement(float(best_score), (best_gpu,))
 
@@ -374,21 +376,7 @@ def score_gpupart(state: NodeState, request: Request, model: FragmentationModel)
     docs/simulator.md). Inside the node a shared pod takes the tightest GPU among those with the
     best score, so larger holes stay open for larger shares.
     """
-    before = gpupart_cost(state, model)
-    if not request.is_shared:
-        gpus = _lowest_free(state, request.num_gpu) if request.num_gpu else ()
-        after = gpupart_cost(take(state, request, gpus), model)
-        return Placement(float(_sigmoid_score(before - after)), gpus)
-    best_score = -1
-    best_gpu = -1
-    for index in _candidates(state, request):
-        after = gpupart_cost(take(state, request, (index,)), model)
-        score = _sigmoid_score(before - after)
-        if score > best_score or (
-            score == best_score and state.gpu_left[index] < state.gpu_left[best_gpu]
-        ):
-            best_score, best_gpu = score, index
-    return Placement(float(best_score), (best_gpu,))
+    return _gradient(state, request, _cost(Policy.GPUPART, model), tightest_on_ties=True)
 
 
 def score_placement(
@@ -406,12 +394,14 @@ def score_placement(
     each candidate GPU and keeps the best; the scheduler extender, which weighs GPUs by other
     terms too, asks for one placement at a time. Feasibility is the caller's business.
     """
+    cost = _cost(policy, model)
+    return float(_sigmoid_score(cost(state) - cost(take(state, request, gpus))))
+
+
+def _cost(policy: Policy, model: FragmentationModel) -> Callable[[NodeState], float]:
+    """The node cost whose gradient `policy` scores: F for ``fgd``, F + S for ``gpupart``."""
     if policy is Policy.FGD:
-        before = model.fragmentation(state)
-        after = model.fragmentation(take(state, request, gpus))
-    elif policy is Policy.GPUPART:
-        before = gpupart_cost(state, model)
-        after = gpupart_cost(take(state, request, gpus), model)
-    else:
-        raise ValueError(f"the {policy} policy scores no cost gradient")
-    return float(_sigmoid_score(before - after))
+        return model.fragmentation
+    if policy is Policy.GPUPART:
+        return lambda state: gpupart_cost(state, model)
+    raise ValueError(f"the {policy} policy scores no cost gradient")
