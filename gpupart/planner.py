@@ -14,7 +14,7 @@ from gpupart.core.catalogue import GpuModel, require_gpu_model
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig import Layout
 from gpupart.core.resources import mig_resource_name
-from gpupart.core.spec import Mode, PartitionSpec, check_mps_fits, parse_partition, plan_gpu_layout
+from gpupart.core.spec import Mode, PartitionSpec, parse_partition, plan_gpu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"{args.file}" + (f" (document {number})" if len(documents) > 1 else "")
         try:
             spec = parse_partition(document)
-            layout = _plan(spec, model)
+            layout = plan_gpu(spec, model)
         except GpupartError as error:
             print(f"gpupart plan: {where}: {error}", file=sys.stderr)
             if args.json:
@@ -74,13 +74,6 @@ def _read_documents(path: Path) -> list[dict[str, Any]]:
     return documents
 
 
-def _plan(spec: PartitionSpec, model: GpuModel) -> Layout:
-    if spec.mode is Mode.MIG:
-        return plan_gpu_layout(spec, model)
-    check_mps_fits(spec, model)
-    return ()
-
-
 def _gpus_text(spec: PartitionSpec) -> str:
     if spec.gpus is None:
         return "every GPU"
@@ -88,7 +81,9 @@ def _gpus_text(spec: PartitionSpec) -> str:
 
 
 def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
-    lines = [f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"]
+    lines = [
+        f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"
+    ]
     if spec.mode is Mode.MIG:
         lines.append(f"  {'slots':<7}{'profile':<12}{'memory':>10}  resource")
         used: set[int] = set()

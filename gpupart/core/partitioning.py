@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from gpupart.core.catalogue import find_gpu_model
 from gpupart.core.errors import GpupartError
-from gpupart.core.spec import Mode, PartitionSpec, check_mps_fits, plan_gpu_layout
+from gpupart.core.spec import Mode, PartitionSpec, plan_gpu
 from gpupart.core.wire import DesiredGroup, GpuState, NodeReport
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -156,10 +156,7 @@ def _problem_on(spec: PartitionSpec, node: NodeView) -> str:
     if spec.gpus is not None and count is not None and any(i >= count for i in spec.gpus):
         return f"{node.name} has {count} GPUs; spec.gpus asks for {_indices_text(spec.gpus)}"
     try:
-        if spec.mode is Mode.MIG:
-            plan_gpu_layout(spec, model)
-        else:
-            check_mps_fits(spec, model)
+        plan_gpu(spec, model)
     except GpupartError as error:
         return f"{node.name}: {error}"
     return ""

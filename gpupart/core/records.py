@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from gpupart.core.errors import InvalidInput
+
+T = TypeVar("T")
 
 
 class Record:
@@ -71,6 +73,15 @@ class Record:
         if not isinstance(value, list):
             raise InvalidInput(self.path(key), f"must be a list, got {_kind(value)}")
         return value
+
+    def each(self, key: str, read: Callable[[Record], T], *, required: bool = False) -> list[T]:
+        """`read` applied to each mapping in the list at `key`; each rejects fields nobody read."""
+        values = []
+        for position, raw in enumerate(self.items(key, required=required)):
+            item = Record(raw, f"{self.path(key)}[{position}]")
+            values.append(read(item))
+            item.done()
+        return values
 
     def done(self) -> None:
         unknown = sorted(set(self.raw) - self._seen)

@@ -144,22 +144,22 @@ def _parse_selector(record: Record | None) -> NodeSelector:
         for key in sorted(labels.raw):
             match_labels.append((key, labels.string(key)))
         labels.done()
-    expressions = []
-    for position, item in enumerate(record.items("matchExpressions")):
-        expression = Record(item, f"{record.path('matchExpressions')}[{position}]")
-        operator = expression.string("operator")
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            raise InvalidInput(
-                expression.path("operator"),
-                f"{operator!r} is not In, NotIn, Exists or DoesNotExist",
-            )
-        values = tuple(str(v) for v in expression.items("values"))
-        if operator in ("In", "NotIn") and not values:
-            raise InvalidInput(expression.path("values"), f"{operator} needs at least one value")
-        expressions.append(LabelRequirement(expression.string("key"), operator, values))
-        expression.done()
+    expressions = record.each("matchExpressions", _parse_requirement)
     record.done()
     return NodeSelector(tuple(match_labels), tuple(expressions))
+
+
+def _parse_requirement(expression: Record) -> LabelRequirement:
+    operator = expression.string("operator")
+    if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+        raise InvalidInput(
+            expression.path("operator"),
+            f"{operator!r} is not In, NotIn, Exists or DoesNotExist",
+        )
+    values = tuple(str(v) for v in expression.items("values"))
+    if operator in ("In", "NotIn") and not values:
+        raise InvalidInput(expression.path("values"), f"{operator} needs at least one value")
+    return LabelRequirement(expression.string("key"), operator, values)
 
 
 def _parse_gpus(spec: Record) -> tuple[int, ...] | None:
@@ -222,6 +222,14 @@ def plan_gpu_layout(spec: PartitionSpec, model: GpuModel) -> Layout:
     """The layout each selected GPU of `model` gets; InvalidInput/InfeasibleLayout name the problem."""
     require_counts(model, spec.mig_counts, where="spec.mig.devices")
     return solve_layout(model, spec.mig_counts)
+
+
+def plan_gpu(spec: PartitionSpec, model: GpuModel) -> Layout:
+    """Check that `spec` fits each selected GPU of `model`: its MIG layout (empty in other modes)."""
+    if spec.mode is Mode.MIG:
+        return plan_gpu_layout(spec, model)
+    check_mps_fits(spec, model)
+    return ()
 
 
 def check_mps_fits(spec: PartitionSpec, model: GpuModel) -> None:

@@ -144,12 +144,7 @@ def _read_instance(record: Record) -> MigInstance:
 
 
 def _read_layout(record: Record, key: str) -> Layout:
-    instances = []
-    for n, raw in enumerate(record.items(key)):
-        item = Record(raw, f"{record.path(key)}[{n}]")
-        instances.append(_read_instance(item))
-        item.done()
-    return tuple(sorted(instances))
+    return tuple(sorted(record.each(key, _read_instance)))
 
 
 def _counts(record: Record, key: str) -> tuple[tuple[str, int], ...]:
@@ -198,27 +193,23 @@ def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:
 
 
 def decode_desired(text: str) -> tuple[DesiredGroup, ...]:
+    def group(g: Record) -> DesiredGroup:
+        gpus = g.items("gpus")
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpus):
+            raise InvalidInput(g.path("gpus"), f"must list GPU indices, got {gpus!r}")
+        return DesiredGroup(
+            partition=g.string("partition"),
+            generation=g.integer("generation", minimum=0),
+            gpus=tuple(gpus) if g.has("gpus") else None,
+            mode=_enum(g, "mode", Mode),
+            mig=_counts(g, "mig"),
+            mps=_read_mps(g),
+            replicas=g.integer("replicas", 0) or None,
+            disruption=_enum(g, "disruption", Disruption),
+        )
+
     def read(record: Record) -> tuple[DesiredGroup, ...]:
-        groups = []
-        for n, raw in enumerate(record.items("groups", required=True)):
-            g = Record(raw, f"{record.path('groups')}[{n}]")
-            gpus = g.items("gpus")
-            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpus):
-                raise InvalidInput(g.path("gpus"), f"must list GPU indices, got {gpus!r}")
-            groups.append(
-                DesiredGroup(
-                    partition=g.string("partition"),
-                    generation=g.integer("generation", minimum=0),
-                    gpus=tuple(gpus) if g.has("gpus") else None,
-                    mode=_enum(g, "mode", Mode),
-                    mig=_counts(g, "mig"),
-                    mps=_read_mps(g),
-                    replicas=g.integer("replicas", 0) or None,
-                    disruption=_enum(g, "disruption", Disruption),
-                )
-            )
-            g.done()
-        return tuple(groups)
+        return tuple(record.each("groups", group, required=True))
 
     return _decode(text, DESIRED_ANNOTATION, read)
 
@@ -243,27 +234,21 @@ def encode_report(report: NodeReport) -> str:
 
 
 def decode_report(text: str) -> NodeReport:
+    def observed(o: Record) -> tuple[str, int]:
+        return o.string("partition"), o.integer("generation", minimum=0)
+
+    def gpu(g: Record) -> GpuReport:
+        return GpuReport(
+            index=g.integer("index", minimum=0),
+            state=_enum(g, "state", GpuState),
+            mode=_enum(g, "mode", Mode),
+            layout=_read_layout(g, "layout"),
+            message=g.string("message", ""),
+            blocking_pods=tuple(str(p) for p in g.items("blockingPods")),
+        )
+
     def read(record: Record) -> NodeReport:
-        observed = []
-        for n, raw in enumerate(record.items("observed")):
-            o = Record(raw, f"{record.path('observed')}[{n}]")
-            observed.append((o.string("partition"), o.integer("generation", minimum=0)))
-            o.done()
-        gpus = []
-        for n, raw in enumerate(record.items("gpus")):
-            g = Record(raw, f"{record.path('gpus')}[{n}]")
-            gpus.append(
-                GpuReport(
-                    index=g.integer("index", minimum=0),
-                    state=_enum(g, "state", GpuState),
-                    mode=_enum(g, "mode", Mode),
-                    layout=_read_layout(g, "layout"),
-                    message=g.string("message", ""),
-                    blocking_pods=tuple(str(p) for p in g.items("blockingPods")),
-                )
-            )
-            g.done()
-        return NodeReport(tuple(observed), tuple(gpus))
+        return NodeReport(tuple(record.each("observed", observed)), tuple(record.each("gpus", gpu)))
 
     return _decode(text, STATE_ANNOTATION, read)
 
@@ -290,28 +275,23 @@ def encode_inventory(gpus: tuple[InventoryGpu, ...]) -> str:
 
 
 def decode_inventory(text: str) -> tuple[InventoryGpu, ...]:
+    def device(d: Record) -> MigDevice:
+        return MigDevice(d.string("uuid"), _read_instance(d))
+
+    def gpu(g: Record) -> InventoryGpu:
+        devices = tuple(g.each("migDevices", device))  # read first: its errors come first
+        return InventoryGpu(
+            index=g.integer("index", minimum=0),
+            uuid=g.string("uuid"),
+            product=g.string("product"),
+            memory_mib=g.integer("memoryMiB", minimum=0),
+            mode=_enum(g, "mode", Mode),
+            mig_devices=devices,
+            max_clients=g.integer("maxClients", 0, minimum=0),
+        )
+
     def read(record: Record) -> tuple[InventoryGpu, ...]:
-        gpus = []
-        for n, raw in enumerate(record.items("gpus")):
-            g = Record(raw, f"{record.path('gpus')}[{n}]")
-            devices = []
-            for m, device in enumerate(g.items("migDevices")):
-                d = Record(device, f"{g.path('migDevices')}[{m}]")
-                devices.append(MigDevice(d.string("uuid"), _read_instance(d)))
-                d.done()
-            gpus.append(
-                InventoryGpu(
-                    index=g.integer("index", minimum=0),
-                    uuid=g.string("uuid"),
-                    product=g.string("product"),
-                    memory_mib=g.integer("memoryMiB", minimum=0),
-                    mode=_enum(g, "mode", Mode),
-                    mig_devices=tuple(devices),
-                    max_clients=g.integer("maxClients", 0, minimum=0),
-                )
-            )
-            g.done()
-        return tuple(gpus)
+        return tuple(record.each("gpus", gpu))
 
     return _decode(text, INVENTORY_ANNOTATION, read)
 
