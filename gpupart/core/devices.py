@@ -264,19 +264,21 @@ class HealthBook:
     def recover(self, healthy_gpus: Iterable[str], now: float, *, quiet_s: float) -> HealthBook:
         """Devices back to Healthy: their GPU answers again and no critical event for `quiet_s`."""
         ok = frozenset(healthy_gpus)
-        keep = {
-            i: since
-            for i, since in self.sick.items()
-            if self.gpus[i] not in ok or now - since < quiet_s
-        }
-        if len(keep) == len(self.sick):
-            return self
-        return HealthBook(keep, {i: self.gpus[i] for i in keep})
+        return self._keeping(
+            {
+                i: since
+                for i, since in self.sick.items()
+                if self.gpus[i] not in ok or now - since < quiet_s
+            }
+        )
 
     def forget_missing(self, present: Iterable[str]) -> HealthBook:
         """Drop devices that no longer exist (a repartition gave the GPU new MIG devices)."""
         ids = frozenset(present)
-        if all(i in ids for i in self.sick):
+        return self._keeping({i: t for i, t in self.sick.items() if i in ids})
+
+    def _keeping(self, keep: dict[str, float]) -> HealthBook:
+        """The book with only the sick devices in `keep` (a subset of `sick`); self if all."""
+        if len(keep) == len(self.sick):
             return self
-        keep = {i: t for i, t in self.sick.items() if i in ids}
         return HealthBook(keep, {i: self.gpus[i] for i in keep})

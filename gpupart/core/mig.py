@@ -149,7 +149,8 @@ def explain_infeasible(
     keep = tuple(sorted(keep))
     asked = _counts_text(wanted) or "nothing"
     prefix = f"{asked} cannot be placed on one {model.product}"
-    dropped = [i for i in keep if layout_counts(keep).get(i.profile, 0) > wanted.get(i.profile, 0)]
+    kept = layout_counts(keep)
+    dropped = [i for i in keep if kept[i.profile] > wanted.get(i.profile, 0)]
     if dropped:
         return f"{prefix}: the instance {dropped[0]} is in use and is not among the requested"
     problem = _count_problem(model, wanted)
@@ -172,12 +173,11 @@ def explain_infeasible(
     placed = layout_counts(best)
     missing = [p for p in model.profiles if wanted.get(p.name, 0) > placed.get(p.name, 0)]
     profile = max(missing, key=lambda p: (p.memory_slices, p.compute_slices))
-    in_use = frozenset(keep)
     blockers = []
     for start in profile.starts:
         spot = Placement(start, profile.memory_slices)
         taken = [
-            f"{other}" + (" (in use)" if other in in_use else "")
+            f"{other}" + (" (in use)" if other in keep_set else "")
             for other in best
             if other.placement.overlaps(spot)
         ]

@@ -602,14 +602,18 @@ def combine(terms: Terms, weights: Weights) -> int:
     total = weights.headroom + weights.priority + weights.anti_affinity + weights.fragmentation
     if total <= 0:
         return 0
-    mean = (
+    mean = _weighted_sum(terms, weights) / total
+    score = min(MAX_SCORE, max(0, round(mean * MAX_SCORE)))
+    return min(score, 1) if terms.eats_reserve else score
+
+
+def _weighted_sum(terms: Terms, weights: Weights) -> float:
+    return (
         weights.headroom * terms.headroom
         + weights.priority * terms.priority
         + weights.anti_affinity * terms.anti_affinity
         + weights.fragmentation * terms.fragmentation
-    ) / total
-    score = min(MAX_SCORE, max(0, round(mean * MAX_SCORE)))
-    return min(score, 1) if terms.eats_reserve else score
+    )
 
 
 # --- GPU shares (the simulator's unit) -----------------------------------------------------------
@@ -717,6 +721,10 @@ def _gpus_text(node: NodeView) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
+def _modes_text(node: NodeView) -> str:
+    return ", ".join(sorted({str(g.mode) for g in node.gpus})) or "no GPUs"
+
+
 def _pods_text(tenants: Iterable[Tenant]) -> str:
     names = sorted({t.pod for t in tenants})
     if not names:
@@ -807,9 +815,8 @@ def _evaluate_whole(
     count = demand.request.whole_gpus
     total = sum(1 for gpu in node.gpus if gpu.mode is Mode.NONE)
     if total == 0:
-        modes = ", ".join(sorted({str(g.mode) for g in node.gpus})) or "no GPUs"
         return NoFit(
-            f"{node.name}: {_gpus_text(node)}, none offered whole (modes: {modes})",
+            f"{node.name}: {_gpus_text(node)}, none offered whole (modes: {_modes_text(node)})",
             FailureKind.NO_SUCH_RESOURCE,
             True,
         )
@@ -888,9 +895,9 @@ def _evaluate_shared(
     request = demand.request
     shared = [gpu for gpu in node.gpus if gpu.mode in SHARED_MODES]
     if not shared:
-        modes = ", ".join(sorted({str(g.mode) for g in node.gpus})) or "no GPUs"
         return NoFit(
-            f"{node.name}: {_gpus_text(node)}, none shared by MPS or time-slicing (modes: {modes})",
+            f"{node.name}: {_gpus_text(node)}, none shared by MPS or time-slicing "
+            f"(modes: {_modes_text(node)})",
             FailureKind.NO_SUCH_RESOURCE,
             True,
         )
@@ -986,13 +993,7 @@ def _evaluate_shared(
 
 def _rank(fit: Fit, weights: Weights) -> float:
     """Ties in the 0-10 score are broken by the unrounded mean (lowest GPU index wins the rest)."""
-    t = fit.terms
-    return fit.score + 1e-3 * (
-        weights.headroom * t.headroom
-        + weights.priority * t.priority
-        + weights.anti_affinity * t.anti_affinity
-        + weights.fragmentation * t.fragmentation
-    )
+    return fit.score + 1e-3 * _weighted_sum(fit.terms, weights)
 
 
 def _need_text(request: GpuRequest) -> str:

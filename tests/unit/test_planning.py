@@ -37,7 +37,9 @@ def layouts(model: GpuModel) -> tuple:
 
     found = []
     for vector in itertools.product(*(range(p.max_count + 1) for p in model.profiles)):
-        layout = fit_layout(model, {p.name: n for p, n in zip(model.profiles, vector, strict=True) if n})
+        layout = fit_layout(
+            model, {p.name: n for p, n in zip(model.profiles, vector, strict=True) if n}
+        )
         if layout is not None:
             found.append(layout)
     return tuple(found)
