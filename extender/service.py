@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling import (
-    POD_NAMING_KINDS,
     Demand,
     FailureKind,
     Fit,
@@ -92,10 +91,11 @@ class Answer:
     name: str
     status: int
     score: int
-    reason: str
+    summary: str
+    """`NoFit.summary`: no node or pod names, so that equal failures count as one reason."""
     kind: FailureKind | None
     item: str
-    """JSON: the quoted name (passed) or `"name":"reason"` (failed, unresolvable)."""
+    """JSON: the quoted name (passed) or `"name":"summary"` (failed, unresolvable)."""
     host: str
     """JSON: `{"Host":"name","Score":n}` for prioritize."""
 
@@ -115,15 +115,36 @@ def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> 
             f'{{"Host":{quoted},"Score":{verdict.score}}}',
         )  # fmt: skip
     if verdict is None:
-        reason = f"{name}: not known to the gpupart extender (no such Node watched yet)"
+        summary = _UNKNOWN_SUMMARY
         status, kind = FAILED, FailureKind.UNKNOWN_NODE
     else:
-        reason, kind = verdict.reason, verdict.kind
+        summary, kind = verdict.summary, verdict.kind
         status = UNRESOLVABLE if verdict.unresolvable else FAILED
     return Answer(
-        sig, name, status, 0, reason, kind, f"{quoted}:{json.dumps(reason)}",
+        sig, name, status, 0, summary, kind, _item(quoted, summary),
         f'{{"Host":{quoted},"Score":0}}',
     )  # fmt: skip
+
+
+_UNKNOWN_SUMMARY = "node(s) not yet known to the gpupart extender"
+
+
+def _unknown_reason(name: str) -> str:
+    return f"{name}: not known to the gpupart extender (no such Node watched yet)"
+
+
+def _item(quoted: str, text: str) -> str:
+    return f"{quoted}:{json.dumps(text)}"
+
+
+DETAILED_NODES = 3
+"""Failed nodes per filter reply whose reason is given in full (node, GPUs, the pods in the way);
+the others carry their summary. kube-scheduler writes the reasons, counted by text, into the
+pod's FailedScheduling event and PodScheduled condition: summaries keep that message a few
+lines long at any cluster size (with a reason per node it grew by ~70 bytes a node, ~350 KB at
+5,000 nodes), and the few in full show what is in the way. Nodes where waiting or preemption can
+help (FailedNodes) are chosen before unresolvable ones, then by name, so that the same nodes are
+shown attempt after attempt."""
 
 
 _BLOCK = 64
@@ -188,11 +209,20 @@ class _Batch:
     index: dict[str, int] = dataclasses.field(default_factory=dict)
     _blocks: list[_Block | None] = dataclasses.field(default_factory=list)
     _passed: frozenset[str] | None = None
+    _failing: list[list[tuple[int, str, int]] | None] = dataclasses.field(default_factory=list)
+    """Per block, its first `DETAILED_NODES` failed nodes as (status, name, position)."""
+    _detailed: list[tuple[int, str, int]] | None = None
+    _shown: dict[int, tuple[object, str, str]] = dataclasses.field(default_factory=dict)
+    """Per block holding nodes given in full: the reasons and the block's failed and
+    unresolvable pieces with them (the same nodes are shown request after request)."""
 
     @classmethod
     def of(cls, names: list[str], answers: list[Answer], clock: int) -> _Batch:
-        blocks: list[_Block | None] = [None] * -(-len(answers) // _BLOCK)
-        return cls(names, answers, clock, Counter(map(_KIND, answers)), _blocks=blocks)
+        count = -(-len(answers) // _BLOCK)
+        return cls(
+            names, answers, clock, Counter(map(_KIND, answers)),
+            _blocks=[None] * count, _failing=[None] * count,
+        )  # fmt: skip
 
     def patch(self, position: int, answer: Answer) -> None:
         old = self.answers[position]
@@ -200,9 +230,11 @@ class _Batch:
             self.answers[position] = answer
             self.kinds[old.kind] -= 1
             self.kinds[answer.kind] += 1
-            self._blocks[position // _BLOCK] = None
-            if old.status != answer.status:
-                self._passed = None
+            b = position // _BLOCK
+            self._blocks[b] = None
+            self._shown.pop(b, None)
+            if old.status != answer.status:  # (status, name, position) keys change only then
+                self._failing[b] = self._detailed = self._passed = None
 
     def blocks(self) -> list[_Block]:
         blocks = self._blocks
@@ -217,13 +249,42 @@ class _Batch:
             self._passed = frozenset(chain.from_iterable(b.passed_names for b in self.blocks()))
         return self._passed
 
-    def filter_json(self) -> tuple[str, str, str]:
-        """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text."""
+    def detailed(self) -> list[tuple[int, str, int]]:
+        """The failed nodes to give in full (see `DETAILED_NODES`): (status, name, position)."""
+        if self._detailed is None:
+            failing = self._failing
+            for b, kept in enumerate(failing):
+                if kept is None:
+                    start = b * _BLOCK
+                    run = self.answers[start : start + _BLOCK]
+                    found = [(a.status, a.name, start + n) for n, a in enumerate(run) if a.status]
+                    failing[b] = sorted(found)[:DETAILED_NODES]
+            self._detailed = sorted(chain.from_iterable(failing))[:DETAILED_NODES]  # type: ignore[arg-type]
+        return self._detailed
+
+    def filter_json(self, reasons: Mapping[int, str]) -> tuple[str, str, str]:
+        """`NodeNames`, `FailedNodes` and `FailedAndUnresolvableNodes` as JSON text; the answers
+        at the positions in `reasons` carry that text instead of their summary."""
         blocks = self.blocks()
+        failed, unresolvable = list(map(_FAILED, blocks)), list(map(_UNRESOLVABLE, blocks))
+        for b in {position // _BLOCK for position in reasons}:
+            start = b * _BLOCK
+            mine = [(p, t) for p, t in reasons.items() if start <= p < start + _BLOCK]
+            shown = self._shown.get(b)
+            if shown is None or shown[0] != mine:
+                items: tuple[list[str], list[str], list[str]] = ([], [], [])
+                for position, answer in enumerate(self.answers[start : start + _BLOCK], start):
+                    text = reasons.get(position)
+                    item = answer.item if text is None else _item(json.dumps(answer.name), text)
+                    items[answer.status].append(item)
+                shown = self._shown[b] = (
+                    mine, ",".join(items[FAILED]), ",".join(items[UNRESOLVABLE])
+                )  # fmt: skip
+            failed[b], unresolvable[b] = shown[1], shown[2]
         return (
             f"[{_join(map(_PASSED, blocks))}]",
-            f"{{{_join(map(_FAILED, blocks))}}}",
-            f"{{{_join(map(_UNRESOLVABLE, blocks))}}}",
+            f"{{{_join(failed)}}}",
+            f"{{{_join(unresolvable)}}}",
         )
 
     def hosts_json(self, *, passed_only: bool) -> str:
@@ -244,9 +305,11 @@ class _ShapeMemo:
     """Memo of one pod shape: verdict per node state id, answer per node name, recent lists."""
 
     states: dict[int, Verdict] = dataclasses.field(default_factory=dict)
-    """NoFit reasons here lack the node name (added per node); POD_NAMING kinds only record
-    that the node's own view must be evaluated for its reason."""
+    """The verdict per node state id: its NoFit `reason` names whichever node was evaluated
+    first (only the `summary` is shared; full reasons are in `reasons`)."""
     nodes: dict[str, Answer] = dataclasses.field(default_factory=dict)
+    reasons: dict[str, tuple[tuple[int, int] | None, str]] = dataclasses.field(default_factory=dict)
+    """Full reasons of the nodes last shown in full, with the signature each was made for."""
     batches: list[_Batch] = dataclasses.field(default_factory=list)
     """Most recently used first."""
 
@@ -335,7 +398,7 @@ class ExtenderService:
         with self._holds_lock:
             for uid in [u for u, h in self._holds.items() if h.expires <= now]:
                 del self._holds[uid]
-        size = sum(len(m.states) + len(m.nodes) for m in list(self._memo.values()))
+        size = sum(len(m.states) + len(m.nodes) + len(m.reasons) for m in list(self._memo.values()))
         if size > self.memo_size:
             self._forget()
 
@@ -476,25 +539,37 @@ class ExtenderService:
         memo: _ShapeMemo,
         model: FragmentationModel,
     ) -> Answer:
-        """The memo miss: the verdict of the node's state, or of the node when reasons name pods."""
-        view = self.cache.view(name) if sig is not None else None
-        if sig is None or view is None:
-            return _answer(name, sig, None)
-        shared = memo.states.get(sig[1])
-        if isinstance(shared, Fit):
-            return _answer(name, sig, shared)
-        if shared is not None and shared.kind not in POD_NAMING_KINDS:
-            return _answer(
-                name, sig, NoFit(f"{name}: {shared.reason}", shared.kind, shared.unresolvable)
-            )
-        verdict = evaluate(view, demand, config=self.scoring, model=model)
-        if shared is None:
-            if isinstance(verdict, NoFit):
-                detail = verdict.reason.removeprefix(f"{name}: ")
-                memo.states[sig[1]] = NoFit(detail, verdict.kind, verdict.unresolvable)
-            else:
-                memo.states[sig[1]] = verdict
+        """The memo miss: the verdict of the node's state (nodes in equal states share it)."""
+        verdict = memo.states.get(sig[1]) if sig is not None else None
+        if verdict is None:
+            view = self.cache.view(name) if sig is not None else None
+            if sig is None or view is None:
+                return _answer(name, sig, None)
+            verdict = memo.states[sig[1]] = evaluate(view, demand, config=self.scoring, model=model)
         return _answer(name, sig, verdict)
+
+    def _reason(
+        self,
+        answer: Answer,
+        demand: Demand,
+        memo: _ShapeMemo,
+        given: Mapping[str, NodeView],
+        model: FragmentationModel,
+    ) -> str:
+        """The full reason of a failed node (see `DETAILED_NODES`), memoised per node state."""
+        name = answer.name
+        kept = memo.reasons.get(name)
+        if kept is not None and kept[0] is answer.sig and answer.sig is not None:
+            return kept[1]
+        view = self.cache.view(name) if answer.sig is not None else given.get(name)
+        if view is None:
+            return _unknown_reason(name)
+        verdict = evaluate(view, demand, config=self.scoring, model=model)
+        # The cache may have moved since the answer was made: then the summary it carried.
+        text = verdict.reason if isinstance(verdict, NoFit) else answer.summary
+        if answer.sig is not None:
+            memo.reasons[name] = (answer.sig, text)
+        return text
 
     def _demand(self, pod: Mapping[str, Any]) -> Demand:
         return parse_demand(pod, group_label=self.scoring.group_label)
@@ -517,20 +592,29 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        batch, _ = self._answers(names, demand, _views_from_objects(nodes), now)
+        given = _views_from_objects(nodes)
+        batch, _ = self._answers(names, demand, given, now)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         with self.cache.lock():  # kept batches change under this lock only
+            memo = self._memo.get(dataclasses.replace(demand, pod="")) or _ShapeMemo()
+            reasons = {
+                position: self._reason(batch.answers[position], demand, memo, given, self._model)
+                for _, _, position in batch.detailed()
+            }
             if lists:
                 for answer in batch.answers:
                     if answer.status == PASSED:
                         passed.append(answer.name)
                     else:
                         into = failed if answer.status == FAILED else unresolvable
-                        into[answer.name] = answer.reason
+                        into[answer.name] = answer.summary
+                for position, text in reasons.items():
+                    answer = batch.answers[position]
+                    (failed if answer.status == FAILED else unresolvable)[answer.name] = text
             kinds = Counter(batch.kinds)
-            encoded = batch.filter_json()
+            encoded = batch.filter_json(reasons)
         for reason, count in kinds.items():
             if reason is not None and count > 0:
                 self.metrics.filtered.labels(reason).inc(count)
@@ -542,7 +626,9 @@ class ExtenderService:
         if not fits:
             log.info(
                 "Filtered out every node",
-                extra={"kv": {"pod": demand.pod, "nodes": len(names)}},
+                extra={
+                    "kv": {"pod": demand.pod, "nodes": len(names), "e.g.": list(reasons.values())}
+                },
             )
         return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
 

@@ -229,6 +229,11 @@ class Fit:
 @dataclass(frozen=True, slots=True)
 class NoFit:
     reason: str
+    """In full: the node, what it has, and the pods in the way ("node-7: 2 GPUs, no free ...")."""
+    summary: str
+    """Without the node or pod names ("node(s) had no free 3g.40gb MIG slice"): the same text for
+    every node failing the same way, so kube-scheduler's "0/N nodes are available" message counts
+    them under one reason instead of growing by a line per node."""
     kind: FailureKind
     unresolvable: bool
     """True when preemption cannot help (FailedAndUnresolvableNodes)."""
@@ -704,7 +709,12 @@ def evaluate(
 ) -> Verdict:
     """Whether `node` can take `demand`, and how well; reasons name the node and the blockers."""
     if node.problem:
-        return NoFit(f"{node.name}: {node.problem}", FailureKind.NO_INVENTORY, True)
+        return NoFit(
+            f"{node.name}: {node.problem}",
+            "node(s) had no GPU inventory from the gpupart node agent",
+            FailureKind.NO_INVENTORY,
+            True,
+        )
     request = demand.request
     if request.mig:
         return _evaluate_mig(node, demand, config)
@@ -762,6 +772,7 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
             return NoFit(
                 f"{node.name}: {_gpus_text(node)}, none with a {profile} slice "
                 f"(MIG slices here: {here})",
+                f"node(s) had no {profile} MIG slice",
                 FailureKind.NO_SUCH_RESOURCE,
                 True,
             )
@@ -769,6 +780,7 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
             return NoFit(
                 f"{node.name}: {_gpus_text(node)}, needs {count} {profile} slices, "
                 f"the node has {total}",
+                f"node(s) had fewer than {count} {profile} MIG slices",
                 FailureKind.TOO_SMALL,
                 True,
             )
@@ -782,7 +794,17 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
                     f"{free} free {profile} slice{'s' if free > 1 else ''} of {total}, "
                     f"needs {count} (in use by {_pods_text(holders)})"
                 )
-            return NoFit(f"{node.name}: {_gpus_text(node)}, {what}", FailureKind.IN_USE, False)
+            short = (
+                f"no free {profile} MIG slice"
+                if count == 1
+                else (f"fewer than {count} free {profile} MIG slices")
+            )
+            return NoFit(
+                f"{node.name}: {_gpus_text(node)}, {what}",
+                f"node(s) had {short}",
+                FailureKind.IN_USE,
+                False,
+            )
         left_after += free - count
         capacity += total
     all_slices = sum(offered.values())
@@ -817,12 +839,14 @@ def _evaluate_whole(
     if total == 0:
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, none offered whole (modes: {_modes_text(node)})",
+            "node(s) had no GPU offered whole",
             FailureKind.NO_SUCH_RESOURCE,
             True,
         )
     if total < count:
         return NoFit(
             f"{node.name}: needs {count} whole GPUs, the node offers {total}",
+            f"node(s) had fewer than {count} GPUs offered whole",
             FailureKind.TOO_SMALL,
             True,
         )
@@ -832,6 +856,9 @@ def _evaluate_whole(
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, needs {count} whole GPU{'s' if count > 1 else ''}, "
             f"{max(free, 0)} free (in use by {_pods_text(node.whole_tenants)})",
+            "node(s) had no free whole GPU"
+            if count == 1
+            else f"node(s) had fewer than {count} whole GPUs free",
             FailureKind.IN_USE,
             False,
         )
@@ -898,6 +925,7 @@ def _evaluate_shared(
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, none shared by MPS or time-slicing "
             f"(modes: {_modes_text(node)})",
+            "node(s) had no GPU shared by MPS or time-slicing",
             FailureKind.NO_SUCH_RESOURCE,
             True,
         )
@@ -933,6 +961,7 @@ def _evaluate_shared(
         )
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, no shared GPU with {need} ({'; '.join(blocked)})",
+            f"node(s) had no shared GPU with {need}{_WHY_SHARED[kind]}",
             kind,
             all_unresolvable,
         )
@@ -994,6 +1023,13 @@ def _evaluate_shared(
 def _rank(fit: Fit, weights: Weights) -> float:
     """Ties in the 0-10 score are broken by the unrounded mean (lowest GPU index wins the rest)."""
     return fit.score + 1e-3 * _weighted_sum(fit.terms, weights)
+
+
+_WHY_SHARED = {
+    FailureKind.IN_USE: " (in use)",
+    FailureKind.TOO_SMALL: " (too small)",
+    FailureKind.ANTI_AFFINITY: " away from pods it must not share with (podAntiAffinity)",
+}
 
 
 def _need_text(request: GpuRequest) -> str:

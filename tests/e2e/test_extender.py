@@ -143,6 +143,7 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
     ns = f"e2e-{run}"
     core.create_namespace({"metadata": {"name": ns}})
     mps = [f"{run}-mps-{i}" for i in range(2)]
+    small = [f"{run}-small-{i}" for i in range(4)]  # 20000 MiB GPUs: too small for 30000
     mig = f"{run}-mig"
     create_nodes(
         k8s_api,
@@ -153,6 +154,14 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
                 {"nvidia.com/gpu.shared": 16},
             )
             for n in mps
+        ]
+        + [
+            _node(
+                n,
+                [InventoryGpu(0, f"GPU-{n}", H100, 20000, Mode.MPS, (), 16)],
+                {"nvidia.com/gpu.shared": 16},
+            )
+            for n in small
         ]
         + [
             _node(
@@ -209,7 +218,10 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
             found = {
                 e.involved_object.name: e.message
                 for e in events
-                if e.reason == "FailedScheduling" and e.involved_object.name in pending
+                if e.reason == "FailedScheduling"
+                and e.involved_object.name in pending
+                # Not a bind refused because another pod took the node since filter.
+                and "nodes are available" in e.message
             }
             return found if set(found) == pending else None
 
@@ -218,13 +230,20 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
         train_msg = next(m for n, m in messages.items() if n.startswith("train"))
         assert "no shared GPU with 30000 MiB free and 1 client slot" in infer_msg, infer_msg
         assert "GPU 0: 10000 of 40000 MiB free (used by" in infer_msg, infer_msg
+        # Both in-use nodes and the first small one in full; kube-scheduler counts the rest
+        # under their shared summary instead of a line per node.
+        assert f"{small[0]}: 1 GPU, no shared GPU with 30000 MiB" in infer_msg, infer_msg
+        assert (
+            "3 node(s) had no shared GPU with 30000 MiB free and 1 client slot (too small)"
+            in infer_msg
+        ), infer_msg
         assert f"{mig}: 1 GPU, no free 3g.40gb slice (all 2 in use by {ns}/train-" in train_msg, (
             train_msg
         )
     finally:
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
-        for n in [*mps, mig]:
+        for n in [*mps, *small, mig]:
             core.delete_node(n)
 
 

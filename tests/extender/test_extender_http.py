@@ -12,12 +12,13 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
-from extender_objects import FakeBinder, args, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
 from fastapi.testclient import TestClient
 
 from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment
@@ -26,7 +27,7 @@ from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
-from gpupart_extender.service import ExtenderService
+from gpupart_extender.service import DETAILED_NODES, ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 ALL = ["node-mig", "node-mps", "node-whole", "node-bare"]
@@ -84,6 +85,34 @@ def test_filter_mig_pod_says_why_in_words(client: TestClient) -> None:
     }
     assert set(out["FailedAndUnresolvableNodes"]) == {"node-mps", "node-whole", "node-bare"}
     assert "gpupart.io/inventory" in out["FailedAndUnresolvableNodes"]["node-bare"]
+
+
+def test_reasons_stay_a_few_lines_however_many_nodes_fail(
+    cache: ClusterCache, client: TestClient
+) -> None:
+    """kube-scheduler counts FailedNodes by text ("0/N nodes are available: 120 node(s) had ...")
+    into the pod's event and condition: all but DETAILED_NODES nodes carry a summary."""
+    busy = [f"busy-{n:03d}" for n in range(120)]
+    for name in busy:
+        cache.apply(NODE, "ADDED", node(name, [mig_gpu(0, [("3g.40gb", 0, 4)])]))
+        cache.apply(POD, "ADDED", pod(f"train-{name}", {"nvidia.com/mig-3g.40gb": 1}, node=name))
+    names = list(reversed(busy)) + ALL
+    out = client.post(
+        "/gpupart/filter", json=args(pod("new", {"nvidia.com/mig-3g.40gb": 1}), names)
+    )
+    failed = out.json()["FailedNodes"]
+    assert set(failed) == {*busy, "node-mig"}
+    in_full = {"busy-000", "busy-001", "busy-002"}  # resolvable first, then by name
+    assert len(in_full) == DETAILED_NODES
+    for name, text in failed.items():
+        if name in in_full:
+            assert text == (
+                f"{name}: 1 GPU, no free 3g.40gb slice (all 1 in use by team-a/train-{name})"
+            )
+        else:
+            assert text == "node(s) had no free 3g.40gb MIG slice"
+    histogram = Counter([*failed.values(), *out.json()["FailedAndUnresolvableNodes"].values()])
+    assert len(histogram) == DETAILED_NODES + 3  # + in use, no such slice, no inventory
 
 
 def test_filter_returns_survivors_and_prioritize_scores(client: TestClient) -> None:

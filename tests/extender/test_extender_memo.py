@@ -16,11 +16,11 @@ from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu,
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.scheduling import Fit, Weights, anonymous, evaluate, parse_demand
+from gpupart.core.scheduling import Fit, NoFit, Weights, anonymous, evaluate, parse_demand
 from gpupart.core.wire import PodAssignment
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
 from gpupart_extender.metrics import Metrics
-from gpupart_extender.service import ExtenderService
+from gpupart_extender.service import DETAILED_NODES, ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 NODES = ["n0", "n1", "n2", "n3"]
@@ -164,15 +164,22 @@ def _apply(
         scores = dict(service.prioritize(p, names))
         model = service.model(clock())
         demand = parse_demand(p, group_label="app")
+        verdicts = {}
         for name in NODES:
             view = cache.view(name)
             assert view is not None
-            fresh = evaluate(view, demand, config=service.scoring, model=model)
+            verdicts[name] = evaluate(view, demand, config=service.scoring, model=model)
+        # In full: the first failed nodes by (resolvable first, name), "ghost" (unknown) included.
+        failing = [(int(v.unresolvable), n) for n, v in verdicts.items() if isinstance(v, NoFit)]
+        in_full = {n for _, n in sorted([*failing, (0, "ghost")])[:DETAILED_NODES]}
+        for name, fresh in verdicts.items():
             if isinstance(fresh, Fit):
                 assert name in outcome.passed and scores[name] == fresh.score
             else:
                 where = outcome.unresolvable if fresh.unresolvable else outcome.failed
-                assert where.get(name) == fresh.reason and scores[name] == 0
+                text = fresh.reason if name in in_full else fresh.summary
+                assert where.get(name) == text and scores[name] == 0
+                assert name not in fresh.summary
         assert "ghost" in outcome.failed and scores["ghost"] == 0
         # The survivors, as kube-scheduler sends them to prioritize: a list of its own.
         assert service.prioritize(p, list(outcome.passed)) == [

@@ -320,6 +320,31 @@ def test_mig_all_in_use_names_the_pods() -> None:
         "node-7: 2 GPUs, no free 3g.40gb slice (all 2 in use by team-a/train-0, team-a/train-1)"
     )
     assert not verdict.unresolvable and verdict.kind is FailureKind.IN_USE
+    assert verdict.summary == "node(s) had no free 3g.40gb MIG slice"
+
+
+def test_summaries_are_equal_for_nodes_failing_alike() -> None:
+    """What kube-scheduler counts under one reason: no node, GPU or pod names in the summary."""
+    request = demand(GpuRequest(shared=1, memory_mib=16000))
+    verdicts = [
+        evaluate(
+            assemble_node(
+                f"n{n}", (shared_gpu(0, memory=20000),), [on_gpu(tenant(t, memory=m), 0)]
+            ),
+            request,
+            config=CONFIG,
+            model=MODEL,
+        )
+        for n, (t, m) in enumerate((("a", 5000), ("b", 9000)))
+    ]
+    assert all(isinstance(v, NoFit) for v in verdicts)
+    first, second = (v for v in verdicts if isinstance(v, NoFit))
+    assert first.reason != second.reason
+    assert (
+        first.summary
+        == second.summary
+        == ("node(s) had no shared GPU with 16000 MiB free and 1 client slot (in use)")
+    )
 
 
 def test_mig_profile_absent_is_unresolvable() -> None:
@@ -372,7 +397,12 @@ def test_node_without_inventory_is_unresolvable() -> None:
         config=CONFIG,
         model=MODEL,
     )
-    assert verdict == NoFit("n: no GPU inventory", FailureKind.NO_INVENTORY, True)
+    assert verdict == NoFit(
+        "n: no GPU inventory",
+        "node(s) had no GPU inventory from the gpupart node agent",
+        FailureKind.NO_INVENTORY,
+        True,
+    )
 
 
 # --- shared GPUs -----------------------------------------------------------------------------
