@@ -24,6 +24,12 @@ def test_events_build_node_views_with_versions() -> None:
     # A Node update that does not touch the inventory keeps the view (and the memo) valid.
     c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1000)]))
     assert c.view("n1") is v1
+    c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1200)]))  # read again
+    bigger = c.view("n1")
+    assert bigger is not None and bigger.gpus[0].memory_mib == 1200
+    c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1000)]))
+    v1 = c.view("n1")
+    assert v1 is not None and v1.gpus[0].memory_mib == 1000
     placed = pod("a", shared(400), node="n1", assignment=PodAssignment("n1", 0, "GPU-0000", 400))
     c.apply(POD, "ADDED", placed)
     v2 = c.view("n1")
