@@ -1,4 +1,4 @@
-"""The HTTP edge: `create_app(settings, service)` serves filter, prioritize, bind, health and metrics.
+"""The HTTP edge: `create_app(settings, service)` serves the extender verbs, diagnose, health, metrics.
 
 Handlers parse the wire models, call the service with plain values, and write the answer in
 the exact shape kube-scheduler decodes. Filter and prioritize answer with pre-encoded JSON: at
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from gpupart.core.errors import GpupartError
 
 from .models import (
+    DiagnosisResult,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -146,6 +147,31 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         error = service.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
         metrics.latency.labels("bind").observe(time.perf_counter() - started)
         return ExtenderBindingResult(Error=error)
+
+    @app.post(
+        f"{prefix}/diagnose",
+        response_model=DiagnosisResult,
+        summary="Why a pod fits or not on each node, every reason in full",
+        responses={400: {"description": "not a pod we can read"}},
+    )
+    def diagnose(
+        pod: Annotated[dict[str, Any], Body(description="the Pod, as `kubectl get pod -o json`")],
+        node: Annotated[
+            list[str] | None, Query(description="only these nodes (default: all)")
+        ] = None,
+    ) -> Response:
+        # A plain `def` (thread pool): evaluating every node must not hold up filter calls.
+        try:
+            found = service.diagnose(pod, node or ())
+        except GpupartError as error:
+            return JSONResponse({"Error": explain(error)}, status_code=400)
+        result = DiagnosisResult(
+            Pod=found.pod,
+            Scores=found.scores,
+            FailedNodes=found.failed,
+            FailedAndUnresolvableNodes=found.unresolvable,
+        )
+        return Response(result.model_dump_json(), media_type=_JSON)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

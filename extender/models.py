@@ -68,3 +68,13 @@ class ExtenderBindingArgs(BaseModel):
 
 class ExtenderBindingResult(BaseModel):
     Error: str = ""
+
+
+class DiagnosisResult(BaseModel):
+    """Body of `POST <prefix>/diagnose` (gpupart's own verb, not kube-scheduler's): per node, the
+    score (0-10) where the pod fits and the full reason where it does not."""
+
+    Pod: str
+    Scores: dict[str, int] = Field(default_factory=dict)
+    FailedNodes: dict[str, str] = Field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)

@@ -75,6 +75,16 @@ class FilterOutcome:
     """`passed`, `failed` and `unresolvable` as JSON text, joined from memoised pieces."""
 
 
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Every asked node's verdict for one pod, reasons in full (see `ExtenderService.diagnose`)."""
+
+    pod: str
+    scores: dict[str, int]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
 PASSED, FAILED, UNRESOLVABLE = 0, 1, 2
 
 
@@ -657,6 +667,30 @@ class ExtenderService:
         found = self._answers(names, demand, _views_from_objects(nodes), now, survivors=True)
         self.metrics.decisions.labels("prioritize", "ok").inc()
         return found
+
+    def diagnose(self, pod: Mapping[str, Any], names: Sequence[str] = ()) -> Diagnosis:
+        """Why the pod fits or not on each node (every watched node when `names` is empty),
+        each reason in full: what a person asks when a filter reply gave only a few in full.
+
+        Not on kube-scheduler's path and not memoised: every node is evaluated on its current
+        view (~0.2 s at 5,000 nodes). InvalidInput (a pod we cannot read) goes to the caller.
+        """
+        demand = self._demand(pod)
+        model = self.model(self.clock())
+        scores: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name in names or self.cache.node_names():
+            view = self.cache.view(name)  # views are immutable: evaluated outside the lock
+            if view is None:
+                failed[name] = _unknown_reason(name)
+                continue
+            verdict = evaluate(view, demand, config=self.scoring, model=model)
+            if isinstance(verdict, Fit):
+                scores[name] = verdict.score
+            else:
+                (unresolvable if verdict.unresolvable else failed)[name] = verdict.reason
+        return Diagnosis(demand.pod, scores, failed, unresolvable)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""

@@ -115,6 +115,33 @@ def test_reasons_stay_a_few_lines_however_many_nodes_fail(
     assert len(histogram) == DETAILED_NODES + 3  # + in use, no such slice, no inventory
 
 
+def test_diagnose_gives_every_node_its_reason_in_full(
+    cache: ClusterCache, client: TestClient
+) -> None:
+    """What a person asks after the filter reply gave 3 reasons in full: all of them."""
+    busy = [f"busy-{n:03d}" for n in range(20)]
+    for name in busy:
+        cache.apply(NODE, "ADDED", node(name, [mig_gpu(0, [("3g.40gb", 0, 4)])]))
+        cache.apply(POD, "ADDED", pod(f"train-{name}", {"nvidia.com/mig-3g.40gb": 1}, node=name))
+    new = pod("new", {"nvidia.com/mig-3g.40gb": 1})
+    out = client.post("/gpupart/diagnose", json=new).json()
+    assert out["Pod"] == "team-a/new" and out["Scores"] == {}
+    assert set(out["FailedNodes"]) == {*busy, "node-mig"}
+    for name in busy:
+        assert out["FailedNodes"][name] == (
+            f"{name}: 1 GPU, no free 3g.40gb slice (all 1 in use by team-a/train-{name})"
+        )
+    assert set(out["FailedAndUnresolvableNodes"]) == {"node-mps", "node-whole", "node-bare"}
+    one = client.post("/gpupart/diagnose?node=node-mps&node=nowhere", json=pod("s", shared(8000)))
+    assert one.status_code == 200
+    assert (
+        one.json()["Scores"].keys() == {"node-mps"} and 0 <= one.json()["Scores"]["node-mps"] <= 10
+    )
+    assert "not known to the gpupart extender" in one.json()["FailedNodes"]["nowhere"]
+    bad = client.post("/gpupart/diagnose", json=pod("x", {"gpupart.io/gpu-memory": "-5"}))
+    assert bad.status_code == 400 and "invalid pod" in bad.json()["Error"]
+
+
 def test_filter_returns_survivors_and_prioritize_scores(client: TestClient) -> None:
     p = pod("new", shared(8000))
     out = client.post("/gpupart/filter", json=args(p, ALL)).json()
