@@ -5,10 +5,9 @@ Run: python tests/bench/allocate.py [--floor]  (last line: one JSON object with 
   in another process on the plugin's unix socket, one at a time, as the kubelet makes them, after
   500 untimed ones; like the kubelet, the client holds a ListAndWatch stream open meanwhile.
 - client: "go" when the client is tests/bench/kubeletclient, a Go program that dials and calls
-  the plugin as the kubelet does, with the kubelet's own stubs (k8s.io/kubelet) and grpc-go. It is
-  built once with the `go` on PATH into ${XDG_CACHE_HOME:-~/.cache}/gpupart/bench/, under a hash
-  of its sources; the pinned modules come from the Go module cache or GOPROXY. "python" when Go is
-  missing or the build fails (said on stderr): a grpcio client, which adds its own latency.
+  the plugin as the kubelet does, with the kubelet's own stubs (k8s.io/kubelet) and grpc-go
+  (built once, see goclients.py); "python" when Go is missing or the build fails (said on
+  stderr): a grpcio client, which adds its own latency.
 - floor_p50_ms / floor_p99_ms (with --floor): the same client and server setup, but a servicer
   whose Allocate returns one precomputed response: what gRPC (grpcio, the client, the kernel)
   costs without the plugin's own work.
@@ -19,9 +18,7 @@ Run: python tests/bench/allocate.py [--floor]  (last line: one JSON object with 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import queue
 import shutil
 import statistics
@@ -32,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+import goclients
 import grpc
 
 from gpupart.core.spec import Mode
@@ -51,49 +49,10 @@ from gpupart_plugin.simgpu import SimulatedGpus
 CALLS = 10_000
 WARMUP = 500
 RESOURCE = "nvidia.com/mig-1g.18gb"
-GO_CLIENT = Path(__file__).resolve().parent / "kubeletclient"
 
 
 def desired(counts: dict[str, int]) -> str:
     return encode_desired((DesiredGroup("bench", 1, None, Mode.MIG, tuple(counts.items())),))
-
-
-def go_client() -> Path | None:
-    """The built Go client (built now when not cached), or None with the reason on stderr."""
-    go = shutil.which("go")
-    if go is None:
-        print("allocate bench: no `go` on PATH; falling back to the Python client", file=sys.stderr)
-        return None
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((GO_CLIENT / name).read_bytes())
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpupart" / "bench"
-    binary = cache / f"kubeletclient-{digest.hexdigest()[:16]}"
-    if binary.exists():
-        return binary
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_name(f"{binary.name}.{os.getpid()}.tmp")
-    try:
-        subprocess.run(
-            [go, "build", "-mod=readonly", "-buildvcs=false", "-trimpath", "-o", str(partial), "."],
-            cwd=GO_CLIENT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as error:
-        stderr = getattr(error, "stderr", None)
-        detail = stderr if isinstance(stderr, str) and stderr.strip() else str(error)
-        partial.unlink(missing_ok=True)
-        print(
-            f"allocate bench: building the Go client failed ({detail.strip()}); "
-            "falling back to the Python client",
-            file=sys.stderr,
-        )
-        return None
-    partial.replace(binary)
-    return binary
 
 
 def client(socket: str, ids: list[str]) -> None:
@@ -179,7 +138,7 @@ def main(floor: bool) -> None:
         ids = [d.id for d in hub.all_devices()]
         # The client runs in its own process, as the kubelet does: in this process it would
         # compete with the server for the GIL and measure that instead.
-        binary = go_client()
+        binary = goclients.build("kubeletclient")
         if binary is not None:
             kind, command = "go", [str(binary), "-calls", str(CALLS), "-warmup", str(WARMUP)]
         else:

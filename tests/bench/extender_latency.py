@@ -13,7 +13,11 @@ node count "server_p50_ms_N" / "server_p99_ms_N": the extender's own part of eac
 the server receiving a request to its last byte sent (body parsing and the HTTP stack
 included, the client's JSON and the loopback not), timed around the app inside the server.
 
-Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300]
+--client go asks through tests/bench/schedulerclient instead: kube-scheduler's own request code
+(the extender API's Go types, encoding/json, net/http; built once, see goclients.py), so the
+figures include what decoding the replies costs kube-scheduler itself.
+
+Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import goclients
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -220,7 +225,63 @@ def _percentiles(timings: list[float]) -> tuple[float, float]:
     return statistics.median(timings), timings[min(len(timings) - 1, int(0.99 * len(timings)))]
 
 
-def measure(nodes: int, requests: int) -> dict[str, float]:
+def _asked(i: int) -> dict[str, Any]:
+    """The i-th pod to place (not in the cluster yet)."""
+    limits, app = SHAPES[i % len(SHAPES)]
+    return {
+        "metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"u{i}", "labels": {"app": app}},
+        "spec": {"containers": [{"resources": {"limits": limits}}]},
+    }
+
+
+def python_client(port: int, names: list[str], pods: int) -> list[float]:
+    """Milliseconds of each pod's filter+prioritize pair, asked from this process."""
+    order = random.Random(7)
+    timings = []
+    http = Http(port)
+    try:
+        for i in range(pods):
+            pod = _asked(i)
+            order.shuffle(names)  # kube-scheduler's parallel filter finds nodes in any order
+            started = time.perf_counter()
+            out = http.post("/gpupart/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+            survivors = {"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}
+            scores = http.post("/gpupart/prioritize", survivors)
+            timings.append((time.perf_counter() - started) * 1000)
+            if scores:
+                # Bind (not timed) to the best node, as kube-scheduler would: the pod then
+                # counts on that node, so the next pod sees a changed cluster.
+                best = max(scores, key=lambda s: s["Score"])["Host"]
+                binding = {"PodName": f"p{i}", "PodNamespace": "bench", "PodUID": f"u{i}"}
+                http.post("/gpupart/bind", {**binding, "Node": best})
+    finally:
+        http.close()
+    return timings
+
+
+def go_client(binary: Path, url: str, names: list[str], pods: int) -> list[float]:
+    """The same pods asked by tests/bench/schedulerclient: kube-scheduler's own request code
+    (its extender API types, encoding/json, net/http), in its own process."""
+    plan = {
+        "names": names,
+        "shapes": [{"limits": limits, "app": app} for limits, app in SHAPES],
+        "seed": 7,
+    }
+    out = subprocess.run(
+        [str(binary), "-url", f"{url}/gpupart", "-requests", str(pods)],
+        input=json.dumps(plan),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"schedulerclient failed: {out.stderr.strip()}")
+    timings: list[float] = json.loads(out.stdout)["ms"]
+    return timings
+
+
+def measure(nodes: int, requests: int, go: Path | None) -> dict[str, float]:
     port_file = Path(f"/tmp/gpupart-bench-port-{nodes}-{time.time_ns()}")
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(nodes), "--port-file", str(port_file)]
@@ -233,48 +294,19 @@ def measure(nodes: int, requests: int) -> dict[str, float]:
             time.sleep(0.1)
         port = int(port_file.read_text())
         url = f"http://127.0.0.1:{port}"
-        names = [f"node-{n:05d}" for n in range(nodes)]
-        order = random.Random(7)
-        timings = []
-        cold = 0.0
         for _attempt in range(300):
             try:
                 httpx.get(f"{url}/healthz", timeout=5)
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        http = Http(port)
-        try:
-            for i in range(requests + len(SHAPES)):
-                limits, app = SHAPES[i % len(SHAPES)]
-                pod = {
-                    "metadata": {
-                        "name": f"p{i}",
-                        "namespace": "bench",
-                        "uid": f"u{i}",
-                        "labels": {"app": app},
-                    },
-                    "spec": {"containers": [{"resources": {"limits": limits}}]},
-                }
-                order.shuffle(names)  # kube-scheduler's parallel filter finds nodes in any order
-                started = time.perf_counter()
-                out = http.post("/gpupart/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
-                survivors = {"Pod": pod, "Nodes": None, "NodeNames": out["NodeNames"]}
-                scores = http.post("/gpupart/prioritize", survivors)
-                elapsed = (time.perf_counter() - started) * 1000
-                if scores:
-                    # Bind (not timed) to the best node, as kube-scheduler would: the pod then
-                    # counts on that node, so the next pod sees a changed cluster.
-                    best = max(scores, key=lambda s: s["Score"])["Host"]
-                    binding = {"PodName": f"p{i}", "PodNamespace": "bench", "PodUID": f"u{i}"}
-                    http.post("/gpupart/bind", {**binding, "Node": best})
-                if i == 0:
-                    cold = elapsed
-                if i >= len(SHAPES):  # the first pod of each shape fills the verdict memo
-                    timings.append(elapsed)
-            spent = json.loads(httpx.get(f"{url}{TIMINGS}", timeout=5).content)
-        finally:
-            http.close()
+        names = [f"node-{n:05d}" for n in range(nodes)]
+        if go is None:
+            every = python_client(port, names, requests + len(SHAPES))
+        else:
+            every = go_client(go, url, names, requests + len(SHAPES))
+        spent = json.loads(httpx.get(f"{url}{TIMINGS}", timeout=5).content)
+        cold, timings = every[0], every[len(SHAPES) :]  # the first of each shape fills the memo
         p50, p99 = _percentiles(timings)
         pairs = [(f + p) * 1000 for f, p in zip(spent["filter"], spent["prioritize"], strict=True)]
         server_p50, server_p99 = _percentiles(pairs[len(SHAPES) :])
@@ -297,15 +329,22 @@ def measure(nodes: int, requests: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument(
+        "--client",
+        choices=["python", "go"],
+        default="python",
+        help="who asks: this process, or tests/bench/schedulerclient (kube-scheduler's own code)",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port_file)
         return 0
-    figures: dict[str, float] = {}
+    go = goclients.build("schedulerclient") if args.client == "go" else None
+    figures: dict[str, float | str] = {"client": "python" if go is None else "go"}
     for nodes in (1000, 5000):
-        figures.update(measure(nodes, args.requests))
+        figures.update(measure(nodes, args.requests, go))
     print(json.dumps(figures))
     return 0
 
