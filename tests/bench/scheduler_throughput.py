@@ -8,10 +8,14 @@ the extender removed) and "unbatched" (gpupart-plain with opportunistic batching
 kube-scheduler does for any profile with an extender). The same batch of shared-GPU pods is
 scheduled by each; throughput = pods / seconds until all are bound. `ratio` compares the two
 that differ only by the extender; the unbatched and the default scheduler (which scores a
-sample of the nodes, not all of them) are reported beside.
+sample of the nodes, not all of them) are reported beside. A fifth, "null-extender", is the
+shipped file pointed at tests/bench/nullextender (Go, standard library: every node passes,
+every score 0, kube-scheduler binds), when Go can build it: the throughput of an extender that
+costs nothing, the ceiling of any extender on this machine ("ratio_null_extender").
 Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
 The last line is JSON: {"pods_per_s_with", "pods_per_s_without", "ratio",
-"pods_per_s_without_batching", "pods_per_s_default_scheduler", "ratio_to_default_scheduler"}.
+"pods_per_s_without_batching", "pods_per_s_default_scheduler", "ratio_to_default_scheduler",
+"pods_per_s_null_extender", "ratio_null_extender"} (the last two only when Go built it).
 
 Run: .venv/bin/python tests/bench/scheduler_throughput.py [--nodes 1000] [--pods 500]
 """
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import goclients
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +58,7 @@ from tests.e2e.cluster import (  # noqa: E402
 )
 
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
+NULL_EXTENDER = "null-extender"
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -61,7 +67,7 @@ def _terminate(signum: int, _frame: object) -> None:
 
 def _pod(name: str, scheduler: str) -> dict[str, Any]:
     limits = {"nvidia.com/gpu.shared": "1", "cpu": "10m"}
-    if scheduler == "gpupart-scheduler":
+    if scheduler in ("gpupart-scheduler", NULL_EXTENDER):
         # Only the extender's managedResources make kube-scheduler ignore this resource
         # (ignoredByScheduler); the others would look for it in the node's allocatable.
         limits["gpupart.io/gpu-memory"] = "4096"
@@ -178,14 +184,25 @@ def main() -> int:
         plain = {k: v for k, v in config.items() if k != "extenders"}
         plain["profiles"] = [{**config["profiles"][0], "schedulerName": "gpupart-plain"}]
         unbatched = {**plain, "profiles": [{**plain["profiles"][0], "schedulerName": "unbatched"}]}
-        for name, cfg, extra in (
+        profiles: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
             ("gpupart-scheduler", config, ()),
             ("gpupart-plain", plain, ()),
             # kube-scheduler turns opportunistic batching (pods alike reuse the last cycle's
             # node ranking, KEP-5598) off in any profile with an extender: this one shows
             # what that alone costs.
             ("unbatched", unbatched, ("--feature-gates=OpportunisticBatching=false",)),
-        ):
+        ]
+        null_binary = goclients.build("nullextender")
+        if null_binary is not None:
+            null = spawn("nullextender", [str(null_binary)], workdir)
+            procs.append(null)
+            address = wait_for(lambda: _address(null.log), 30, "the null extender's address")
+            stub = {k: v for k, v in config["extenders"][0].items() if k != "bindVerb"}
+            stub["urlPrefix"] = f"http://{address}"
+            nothing = {**config, "extenders": [stub]}
+            nothing["profiles"] = [{**config["profiles"][0], "schedulerName": NULL_EXTENDER}]
+            profiles.append((NULL_EXTENDER, nothing, ()))
+        for name, cfg, extra in profiles:
             proc, _ = start_scheduler(
                 bin_dir, cp.kubeconfig, cfg, name, workdir, verbosity=1, extra=extra
             )
@@ -218,6 +235,12 @@ def main() -> int:
         unbatched = batch("unbatched", "unbatched")
         step("scheduling with the default scheduler")
         default = batch("default", "default-scheduler")
+        floor: dict[str, float] = {}
+        if null_binary is not None:
+            step("scheduling through the null extender (an extender that costs nothing)")
+            rate = batch("null", NULL_EXTENDER)
+            floor = {"pods_per_s_null_extender": round(rate, 1)}
+            floor["ratio_null_extender"] = round(rate / without, 3)
         step("extender verb latency: " + _verb_latency(f"http://{LOOPBACK}:{port}/metrics"))
         print(
             f"{args.nodes} nodes, {args.pods} pods: without {without:.1f} pods/s, "
@@ -233,6 +256,7 @@ def main() -> int:
                     "pods_per_s_without_batching": round(unbatched, 1),
                     "pods_per_s_default_scheduler": round(default, 1),
                     "ratio_to_default_scheduler": round(with_ext / default, 3),
+                    **floor,
                 }
             )
         )
@@ -241,6 +265,13 @@ def main() -> int:
         for proc in reversed(procs):
             proc.stop()
         cp.stop()
+
+
+def _address(log: Path) -> str | None:
+    """The address the null extender prints first (after spawn's header), once it is there."""
+    lines = log.read_text().splitlines(keepends=True) if log.exists() else []
+    done = [line.strip() for line in lines if line.endswith("\n")]
+    return next((line for line in done if line and not line.startswith("===")), None)
 
 
 def _verb_latency(url: str) -> str:

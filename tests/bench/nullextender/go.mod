@@ -1,0 +1,3 @@
+module gpupart/tests/bench/nullextender
+
+go 1.26.0
