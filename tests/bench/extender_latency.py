@@ -17,7 +17,11 @@ included, the client's JSON and the loopback not), timed around the app inside t
 (the extender API's Go types, encoding/json, net/http; built once, see goclients.py), so the
 figures include what decoding the replies costs kube-scheduler itself.
 
-Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go]
+--floor also runs each size against a server that decides nothing: the same uvicorn setup
+replaying, per pod shape, the reply bytes the real extender gave once ("floor_p50_ms_N",
+"floor_p99_ms_N": what HTTP and the client's JSON cost at these sizes).
+
+Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go] [--floor]
 """
 
 from __future__ import annotations
@@ -157,18 +161,53 @@ def timed(app: ASGIApp) -> ASGIApp:
     return wrapper
 
 
-def serve(nodes: int, port_file: Path) -> None:
+def serve(nodes: int, port_file: Path, *, floor: bool) -> None:
     cache = ClusterCache()
     node_objs, pods = cluster(nodes)
     cache.replace(NODE, node_objs)
     cache.replace(POD, pods)
     settings = ExtenderSettings(log_level="WARNING")
     service = ExtenderService(cache, settings.scoring(), binder=NoBinder(), metrics=Metrics())
+    app = replay(service, nodes) if floor else create_app(settings, service)
     tune_gc()
     sock = listen("127.0.0.1", 0)
     port_file.write_text(str(sock.getsockname()[1]))
-    app = timed(create_app(settings, service))
-    server(app, settings).run(sockets=[sock])  # type: ignore[arg-type]  # an ASGI app
+    server(timed(app), settings).run(sockets=[sock])  # type: ignore[arg-type]  # an ASGI app
+
+
+def replay(service: ExtenderService, nodes: int) -> ASGIApp:
+    """The floor: an app that decides nothing and answers each pod shape with the reply bytes
+    the real extender gave it once; what HTTP and the client's JSON cost at these sizes."""
+    names = [f"node-{n:05d}" for n in range(nodes)]
+    replies = []
+    for i in range(len(SHAPES)):
+        outcome = service.filter(_asked(i), names)
+        passed, failed, unresolvable = outcome.encoded or ("[]", "{}", "{}")
+        filtered = (
+            f'{{"NodeNames":{passed},"FailedNodes":{failed},'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+        )
+        scores = service.prioritize_json(_asked(i), outcome.passed)
+        replies.append({"filter": filtered.encode(), "prioritize": scores.encode()})
+    # The shapes' limits, told apart in the first bytes of the body (the Pod comes first).
+    marks = [json.dumps(limits)[:-1].encode() for limits, _ in SHAPES]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        head = body[:400]
+        shape = next((n for n, mark in enumerate(marks) if mark in head), 0)
+        verb = scope.get("path", "").rpartition("/")[2]
+        out = replies[shape].get(verb, b'{"Error":""}')
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(out))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
 
 
 SHAPES = [
@@ -281,10 +320,11 @@ def go_client(binary: Path, url: str, names: list[str], pods: int) -> list[float
     return timings
 
 
-def measure(nodes: int, requests: int, go: Path | None) -> dict[str, float]:
+def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
     port_file = Path(f"/tmp/gpupart-bench-port-{nodes}-{time.time_ns()}")
+    serve_args = ["--serve", str(nodes), "--port-file", str(port_file)]
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(nodes), "--port-file", str(port_file)]
+        [sys.executable, __file__, *serve_args, *(["--floor"] if floor else [])]
     )
     try:
         deadline = time.monotonic() + 300
@@ -311,9 +351,12 @@ def measure(nodes: int, requests: int, go: Path | None) -> dict[str, float]:
         pairs = [(f + p) * 1000 for f, p in zip(spent["filter"], spent["prioritize"], strict=True)]
         server_p50, server_p99 = _percentiles(pairs[len(SHAPES) :])
         print(
-            f"{nodes} nodes: p50 {p50:.2f} ms, p99 {p99:.2f} ms, first (cold) {cold:.1f} ms, "
-            f"{len(timings)} pods; in the server: p50 {server_p50:.2f} ms, p99 {server_p99:.2f} ms"
+            f"{nodes} nodes{' (floor)' if floor else ''}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+            f"first (cold) {cold:.1f} ms, {len(timings)} pods; "
+            f"in the server: p50 {server_p50:.2f} ms, p99 {server_p99:.2f} ms"
         )
+        if floor:
+            return {f"floor_p50_ms_{nodes}": round(p50, 2), f"floor_p99_ms_{nodes}": round(p99, 2)}
         return {
             f"p50_ms_{nodes}": round(p50, 2),
             f"p99_ms_{nodes}": round(p99, 2),
@@ -335,16 +378,23 @@ def main() -> int:
         default="python",
         help="who asks: this process, or tests/bench/schedulerclient (kube-scheduler's own code)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time a server that replays the real replies without deciding anything",
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port_file)
+        serve(args.serve, args.port_file, floor=args.floor)
         return 0
     go = goclients.build("schedulerclient") if args.client == "go" else None
     figures: dict[str, float | str] = {"client": "python" if go is None else "go"}
     for nodes in (1000, 5000):
         figures.update(measure(nodes, args.requests, go))
+        if args.floor:
+            figures.update(measure(nodes, args.requests, go, floor=True))
     print(json.dumps(figures))
     return 0
 
