@@ -225,6 +225,10 @@ def test_dedicated_scheduler_calls_the_extender_service(render: Render) -> None:
     config = yaml.safe_load(named(objects, "ConfigMap", "-scheduler")["data"]["config.yaml"])
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["profiles"][0]["schedulerName"] == "gpupart-scheduler"
+    assert config["profiles"][0]["percentageOfNodesToScore"] == 100
+    sampled = render({"scheduler.percentageOfNodesToScore": 0})
+    sampled_config = named(sampled, "ConfigMap", "-scheduler")["data"]["config.yaml"]
+    assert yaml.safe_load(sampled_config)["profiles"][0]["percentageOfNodesToScore"] == 0
     (extender,) = config["extenders"]
     service = named(objects, "Service", "-extender")
     port = service["spec"]["ports"][0]["port"]

@@ -78,6 +78,7 @@ seccompProfile:
 {{- $_ := set $ext "weight" (int .Values.scheduler.weight) -}}
 {{- $profile := index $cfg.profiles 0 -}}
 {{- $_ := set $profile "schedulerName" .Values.scheduler.schedulerName -}}
+{{- $_ := set $profile "percentageOfNodesToScore" (int .Values.scheduler.percentageOfNodesToScore) -}}
 {{- $_ := set $cfg "leaderElection" (dict "leaderElect" true "resourceName" .Values.scheduler.schedulerName "resourceNamespace" .Release.Namespace "resourceLock" "leases") -}}
 {{- toYaml $cfg -}}
 {{- end -}}
