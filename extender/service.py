@@ -566,7 +566,7 @@ class ExtenderService:
         given: Mapping[str, NodeView],
         model: FragmentationModel,
     ) -> str:
-        """The full reason of a failed node (see `DETAILED_NODES`), memoised per node state."""
+        """The full reason of a failed node (see `DETAILED_NODES`), kept while its signature holds."""
         name = answer.name
         kept = memo.reasons.get(name)
         if kept is not None and kept[0] is answer.sig and answer.sig is not None:
