@@ -1,4 +1,4 @@
-"""The HTTP edge: `create_app(settings, service)` serves the extender verbs, diagnose, health, metrics.
+"""The HTTP edge: `create_app(settings, service)` serves the extender verbs, health and metrics.
 
 Handlers parse the wire models, call the service with plain values, and write the answer in
 the exact shape kube-scheduler decodes. Filter and prioritize answer with pre-encoded JSON: at

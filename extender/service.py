@@ -103,6 +103,8 @@ class Answer:
     score: int
     summary: str
     """`NoFit.summary`: no node or pod names, so that equal failures count as one reason."""
+    shortfall: int
+    """`NoFit.shortfall` (unknown nodes: 1000, the farthest)."""
     kind: FailureKind | None
     item: str
     """JSON: the quoted name (passed) or `"name":"summary"` (failed, unresolvable)."""
@@ -110,7 +112,7 @@ class Answer:
     """JSON: `{"Host":"name","Score":n}` for prioritize."""
 
 
-_MISSING = Answer((-1, -1), "", FAILED, 0, "", None, "", "")
+_MISSING = Answer((-1, -1), "", FAILED, 0, "", 0, None, "", "")
 """Stands for "no memo entry": its `sig` is a tuple the cache never holds, so it never matches."""
 _SIG = attrgetter("sig")
 _HOST = attrgetter("host")
@@ -121,17 +123,17 @@ def _answer(name: str, sig: tuple[int, int] | None, verdict: Verdict | None) -> 
     quoted = json.dumps(name)
     if isinstance(verdict, Fit):
         return Answer(
-            sig, name, PASSED, verdict.score, "", None, quoted,
+            sig, name, PASSED, verdict.score, "", 0, None, quoted,
             f'{{"Host":{quoted},"Score":{verdict.score}}}',
         )  # fmt: skip
     if verdict is None:
-        summary = _UNKNOWN_SUMMARY
+        summary, shortfall = _UNKNOWN_SUMMARY, 1000
         status, kind = FAILED, FailureKind.UNKNOWN_NODE
     else:
-        summary, kind = verdict.summary, verdict.kind
+        summary, shortfall, kind = verdict.summary, verdict.shortfall, verdict.kind
         status = UNRESOLVABLE if verdict.unresolvable else FAILED
     return Answer(
-        sig, name, status, 0, summary, kind, _item(quoted, summary),
+        sig, name, status, 0, summary, shortfall, kind, _item(quoted, summary),
         f'{{"Host":{quoted},"Score":0}}',
     )  # fmt: skip
 
@@ -152,10 +154,13 @@ DETAILED_NODES = 3
 the others carry their summary. kube-scheduler writes the reasons, counted by text, into the
 pod's FailedScheduling event and PodScheduled condition: summaries keep that message a few
 lines long at any cluster size (with a reason per node it grew by ~70 bytes a node, ~350 KB at
-5,000 nodes), and the few in full show what is in the way. Nodes where waiting or preemption can
-help (FailedNodes) are chosen before unresolvable ones, then by name, so that the same nodes are
-shown attempt after attempt."""
+5,000 nodes), and the few in full show what is in the way. Chosen: nodes where waiting or
+preemption can help (FailedNodes) before unresolvable ones, then the closest to fitting
+(`NoFit.shortfall`), then by name, so that the same nodes are shown attempt after attempt."""
 
+
+_Failing = tuple[int, int, str, int]
+"""A failed node as (status, shortfall, name, position in its batch): sorts in showing order."""
 
 _BLOCK = 64
 """Answers per `_Block`: a change re-encodes one block, a reply joins len/64 pieces."""
@@ -219,9 +224,9 @@ class _Batch:
     index: dict[str, int] = dataclasses.field(default_factory=dict)
     _blocks: list[_Block | None] = dataclasses.field(default_factory=list)
     _passed: frozenset[str] | None = None
-    _failing: list[list[tuple[int, str, int]] | None] = dataclasses.field(default_factory=list)
-    """Per block, its first `DETAILED_NODES` failed nodes as (status, name, position)."""
-    _detailed: list[tuple[int, str, int]] | None = None
+    _failing: list[list[_Failing] | None] = dataclasses.field(default_factory=list)
+    """Per block, its first `DETAILED_NODES` failed nodes in the order they are shown in full."""
+    _detailed: list[_Failing] | None = None
     _shown: dict[int, tuple[object, str, str]] = dataclasses.field(default_factory=dict)
     """Per block holding nodes given in full: the reasons and the block's failed and
     unresolvable pieces with them (the same nodes are shown request after request)."""
@@ -243,8 +248,10 @@ class _Batch:
             b = position // _BLOCK
             self._blocks[b] = None
             self._shown.pop(b, None)
-            if old.status != answer.status:  # (status, name, position) keys change only then
-                self._failing[b] = self._detailed = self._passed = None
+            if (old.status, old.shortfall) != (answer.status, answer.shortfall):
+                self._failing[b] = self._detailed = None  # the `_Failing` keys moved
+            if old.status != answer.status:
+                self._passed = None
 
     def blocks(self) -> list[_Block]:
         blocks = self._blocks
@@ -259,17 +266,22 @@ class _Batch:
             self._passed = frozenset(chain.from_iterable(b.passed_names for b in self.blocks()))
         return self._passed
 
-    def detailed(self) -> list[tuple[int, str, int]]:
-        """The failed nodes to give in full (see `DETAILED_NODES`): (status, name, position)."""
+    def detailed(self) -> list[_Failing]:
+        """The failed nodes to give in full (see `DETAILED_NODES`)."""
         if self._detailed is None:
             failing = self._failing
             for b, kept in enumerate(failing):
                 if kept is None:
                     start = b * _BLOCK
                     run = self.answers[start : start + _BLOCK]
-                    found = [(a.status, a.name, start + n) for n, a in enumerate(run) if a.status]
+                    found = [
+                        (a.status, a.shortfall, a.name, start + n)
+                        for n, a in enumerate(run)
+                        if a.status
+                    ]
                     failing[b] = sorted(found)[:DETAILED_NODES]
-            self._detailed = sorted(chain.from_iterable(failing))[:DETAILED_NODES]  # type: ignore[arg-type]
+            every = chain.from_iterable(kept or () for kept in failing)  # none is None now
+            self._detailed = sorted(every)[:DETAILED_NODES]
         return self._detailed
 
     def filter_json(self, reasons: Mapping[int, str]) -> tuple[str, str, str]:
@@ -566,7 +578,7 @@ class ExtenderService:
         given: Mapping[str, NodeView],
         model: FragmentationModel,
     ) -> str:
-        """The full reason of a failed node (see `DETAILED_NODES`), kept while its signature holds."""
+        """The full reason of a failed node (see `DETAILED_NODES`), kept per node signature."""
         name = answer.name
         kept = memo.reasons.get(name)
         if kept is not None and kept[0] is answer.sig and answer.sig is not None:
@@ -611,7 +623,7 @@ class ExtenderService:
             memo = self._memo.get(dataclasses.replace(demand, pod="")) or _ShapeMemo()
             reasons = {
                 position: self._reason(batch.answers[position], demand, memo, given, self._model)
-                for _, _, position in batch.detailed()
+                for *_, position in batch.detailed()
             }
             if lists:
                 for answer in batch.answers:
@@ -673,7 +685,8 @@ class ExtenderService:
         each reason in full: what a person asks when a filter reply gave only a few in full.
 
         Not on kube-scheduler's path and not memoised: every node is evaluated on its current
-        view (~0.2 s at 5,000 nodes). InvalidInput (a pod we cannot read) goes to the caller.
+        view (0.06-1.5 s at 5,000 nodes: every node that fits is scored). InvalidInput (a pod we
+        cannot read) goes to the caller.
         """
         demand = self._demand(pod)
         model = self.model(self.clock())

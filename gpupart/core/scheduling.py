@@ -237,6 +237,10 @@ class NoFit:
     kind: FailureKind
     unresolvable: bool
     """True when preemption cannot help (FailedAndUnresolvableNodes)."""
+    shortfall: int = 0
+    """How far from fitting, in thousandths of the request (the closest GPU's missing memory,
+    slots or compute; the missing slices or whole GPUs): the extender shows the nodes closest
+    to fitting in full. 0 when only anti-affinity is in the way."""
 
 
 Verdict = Fit | NoFit
@@ -820,6 +824,7 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
                 f"node(s) had {short}",
                 FailureKind.IN_USE,
                 False,
+                _thousandths(count - max(free, 0), count),
             )
         left_after += free - count
         capacity += total
@@ -877,6 +882,7 @@ def _evaluate_whole(
             else f"node(s) had fewer than {count} whole GPUs free",
             FailureKind.IN_USE,
             False,
+            _thousandths(count - max(free, 0), count),
         )
     conflict = Conflict.NONE
     if _node_conflict(
@@ -894,6 +900,25 @@ def _evaluate_whole(
         ),
     )
     return Fit(combine(terms, config.weights), None, terms)
+
+
+def _thousandths(missing: int, wanted: int) -> int:
+    return min(1000, -(-1000 * max(missing, 0) // wanted)) if wanted > 0 else 0
+
+
+def _gpu_shortfall(gpu: GpuView, request: GpuRequest) -> int:
+    """How much of the request this shared GPU lacks, in thousandths (its scarcest dimension)."""
+    lacks = [0]
+    if gpu.max_clients:
+        lacks.append(
+            _thousandths(gpu.used_slots + request.shared - gpu.max_clients, request.shared)
+        )
+    if request.memory_mib:
+        lacks.append(_thousandths(request.memory_mib - gpu.free_memory_mib, request.memory_mib))
+    if request.compute_percent:
+        free = 100 - gpu.used_compute_percent
+        lacks.append(_thousandths(request.compute_percent - free, request.compute_percent))
+    return max(lacks)
 
 
 def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, bool] | None:
@@ -975,11 +1000,16 @@ def _evaluate_shared(
             if anti_affinity_only
             else (FailureKind.TOO_SMALL if all_unresolvable else FailureKind.IN_USE)
         )
+        shortfall = min(_gpu_shortfall(gpu, request) for gpu in shared)
+        if unplaced_memory and request.memory_mib:
+            room = sum(g.free_memory_mib for g in shared) - unplaced_memory
+            shortfall = max(shortfall, _thousandths(request.memory_mib - room, request.memory_mib))
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, no shared GPU with {need} ({'; '.join(blocked)})",
             f"node(s) had no shared GPU with {need}{_WHY_SHARED[kind]}",
             kind,
             all_unresolvable,
+            shortfall,
         )
     reserve = math.ceil(config.reserve_fraction * request.memory_mib)
     comfortable = [g for g in fitting if g.free_memory_mib - request.memory_mib >= reserve]

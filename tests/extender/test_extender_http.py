@@ -21,7 +21,7 @@ import uvicorn
 from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
 from fastapi.testclient import TestClient
 
-from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment
+from gpupart.core.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen
@@ -113,6 +113,22 @@ def test_reasons_stay_a_few_lines_however_many_nodes_fail(
             assert text == "node(s) had no free 3g.40gb MIG slice"
     histogram = Counter([*failed.values(), *out.json()["FailedAndUnresolvableNodes"].values()])
     assert len(histogram) == DETAILED_NODES + 3  # + in use, no such slice, no inventory
+
+
+def test_the_nodes_closest_to_fitting_are_the_ones_given_in_full(
+    cache: ClusterCache, client: TestClient
+) -> None:
+    # 40000 MiB GPUs, the pod asks 30000: a-* nodes have 5000 free, z-* nodes 25000.
+    for prefix, used in (("a", 35000), ("z", 15000)):
+        for n in range(5):
+            name = f"{prefix}-{n}"
+            cache.apply(NODE, "ADDED", node(name, [shared_gpu(0, memory=40000)]))
+            taken = PodAssignment(name, 0, "GPU-0000", used)
+            cache.apply(POD, "ADDED", pod(f"t-{name}", shared(used), node=name, assignment=taken))
+    names = [f"{p}-{n}" for p in "az" for n in range(5)]
+    out = client.post("/gpupart/filter", json=args(pod("new", shared(30000)), names)).json()
+    in_full = {n for n, text in out["FailedNodes"].items() if text.startswith(f"{n}: ")}
+    assert in_full == {"z-0", "z-1", "z-2"}  # 5000 MiB short, before the a-* nodes' 25000
 
 
 def test_diagnose_gives_every_node_its_reason_in_full(

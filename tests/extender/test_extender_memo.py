@@ -169,9 +169,14 @@ def _apply(
             view = cache.view(name)
             assert view is not None
             verdicts[name] = evaluate(view, demand, config=service.scoring, model=model)
-        # In full: the first failed nodes by (resolvable first, name), "ghost" (unknown) included.
-        failing = [(int(v.unresolvable), n) for n, v in verdicts.items() if isinstance(v, NoFit)]
-        in_full = {n for _, n in sorted([*failing, (0, "ghost")])[:DETAILED_NODES]}
+        # In full: the first failed nodes by (resolvable first, closest, name), "ghost"
+        # (unknown: the farthest) included.
+        failing = [
+            (int(v.unresolvable), v.shortfall, n)
+            for n, v in verdicts.items()
+            if isinstance(v, NoFit)
+        ]
+        in_full = {n for *_, n in sorted([*failing, (0, 1000, "ghost")])[:DETAILED_NODES]}
         for name, fresh in verdicts.items():
             if isinstance(fresh, Fit):
                 assert name in outcome.passed and scores[name] == fresh.score

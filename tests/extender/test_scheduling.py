@@ -347,6 +347,20 @@ def test_summaries_are_equal_for_nodes_failing_alike() -> None:
     )
 
 
+def test_shortfall_says_how_far_from_fitting() -> None:
+    """Thousandths of the request missing on the closest GPU (or slices, or whole GPUs)."""
+    request = demand(GpuRequest(shared=1, memory_mib=16000))
+    inv = (shared_gpu(0, memory=20000), shared_gpu(1, memory=20000))
+    pods = [on_gpu(tenant("a", memory=8000), 0), on_gpu(tenant("b", memory=12000), 1)]
+    verdict = evaluate(assemble_node("n", inv, pods), request, config=CONFIG, model=MODEL)
+    # GPU 0 has 12000 of 16000 free: a quarter short; GPU 1 half short.
+    assert isinstance(verdict, NoFit) and verdict.shortfall == 250
+    mig = evaluate(
+        mig_node(2), demand(GpuRequest(mig=(("3g.40gb", 1),))), config=CONFIG, model=MODEL
+    )
+    assert isinstance(mig, NoFit) and mig.shortfall == 1000
+
+
 def test_mig_profile_absent_is_unresolvable() -> None:
     verdict = evaluate(
         mig_node(0), demand(GpuRequest(mig=(("7g.80gb", 1),))), config=CONFIG, model=MODEL
