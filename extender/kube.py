@@ -15,9 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from gpupart.kubeconfig import load_configuration
 
 from .cache import NODE, POD, ClusterCache
 
@@ -31,16 +33,7 @@ flight), and the client's default pool (5 x CPUs) would drop the connections bey
 
 def api_client(kubeconfig: Path | None) -> client.ApiClient:
     """In-cluster credentials when there is no kubeconfig and we run in a pod, else kubeconfig."""
-    configuration = client.Configuration()
-    if kubeconfig is not None:
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = POOL_SIZE
-    return client.ApiClient(configuration)
+    return client.ApiClient(load_configuration(kubeconfig, pool_size=POOL_SIZE))
 
 
 class ApiBinder:

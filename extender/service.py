@@ -449,15 +449,14 @@ class ExtenderService:
         now: float,
         *,
         survivors: bool = False,
-    ) -> tuple[_Batch, bool]:
+    ) -> tuple[_Batch, bool, _ShapeMemo]:
         """Answers per node name, memoised per node state and pod shape (see `_ShapeMemo`).
 
-        Returns the batch and whether `names` are its passed nodes only (`survivors`: a
-        prioritize list may be what filter let through). A repeated list is patched where the
-        cache changed since (see `_Batch`); a new list costs a few dict lookups per node. A
-        node is evaluated only when no node in the same state was evaluated for this pod
-        shape since the model last changed (or, for "in use" reasons, which name pods, when
-        this node changed).
+        Returns the batch, whether `names` are its passed nodes only (`survivors`: a
+        prioritize list may be what filter let through), and the shape's memo. A repeated
+        list is patched where the cache changed since (see `_Batch`); a new list costs a few
+        dict lookups per node. A node is evaluated only when no node in the same state was
+        evaluated for this pod shape since the model last changed.
         """
         names = names if isinstance(names, list) else list(names)
         shape = dataclasses.replace(demand, pod="")
@@ -473,7 +472,7 @@ class ExtenderService:
             if not given:
                 found = self._kept(names, memo, sigs, demand, model, survivors=survivors)
                 if found is not None:
-                    return found
+                    return (*found, memo)
             nodes_memo = memo.nodes
             # The hot path runs in C (map, compress): memo answers, the cache's current
             # (version, state id) tuples, and the positions where the two do not match.
@@ -495,7 +494,7 @@ class ExtenderService:
                 batch.index = dict(zip(names, range(len(names)), strict=True))
                 if len(batch.index) == len(names):  # a list naming a node twice is not kept
                     self._keep(memo, batch)
-        return batch, False
+        return batch, False, memo
 
     def _kept(
         self,
@@ -615,12 +614,11 @@ class ExtenderService:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
         given = _views_from_objects(nodes)
-        batch, _ = self._answers(names, demand, given, now)
+        batch, _, memo = self._answers(names, demand, given, now)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         with self.cache.lock():  # kept batches change under this lock only
-            memo = self._memo.get(dataclasses.replace(demand, pod="")) or _ShapeMemo()
             reasons = {
                 position: self._reason(batch.answers[position], demand, memo, given, self._model)
                 for *_, position in batch.detailed()
@@ -676,9 +674,11 @@ class ExtenderService:
     ) -> tuple[_Batch, bool]:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        found = self._answers(names, demand, _views_from_objects(nodes), now, survivors=True)
+        batch, passed_only, _ = self._answers(
+            names, demand, _views_from_objects(nodes), now, survivors=True
+        )
         self.metrics.decisions.labels("prioritize", "ok").inc()
-        return found
+        return batch, passed_only
 
     def diagnose(self, pod: Mapping[str, Any], names: Sequence[str] = ()) -> Diagnosis:
         """Why the pod fits or not on each node (every watched node when `names` is empty),

@@ -7,8 +7,9 @@ import logging
 import sys
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 
+from gpupart.kubeconfig import load_configuration
 from gpupart_operator import settings as settings_module
 from gpupart_operator.handlers import build_registry
 from gpupart_operator.metrics import Metrics
@@ -23,22 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="log every pass and kopf's chatter")
 
 
-def load_configuration(kubeconfig: str | None, *, pool_size: int) -> client.Configuration:
-    """The kubeconfig if given, else the in-cluster service account, else $KUBECONFIG/~/.kube/config."""
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    # One connection per parallel writer, or writes queue for a connection.
-    configuration.connection_pool_maxsize = pool_size
-    return configuration
-
-
 def build(settings: OperatorSettings) -> tuple[Reconciler, kopf.OperatorRegistry]:
+    # One connection per parallel writer, or writes queue for a connection.
     configuration = load_configuration(settings.kubeconfig, pool_size=settings.write_workers + 4)
     metrics = Metrics()
     reconciler = Reconciler(client.ApiClient(configuration), settings, metrics)

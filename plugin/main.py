@@ -50,15 +50,12 @@ def run(args: argparse.Namespace) -> int:
     except GpupartError as error:
         log.error("Failed to start node agent err=%s", error)
         return 2
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    from gpupart.kubeconfig import load_configuration
     from gpupart_plugin.kube import NodeClient
 
-    node = NodeClient(client.ApiClient(), settings.node_name)
+    node = NodeClient(client.ApiClient(load_configuration()), settings.node_name)
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
     allocator = Allocator(

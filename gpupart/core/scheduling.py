@@ -983,16 +983,15 @@ def _evaluate_shared(
             all_unresolvable = all_unresolvable and blocker[1]
             anti_affinity_only = anti_affinity_only and "podAntiAffinity" in blocker[0]
     unplaced_memory = sum(t.memory_mib for t in node.unplaced_tenants)
-    if fitting and unplaced_memory:
-        # Pods whose GPU we cannot read still use memory somewhere on this node.
-        room = sum(g.free_memory_mib for g in shared) - unplaced_memory
-        if room < request.memory_mib:
-            fitting = []
-            blocked.append(
-                f"{unplaced_memory} MiB used by pods without a GPU assignment "
-                f"({_pods_text(node.unplaced_tenants)})"
-            )
-            all_unresolvable = anti_affinity_only = False
+    # Pods whose GPU we cannot read still use memory somewhere on this node.
+    room = sum(g.free_memory_mib for g in shared) - unplaced_memory
+    if fitting and unplaced_memory and room < request.memory_mib:
+        fitting = []
+        blocked.append(
+            f"{unplaced_memory} MiB used by pods without a GPU assignment "
+            f"({_pods_text(node.unplaced_tenants)})"
+        )
+        all_unresolvable = anti_affinity_only = False
     if not fitting:
         need = _need_text(request)
         kind = (
@@ -1002,7 +1001,6 @@ def _evaluate_shared(
         )
         shortfall = min(_gpu_shortfall(gpu, request) for gpu in shared)
         if unplaced_memory and request.memory_mib:
-            room = sum(g.free_memory_mib for g in shared) - unplaced_memory
             shortfall = max(shortfall, _thousandths(request.memory_mib - room, request.memory_mib))
         return NoFit(
             f"{node.name}: {_gpus_text(node)}, no shared GPU with {need} ({'; '.join(blocked)})",

@@ -52,7 +52,7 @@ from gpupart.core.wire import (
     encode_assignment,
     encode_inventory,
 )
-from gpupart_extender.app import create_app
+from gpupart_extender.app import create_app, filter_reply
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc
 from gpupart_extender.metrics import Metrics
@@ -182,11 +182,8 @@ def replay(service: ExtenderService, nodes: int) -> ASGIApp:
     replies = []
     for i in range(len(SHAPES)):
         outcome = service.filter(_asked(i), names)
-        passed, failed, unresolvable = outcome.encoded or ("[]", "{}", "{}")
-        filtered = (
-            f'{{"NodeNames":{passed},"FailedNodes":{failed},'
-            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
-        )
+        assert outcome.encoded is not None, outcome.error
+        filtered = filter_reply(*outcome.encoded)
         scores = service.prioritize_json(_asked(i), outcome.passed)
         replies.append({"filter": filtered.encode(), "prioritize": scores.encode()})
     # The shapes' limits, told apart in the first bytes of the body (the Pod comes first).
