@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupart.core.admission import admission_complete, shared_containers
 from gpupart.core.errors import GpupartError
 from gpupart.core.resources import GpuRequest, parse_pod_request
 from gpupart.core.scheduling import (
@@ -39,9 +40,11 @@ from gpupart.core.scheduling import (
     tenant_of,
 )
 from gpupart.core.wire import (
+    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     InventoryGpu,
+    decode_allocation,
     decode_assignment,
     decode_inventory,
 )
@@ -61,6 +64,8 @@ class NodeEntry:
     """Allocatable CPU (millicores); None when the Node does not say."""
     source: tuple[object, object] = field(default=(None, None), compare=False)
     """The annotation text and allocatable CPU value it was read from."""
+    serial_admission: bool = False
+    """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,9 @@ class PodEntry:
     key: str
     node: str
     placed: PlacedPod
+    awaiting: bool = False
+    """A live shared-GPU pod with an assignment whose containers the device plugin has not all
+    served yet (no complete `gpupart.io/allocation` record)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +106,8 @@ def read_node(node: Mapping[str, Any], previous: NodeEntry | None = None) -> Nod
             source,
         )
     try:
-        return NodeEntry(decode_inventory(text), "", cpu, source)
+        inventory = decode_inventory(text)
+        return NodeEntry(inventory.gpus, "", cpu, source, inventory.serial_admission)
     except GpupartError as error:
         return NodeEntry(None, f"GPU inventory unreadable: {error}", cpu, source)
 
@@ -111,6 +120,7 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     node = spec.get("nodeName")
     if not node or status.get("phase") in _DONE_PHASES:
         return None
+    annotations = meta.get("annotations") or {}
     try:
         request = parse_pod_request(pod)
     except GpupartError:
@@ -122,12 +132,18 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     if request.empty and cpu == 0:
         return None
     assignment = None
-    text = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
+    text = annotations.get(ASSIGNMENT_ANNOTATION)
     if text is not None:
         try:
             assignment = decode_assignment(text)
         except GpupartError:
             assignment = None
+    awaiting = (
+        bool(request.shared)
+        and assignment is not None
+        and meta.get("deletionTimestamp") is None
+        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
+    )
     # A CPU-only pod is no GPU tenant: its name and namespace are all it needs (no labels).
     namespace = str(meta.get("namespace") or "default")
     tenant = Tenant(pod_key(pod), namespace) if request.empty else tenant_of(pod, request)
@@ -136,7 +152,25 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
         tenant.pod,
         str(node),
         PlacedPod(tenant, request, assignment, cpu),
+        awaiting,
     )
+
+
+def _served(pod: Mapping[str, Any], record: object) -> bool:
+    """Whether the device plugin has served every container of the pod that asks for slots.
+
+    The same rule as the plugin's (`AssignedPod.complete`): a record it cannot read counts as
+    served, and so does a pod whose containers it cannot read (the plugin never serves those,
+    so waiting for them would hold the node for nothing).
+    """
+    if record is None:
+        return False
+    if not isinstance(record, str):
+        return True
+    try:
+        return admission_complete(shared_containers(pod), decode_allocation(record))
+    except GpupartError:
+        return True
 
 
 class ClusterCache:
@@ -144,6 +178,8 @@ class ClusterCache:
 
     def __init__(self, *, max_states: int = 200_000) -> None:
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        """Notified after every change, for binds that wait for a node's admission to finish."""
         self._nodes: dict[str, NodeEntry] = {}
         self._pods: dict[str, PodEntry] = {}
         self._by_node: dict[str, dict[str, PodEntry]] = {}
@@ -173,6 +209,7 @@ class ClusterCache:
         with self._lock:
             self._apply(kind, event, obj)
             self._refresh()
+            self._changed.notify_all()
 
     def _apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         if kind == NODE:
@@ -194,6 +231,11 @@ class ClusterCache:
             entry = None if event == "DELETED" else read_pod(obj)
             if event not in ("ADDED", "MODIFIED", "DELETED"):
                 return
+            status = obj.get("status")
+            if event == "DELETED" or (
+                isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES
+            ):
+                self._drop_assumed(uid or _key(obj))  # it holds nothing any more
             self._set_pod(uid or _key(obj), entry)
 
     def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
@@ -220,6 +262,7 @@ class ClusterCache:
                     self._set_pod(uid, entry)
             self.synced[kind] = True
             self._refresh()
+            self._changed.notify_all()
 
     def _set_pod(self, uid: str, entry: PodEntry | None) -> None:
         old = self._pods.get(uid)
@@ -306,6 +349,7 @@ class ClusterCache:
         with self._lock:
             if self._drop_assumed(uid):
                 self._refresh()
+                self._changed.notify_all()
 
     def _drop_assumed(self, uid: str) -> bool:
         assumed = self._assumed.pop(uid, None)
@@ -325,6 +369,25 @@ class ClusterCache:
             for uid in gone:
                 self.forget(uid)
             return len(gone)
+
+    # -- shared-GPU admission, one pod per node at a time --
+
+    def serial_admission(self, node: str) -> bool:
+        entry = self._nodes.get(node)
+        return entry is not None and entry.serial_admission
+
+    def awaiting(self, node: str) -> list[str]:
+        """Pods on `node` (bound or assumed) that its device plugin has not fully served yet."""
+        with self._lock:
+            found = [e.key for e in self._by_node.get(node, {}).values() if e.awaiting]
+            found += [
+                a.entry.key for a in self._assumed_on.get(node, {}).values() if a.entry.awaiting
+            ]
+            return sorted(found)
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until the next change or `timeout` seconds; call under `lock()`."""
+        self._changed.wait(timeout)
 
     # -- reading --
 

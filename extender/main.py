@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         binder=ApiBinder(api),
         metrics=Metrics(),
         ttl_seconds=settings.reservation_ttl_seconds,
+        admission_wait_seconds=settings.admission_wait_seconds,
         refresh_seconds=settings.fragmentation_refresh_seconds,
         memo_size=settings.memo_size,
     )

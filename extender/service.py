@@ -368,6 +368,7 @@ class ExtenderService:
         binder: Binder,
         metrics: Metrics,
         ttl_seconds: float = 30.0,
+        admission_wait_seconds: float = 1.5,
         refresh_seconds: float = 60.0,
         memo_size: int = 200_000,
         kept_lists: int = KEPT_LISTS,
@@ -378,6 +379,7 @@ class ExtenderService:
         self.binder = binder
         self.metrics = metrics
         self.ttl = ttl_seconds
+        self.admission_wait = admission_wait_seconds
         self.refresh = refresh_seconds
         self.memo_size = memo_size
         self.clock = clock
@@ -720,6 +722,11 @@ class ExtenderService:
             )
         demand = hold.demand
         with self.cache.lock():
+            if demand.request.shared:
+                waiting = self._await_admission(node, demand.pod)
+                if waiting:
+                    self.metrics.decisions.labels("bind", "error").inc()
+                    return waiting
             view = self.cache.view(node)
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
@@ -748,6 +755,7 @@ class ExtenderService:
                     assignment,
                     demand.cpu_milli,
                 ),
+                awaiting=assignment is not None,
             )
             # Reserved before the API calls, so a concurrent bind already sees this capacity gone.
             self.cache.assume(entry, expires=now + self.ttl)
@@ -779,6 +787,30 @@ class ExtenderService:
                 }
             },
         )
+        return ""
+
+    def _await_admission(self, node: str, pod: str) -> str:
+        """Wait (under the cache lock) until no other shared-GPU pod awaits admission on `node`.
+
+        The kubelet's Allocate names no pod, so a node whose device plugin pairs by the one
+        awaiting pod (`serial_admission`) gets the next shared pod only once the plugin has
+        recorded what it gave the last one (docs/adr-001-shared-gpu-admission.md). Returns ""
+        when the node is free, else the reason, after at most `admission_wait` seconds (kept
+        below kube-scheduler's httpTimeout, which then retries the pod).
+        """
+        deadline = time.monotonic() + self.admission_wait
+        while self.cache.serial_admission(node):
+            others = [p for p in self.cache.awaiting(node) if p != pod]
+            if not others:
+                return ""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return (
+                    f"node {node} is still admitting {others[0]}: the device plugin serves one "
+                    "shared-GPU pod per node at a time, and has not recorded its allocation "
+                    f"after {self.admission_wait:g}s; the scheduler will retry"
+                )
+            self.cache.wait_for_change(left)
         return ""
 
 

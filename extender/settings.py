@@ -51,6 +51,9 @@ class ExtenderSettings(BaseSettings):
 
     reservation_ttl_seconds: float = Field(30.0, gt=0, le=3600)
     """How long a filter decision (and an assumed binding) holds before it lapses."""
+    admission_wait_seconds: float = Field(1.5, ge=0, le=60)
+    """How long a bind waits for the node's previous shared-GPU pod to be served by its device
+    plugin (one at a time per node); keep it below the scheduler's extender httpTimeout."""
     fragmentation_refresh_seconds: float = Field(60.0, gt=0)
     """How often the observed request mix behind the fragmentation term is rebuilt."""
     resync_seconds: int = Field(300, ge=10)

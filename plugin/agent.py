@@ -11,6 +11,7 @@ from gpupart.core.spec import Mode
 from gpupart.core.wire import (
     GpuReport,
     GpuState,
+    Inventory,
     NodeReport,
     decode_desired,
     encode_inventory,
@@ -66,7 +67,10 @@ class NodeAgent:
         self.hub.set_gpus(result.views)
         if self.plugins is not None:
             self.plugins.sync()
-        self.publish(encode_report(result.report), encode_inventory(inventory(result.views)))
+        self.publish(
+            encode_report(result.report),
+            encode_inventory(Inventory(inventory(result.views), serial_admission=True)),
+        )
         self.metrics.apply_seconds.observe(self.clock() - started)
         self.metrics.apply_failures.inc(result.failed)
         self.metrics.count_devices(self.hub)

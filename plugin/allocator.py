@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
+from gpupart.core.admission import AssignedPod, admit_shared, awaiting_pod
 from gpupart.core.allocation import ContainerAllocation, exclusive_allocation, shared_allocation
-from gpupart.core.devices import (
-    AssignedPod,
-    choose_shared_pod,
-    preferred_allocation,
-    resolve_devices,
-)
-from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.devices import preferred_allocation, resolve_devices
+from gpupart.core.errors import InvalidInput
 from gpupart.core.mps import MpsLimits, client_limits
 from gpupart.core.resources import GPU_SHARED
 from gpupart.core.spec import Mode
+from gpupart.core.wire import GivenContainer
 from gpupart_plugin.devices import DeviceHub
-from gpupart_plugin.podresources import PodDevices
-
-log = logging.getLogger(__name__)
 
 PodSource = Callable[[], tuple[AssignedPod, ...]]
-"""Pods bound to this node (any phase) that carry the extender's assignment annotation."""
-HeldSource = Callable[[], tuple[PodDevices, ...]]
-"""What the kubelet already allocated (PodResources List); raises GpupartError when it cannot say."""
+"""Pods bound to this node (any live phase) that carry the extender's assignment annotation."""
+Recorder = Callable[[AssignedPod, tuple[GivenContainer, ...]], None]
+"""Writes a pod's `gpupart.io/allocation` record; raises GpupartError when it cannot."""
 
 
 class Allocator:
@@ -36,73 +30,86 @@ class Allocator:
         hub: DeviceHub,
         node: str,
         pods: PodSource,
+        record: Recorder,
         *,
-        held: HeldSource = lambda: (),
         cdi: bool = True,
     ) -> None:
         self.hub = hub
         self.node = node
         self.pods = pods
-        self.held = held
+        self.record = record
         self.cdi = cdi
         self._lock = threading.Lock()
-        self._served: set[str] = set()
-        """Pods this process gave a shared slot (the kubelet lists them in PodResources soon after)."""
+        self._given: dict[str, tuple[GivenContainer, ...]] = {}
+        """Records this process wrote, by pod uid: a pod list read just after a write may not
+        show it yet, and a record is never shortened."""
 
     def allocate(self, resource: str, ids: Sequence[str]) -> ContainerAllocation:
         devices = resolve_devices(ids, self.hub.devices(resource))
         if resource != GPU_SHARED:
             return exclusive_allocation(devices, cdi=self.cdi)
-        listed, held = self.pods(), self._held()
+        # One shared Allocate at a time (the kubelet sends them one by one anyway): the record
+        # of one must be written before the next is paired.
         with self._lock:
-            self._served &= {p.uid for p in listed}  # forget pods that are gone
-            pod = choose_shared_pod(
-                listed, node=self.node, count=len(ids), taken=self._served, held=held
-            )
-            if pod is None:
+            admission = admit_shared(self._listed(), node=self.node, ids=ids)
+            pod = admission.pod
+            if admission.repeat is not None:
+                return self._shared(pod, admission.repeat)
+            container = admission.container
+            assert container is not None
+            gpu = self.hub.gpu(pod.assignment.gpu_uuid)
+            if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
                 raise InvalidInput(
                     "Allocate",
-                    f"no pod bound to node {self.node} and not yet served has a "
-                    f"gpupart.io/assignment for {len(ids)} shared slot(s); "
-                    "is the gpupart scheduler extender configured?",
+                    f"pod {pod.key} was assigned GPU {pod.assignment.gpu_uuid}, "
+                    "which is not a shared GPU on this node now",
                 )
-            self._served.add(pod.uid)
-        gpu = self.hub.gpu(pod.assignment.gpu_uuid)
+            memory = compute = 0
+            if gpu.mode is Mode.MPS:
+                memory, compute = client_limits(
+                    container.memory_mib,
+                    container.compute_percent,
+                    defaults=MpsLimits(gpu.slots, gpu.mps_memory_mib, gpu.mps_compute_percent),
+                    gpu_memory_mib=gpu.memory_mib,
+                )
+            given = GivenContainer(container.name, tuple(sorted(ids)), gpu.uuid, memory, compute)
+            record = (*pod.given, given)
+            self.record(pod, record)  # before answering: the extender binds the next pod on it
+            self._given[pod.uid] = record
+            return self._shared(pod, given)
+
+    def _shared(self, pod: AssignedPod, given: GivenContainer) -> ContainerAllocation:
+        gpu = self.hub.gpu(given.gpu_uuid)
         if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
             raise InvalidInput(
                 "Allocate",
-                f"pod {pod.key} was assigned GPU {pod.assignment.gpu_uuid}, "
+                f"pod {pod.key} container {given.name} was given GPU {given.gpu_uuid}, "
                 "which is not a shared GPU on this node now",
             )
-        if gpu.mode is Mode.TIME_SLICING:
-            return shared_allocation(gpu, memory_mib=0, compute_percent=0, cdi=self.cdi)
-        memory, compute = client_limits(
-            pod.request.memory_mib or pod.assignment.memory_mib,
-            pod.request.compute_percent or pod.assignment.compute_percent,
-            defaults=MpsLimits(gpu.slots, gpu.mps_memory_mib, gpu.mps_compute_percent),
-            gpu_memory_mib=gpu.memory_mib,
+        return shared_allocation(
+            gpu, memory_mib=given.memory_mib, compute_percent=given.compute_percent, cdi=self.cdi
         )
-        return shared_allocation(gpu, memory_mib=memory, compute_percent=compute, cdi=self.cdi)
+
+    def _listed(self) -> tuple[AssignedPod, ...]:
+        listed = self.pods()
+        uids = {p.uid for p in listed}
+        for uid in [u for u in self._given if u not in uids]:
+            del self._given[uid]  # the pod is gone
+        return tuple(
+            replace(p, given=self._given[p.uid])
+            if len(self._given.get(p.uid, ())) > len(p.given)
+            else p
+            for p in listed
+        )
 
     def preferred(
         self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> tuple[str, ...]:
         prefer = None
         if resource == GPU_SHARED:
-            listed, held = self.pods(), self._held()
             with self._lock:
-                served = set(self._served)
-            pod = choose_shared_pod(listed, node=self.node, count=size, taken=served, held=held)
+                pod = awaiting_pod(self._listed(), node=self.node)
             prefer = pod.assignment.gpu_uuid if pod is not None else None
         return preferred_allocation(
             available, must_include, size, self.hub.devices(resource), prefer_gpu=prefer
         )
-
-    def _held(self) -> frozenset[str]:
-        """Pods the kubelet holds shared slots for; empty (this process's memory only) when it cannot say."""
-        try:
-            entries = self.held()
-        except GpupartError as error:
-            log.warning("Failed to list kubelet pod resources err=%s", error)
-            return frozenset()
-        return frozenset(e.pod for e in entries if e.resource == GPU_SHARED)

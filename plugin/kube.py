@@ -11,15 +11,18 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from gpupart.core.devices import AssignedPod
+from gpupart.core.admission import AssignedPod, shared_containers
 from gpupart.core.errors import GpupartError
-from gpupart.core.resources import parse_pod_request
 from gpupart.core.wire import (
+    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
+    GivenContainer,
+    decode_allocation,
     decode_assignment,
+    encode_allocation,
 )
 
 log = logging.getLogger(__name__)
@@ -103,9 +106,9 @@ class NodeClient:
     def assigned_pods(self) -> tuple[AssignedPod, ...]:
         """Pods bound here, in any phase but a finished one, that carry the extender's assignment.
 
-        Not only Pending ones: a pod may be reported Running before the kubelet calls Allocate
-        for it (the core's `choose_shared_pod` keeps each pod served once). Malformed ones are
-        skipped.
+        Not only Pending ones: kwok reports a pod Running before the kubelet calls Allocate for
+        it (the core's `admit_shared` pairs by the allocation record, not the phase). Malformed
+        ones are skipped: the plugin never serves them.
         """
         try:
             pods = self.core.list_pod_for_all_namespaces(
@@ -121,27 +124,54 @@ class NodeClient:
             # Parse at the edge: the plain dict form, where every field is what the API sent.
             raw: Mapping[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
             meta: Mapping[str, Any] = raw.get("metadata") or {}
-            text = (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION)
+            annotations = meta.get("annotations") or {}
+            text = annotations.get(ASSIGNMENT_ANNOTATION)
             if text is None:
                 continue
             try:
-                found.append(
-                    AssignedPod(
-                        uid=str(meta.get("uid", "")),
-                        namespace=str(meta.get("namespace", "")),
-                        name=str(meta.get("name", "")),
-                        created=str(meta.get("creationTimestamp", "")),
-                        request=parse_pod_request(raw),
-                        assignment=decode_assignment(text),
-                        phase=str((raw.get("status") or {}).get("phase", "")),
-                        deleting=meta.get("deletionTimestamp") is not None,
-                    )
-                )
+                assigned = _assigned_pod(raw, meta, text, annotations.get(ALLOCATION_ANNOTATION))
             except GpupartError as error:
                 log.warning(
                     "Skipped pod pod=%s/%s err=%s", meta.get("namespace"), meta.get("name"), error
                 )
+                continue
+            found.append(assigned)
         return tuple(found)
+
+    def record_allocation(self, pod: AssignedPod, given: tuple[GivenContainer, ...]) -> None:
+        """Write what the plugin gave the pod's containers (`gpupart.io/allocation`) on the pod."""
+        body = {"metadata": {"annotations": {ALLOCATION_ANNOTATION: encode_allocation(given)}}}
+        try:
+            self.core.patch_namespaced_pod(
+                pod.name, pod.namespace, body, _request_timeout=self.timeout_s
+            )
+        except CONNECTION_ERRORS as error:
+            raise KubeUnavailable(
+                f"record the allocation of pod {pod.key}: {_short(error)}"
+            ) from error
+
+
+def _assigned_pod(
+    raw: Mapping[str, Any], meta: Mapping[str, Any], assignment: str, record: str | None
+) -> AssignedPod:
+    given: tuple[GivenContainer, ...] = ()
+    problem = ""
+    if record is not None:
+        try:
+            given = decode_allocation(record)
+        except GpupartError as error:
+            problem = str(error)  # served by someone, unknown how: never served again
+    return AssignedPod(
+        uid=str(meta.get("uid", "")),
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        assignment=decode_assignment(assignment),
+        containers=shared_containers(raw),
+        given=given,
+        record_problem=problem,
+        phase=str((raw.get("status") or {}).get("phase", "")),
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
 
 
 def _annotations(obj: Any) -> Mapping[str, str]:

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
     allocator = Allocator(
-        hub, settings.node_name, node.assigned_pods, held=pod_resources.list, cdi=settings.cdi
+        hub, settings.node_name, node.assigned_pods, node.record_allocation, cdi=settings.cdi
     )
     plugins = DevicePlugins(
         hub,

@@ -2,7 +2,7 @@
 
 Device ids: a MIG device is its MIG UUID, a whole GPU its GPU UUID, a shared client slot
 ``<GPU UUID>::<n>`` (NVIDIA's annotated-id form). No I/O here: the gRPC servicer and the health
-loop call these functions with what they read.
+loop call these functions with what they read. Which pod a shared slot is for: `admission.py`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig import MigInstance
-from gpupart.core.resources import GPU, GPU_SHARED, GpuRequest, mig_resource_name
+from gpupart.core.resources import GPU, GPU_SHARED, mig_resource_name
 from gpupart.core.spec import Mode
-from gpupart.core.wire import PodAssignment
 
 SLOT_SEPARATOR = "::"
 HEALTHY = "Healthy"
@@ -144,62 +143,6 @@ def preferred_allocation(
         wanted -= len(take)
         used_numa.add(devices[take[0]].gpu.numa_node)
     return tuple(chosen[:size] if size else chosen)
-
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-"""Pod phases after which the kubelet never allocates again."""
-
-
-@dataclass(frozen=True, slots=True)
-class AssignedPod:
-    """A pod on this node that the extender gave a shared GPU (its assignment annotation)."""
-
-    uid: str
-    namespace: str
-    name: str
-    created: str
-    """RFC 3339 creation timestamp: sorts in time order as text."""
-    request: GpuRequest
-    assignment: PodAssignment
-    phase: str = "Pending"
-    deleting: bool = False
-    """The pod has a deletion timestamp (the kubelet admits it no more)."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-def choose_shared_pod(
-    pods: Iterable[AssignedPod],
-    *,
-    node: str,
-    count: int,
-    taken: Iterable[str],
-    held: Iterable[str] = (),
-) -> AssignedPod | None:
-    """The pod a shared-slot Allocate of `count` slots is for: the oldest matching, not yet served.
-
-    The kubelet's Allocate names no pod, so gpupart pairs it with the pods bound to this node that
-    the extender assigned, oldest first (the kubelet admits pods in that order too). A pod is
-    served once: `taken` holds the uids this plugin process served, `held` the namespace/name of
-    pods the kubelet already holds shared slots for (PodResources), which also covers what was
-    served before a plugin restart. The phase does not decide, because a pod can be reported
-    Running before its Allocate (kwok at once, a kubelet that re-admits after a plugin restart);
-    only a finished or deleted pod is never a candidate.
-    """
-    served, holding = set(taken), set(held)
-    matching = [
-        pod
-        for pod in pods
-        if pod.assignment.node == node
-        and pod.request.shared == count
-        and pod.phase not in TERMINAL_PHASES
-        and not pod.deleting
-        and pod.uid not in served
-        and pod.key not in holding
-    ]
-    return min(matching, key=lambda p: (p.created, p.key), default=None)
 
 
 @dataclass(frozen=True, slots=True)

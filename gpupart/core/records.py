@@ -45,6 +45,14 @@ class Record:
             raise InvalidInput(self.path(key), f"must be a string, got {_kind(value)}")
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, False)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InvalidInput(self.path(key), f"must be true or false, got {_kind(value)}")
+        return value
+
     def integer(self, key: str, default: int | None = None, *, minimum: int | None = None) -> int:
         value = self._get(key, default is None)
         if value is None:

@@ -25,6 +25,7 @@ from fractions import Fraction
 from itertools import chain, repeat
 from typing import Any
 
+from gpupart.core.admission import shared_containers
 from gpupart.core.errors import InvalidInput
 from gpupart.core.resources import GpuRequest, parse_pod_request, parse_quantity
 from gpupart.core.scoring import (
@@ -263,6 +264,8 @@ def parse_demand(pod: Mapping[str, Any], *, group_label: str) -> Demand:
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         raise InvalidInput("Pod", "metadata and spec must be objects")
     request = parse_pod_request(pod, where="Pod")
+    if request.shared:
+        shared_containers(pod, where="Pod")  # each container's limits must reach its GPU
     priority = spec.get("priority") or 0
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidInput("Pod.spec.priority", f"must be an integer, got {priority!r}")

@@ -24,6 +24,8 @@ INVENTORY_ANNOTATION = "gpupart.io/inventory"
 """On a Node, written by the node agent: GPUs and slices as the extender needs them."""
 ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
 """On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
+ALLOCATION_ANNOTATION = "gpupart.io/allocation"
+"""On a Pod, written by the device plugin in Allocate: what each of its shared-GPU containers got."""
 WIRE_VERSION = "v1"
 
 
@@ -82,6 +84,29 @@ class InventoryGpu:
     mig_devices: tuple[MigDevice, ...] = ()
     max_clients: int = 0
     """Client slots when the GPU is shared (MPS or time-slicing), else 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What the node agent tells the extender about its node."""
+
+    gpus: tuple[InventoryGpu, ...]
+    serial_admission: bool = False
+    """The node's device plugin pairs shared Allocates with the one pod awaiting them and
+    records each in `gpupart.io/allocation`: the extender binds one such pod at a time there."""
+
+
+@dataclass(frozen=True, slots=True)
+class GivenContainer:
+    """What the device plugin gave one container of a shared-GPU pod in Allocate."""
+
+    name: str
+    devices: tuple[str, ...]
+    """The slot ids the kubelet allocated, sorted."""
+    gpu_uuid: str
+    memory_mib: int = 0
+    """The MPS pinned-memory limit (0 on time-slicing)."""
+    compute_percent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +278,11 @@ def decode_report(text: str) -> NodeReport:
     return _decode(text, STATE_ANNOTATION, read)
 
 
-def encode_inventory(gpus: tuple[InventoryGpu, ...]) -> str:
+def encode_inventory(inventory: Inventory) -> str:
+    gpus = inventory.gpus
     return _encode(
         {
+            "serialAdmission": inventory.serial_admission,
             "gpus": [
                 {
                     "index": gpu.index,
@@ -269,12 +296,12 @@ def encode_inventory(gpus: tuple[InventoryGpu, ...]) -> str:
                     "maxClients": gpu.max_clients,
                 }
                 for gpu in gpus
-            ]
+            ],
         }
     )
 
 
-def decode_inventory(text: str) -> tuple[InventoryGpu, ...]:
+def decode_inventory(text: str) -> Inventory:
     def device(d: Record) -> MigDevice:
         return MigDevice(d.string("uuid"), _read_instance(d))
 
@@ -290,8 +317,9 @@ def decode_inventory(text: str) -> tuple[InventoryGpu, ...]:
             max_clients=g.integer("maxClients", 0, minimum=0),
         )
 
-    def read(record: Record) -> tuple[InventoryGpu, ...]:
-        return tuple(record.each("gpus", gpu))
+    def read(record: Record) -> Inventory:
+        serial = record.boolean("serialAdmission", False)
+        return Inventory(tuple(record.each("gpus", gpu)), serial)
 
     return _decode(text, INVENTORY_ANNOTATION, read)
 
@@ -319,3 +347,39 @@ def decode_assignment(text: str) -> PodAssignment:
         )
 
     return _decode(text, ASSIGNMENT_ANNOTATION, read)
+
+
+def encode_allocation(given: tuple[GivenContainer, ...]) -> str:
+    return _encode(
+        {
+            "containers": [
+                {
+                    "name": g.name,
+                    "devices": list(g.devices),
+                    "gpuUUID": g.gpu_uuid,
+                    "memoryMiB": g.memory_mib,
+                    "computePercent": g.compute_percent,
+                }
+                for g in given
+            ]
+        }
+    )
+
+
+def decode_allocation(text: str) -> tuple[GivenContainer, ...]:
+    def container(c: Record) -> GivenContainer:
+        devices = c.items("devices", required=True)
+        if not devices or not all(isinstance(d, str) for d in devices):
+            raise InvalidInput(c.path("devices"), "must be a list of device ids")
+        return GivenContainer(
+            name=c.string("name"),
+            devices=tuple(sorted(devices)),
+            gpu_uuid=c.string("gpuUUID"),
+            memory_mib=c.integer("memoryMiB", 0, minimum=0),
+            compute_percent=c.integer("computePercent", 0, minimum=0),
+        )
+
+    def read(record: Record) -> tuple[GivenContainer, ...]:
+        return tuple(record.each("containers", container, required=True))
+
+    return _decode(text, ALLOCATION_ANNOTATION, read)

@@ -46,6 +46,7 @@ from gpupart.core.spec import Mode
 from gpupart.core.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    Inventory,
     InventoryGpu,
     MigDevice,
     PodAssignment,
@@ -130,7 +131,7 @@ def cluster(nodes: int, seed: int = 1) -> tuple[list[dict[str, Any]], list[dict[
             {
                 "metadata": {
                     "name": name,
-                    "annotations": {INVENTORY_ANNOTATION: encode_inventory(tuple(gpus))},
+                    "annotations": {INVENTORY_ANNOTATION: encode_inventory(Inventory(tuple(gpus)))},
                 }
             }
         )

@@ -39,7 +39,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from gpupart.core.spec import Mode  # noqa: E402
-from gpupart.core.wire import INVENTORY_ANNOTATION, InventoryGpu, encode_inventory  # noqa: E402
+from gpupart.core.wire import (  # noqa: E402
+    INVENTORY_ANNOTATION,
+    Inventory,
+    InventoryGpu,
+    encode_inventory,
+)
 from tests.e2e.cluster import (  # noqa: E402
     LOOPBACK,
     ControlPlane,
@@ -150,7 +155,7 @@ def main() -> int:
 
         core = client.CoreV1Api(api)
         gpus = tuple(InventoryGpu(i, f"GPU-{i}", "H100", 81559, Mode.MPS, (), 16) for i in range(8))
-        inventory = encode_inventory(gpus)
+        inventory = encode_inventory(Inventory(gpus))
         manifests = []
         for n in range(args.nodes):
             m = gpu_node(f"bench-{n:05d}", {"nvidia.com/gpu.shared": 128})

@@ -23,6 +23,7 @@ from gpupart.core.spec import Mode
 from gpupart.core.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    Inventory,
     InventoryGpu,
     MigDevice,
     decode_assignment,
@@ -111,7 +112,9 @@ def gpupart_scheduler(
 
 def _node(name: str, gpus: list[InventoryGpu], extended: dict[str, int]) -> dict[str, Any]:
     manifest = gpu_node(name, extended, {"gpupart.io/e2e": "extender"})
-    manifest["metadata"]["annotations"][INVENTORY_ANNOTATION] = encode_inventory(tuple(gpus))
+    manifest["metadata"]["annotations"][INVENTORY_ANNOTATION] = encode_inventory(
+        Inventory(tuple(gpus))
+    )
     return manifest
 
 

@@ -167,7 +167,7 @@ class Cluster:
 
     def inventory(self, node: str) -> Any:
         text = (self.core.read_node(node).metadata.annotations or {}).get(INVENTORY_ANNOTATION)
-        return decode_inventory(text) if text else ()
+        return decode_inventory(text).gpus if text else ()
 
     def pods(self, namespace: str) -> dict[str, Any]:
         return {p.metadata.name: p for p in self.core.list_namespaced_pod(namespace).items}

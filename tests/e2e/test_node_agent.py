@@ -47,7 +47,7 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
         report = decode_report(annotations[STATE_ANNOTATION])
         assert report.observed == (("train", 3),)
         assert [g.state for g in report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
-        inventory = decode_inventory(annotations[INVENTORY_ANNOTATION])
+        inventory = decode_inventory(annotations[INVENTORY_ANNOTATION]).gpus
         assert [g.uuid for g in inventory] == [g.uuid for g in sim.gpus()]
         assert all(len(g.mig_devices) == 4 and g.mode is Mode.MIG for g in inventory)
     finally:

@@ -9,6 +9,7 @@ from gpupart.core.spec import Mode
 from gpupart.core.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    Inventory,
     InventoryGpu,
     MigDevice,
     PodAssignment,
@@ -39,9 +40,16 @@ def mig_gpu(index: int, profiles: list[tuple[str, int, int]]) -> InventoryGpu:
     return InventoryGpu(index, f"GPU-{index:04d}", H100, H100_MIB, Mode.MIG, devices)
 
 
-def node(name: str, gpus: list[InventoryGpu] | None, *, cpu: str | None = None) -> dict[str, Any]:
-    """A Node with the node agent's inventory; `cpu`: its `status.allocatable.cpu` (absent: None)."""
-    annotations = {} if gpus is None else {INVENTORY_ANNOTATION: encode_inventory(tuple(gpus))}
+def node(
+    name: str, gpus: list[InventoryGpu] | None, *, cpu: str | None = None, serial: bool = False
+) -> dict[str, Any]:
+    """A Node with the node agent's inventory; `cpu`: its `status.allocatable.cpu` (absent: None);
+    `serial`: its device plugin admits one shared-GPU pod at a time, as gpupart's does."""
+    annotations = (
+        {}
+        if gpus is None
+        else {INVENTORY_ANNOTATION: encode_inventory(Inventory(tuple(gpus), serial))}
+    )
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",

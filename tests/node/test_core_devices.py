@@ -8,12 +8,10 @@ from hypothesis import strategies as st
 
 from gpupart.core.allocation import exclusive_allocation
 from gpupart.core.devices import (
-    AssignedPod,
     GpuView,
     MigSlice,
     XidEvent,
     affected_devices,
-    choose_shared_pod,
     node_devices,
     preferred_allocation,
     resolve_devices,
@@ -21,10 +19,9 @@ from gpupart.core.devices import (
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig import MigInstance, Placement
 from gpupart.core.mps import client_limits, daemon_commands, mps_limits
-from gpupart.core.resources import GpuRequest
 from gpupart.core.spec import Mode, MpsSettings
 from gpupart.core.targets import UNPARTITIONED, gpu_targets
-from gpupart.core.wire import DesiredGroup, PodAssignment
+from gpupart.core.wire import DesiredGroup
 
 
 def shared_gpus(slots: list[int]) -> list[GpuView]:
@@ -100,44 +97,3 @@ def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:
     targets = gpu_targets(groups, [0, 1, 2])
     assert targets[0].partition == "a" and targets[1].slots == 3
     assert targets[2] == UNPARTITIONED
-
-
-def assigned(n: int, *, phase: str = "Pending", shared: int = 1, **kw: object) -> AssignedPod:
-    return AssignedPod(
-        f"uid-{n}",
-        "ml",
-        f"pod-{n}",
-        f"2026-01-01T00:00:{n:02}Z",
-        GpuRequest(shared=shared, memory_mib=1024),
-        PodAssignment(str(kw.get("node", "node-a")), 0, "GPU-0", 1024, 0),
-        phase=phase,
-        deleting=bool(kw.get("deleting", False)),
-    )
-
-
-def test_shared_pod_choice_ignores_the_phase_but_serves_each_pod_once() -> None:
-    # kwok (and a kubelet after a plugin restart) may report Running before Allocate.
-    pods = [assigned(3), assigned(1, phase="Running"), assigned(2, phase="Running")]
-
-    def choose(taken: set[str] | tuple[()], held: set[str] | None = None) -> AssignedPod | None:
-        return choose_shared_pod(pods, node="node-a", count=1, taken=taken, held=held or ())
-
-    assert choose(taken=()) == pods[1]  # oldest first, whatever its phase
-    assert choose(taken={"uid-1"}) == pods[2]
-    # What the kubelet already holds slots for (PodResources) counts as served: a restart.
-    assert choose(taken=(), held={"ml/pod-1", "ml/pod-2"}) == pods[0]
-    assert choose(taken={"uid-3"}, held={"ml/pod-1", "ml/pod-2"}) is None
-
-
-def test_shared_pod_choice_skips_finished_deleted_foreign_and_other_sizes() -> None:
-    pods = [
-        assigned(1, phase="Succeeded"),
-        assigned(2, phase="Failed"),
-        assigned(3, deleting=True),
-        assigned(4, node="node-b"),
-        assigned(5, shared=2),
-        assigned(6, phase="Running"),
-    ]
-    assert choose_shared_pod(pods, node="node-a", count=1, taken=()) == pods[5]
-    assert choose_shared_pod(pods, node="node-a", count=2, taken=()) == pods[4]
-    assert choose_shared_pod(pods[:5], node="node-a", count=1, taken=()) is None

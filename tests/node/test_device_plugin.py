@@ -11,12 +11,11 @@ import grpc
 import pytest
 from conftest import FakeKubelet
 
-from gpupart.core.devices import AssignedPod
-from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import GpuRequest
+from gpupart.core.admission import AssignedPod, SharedContainer
 from gpupart.core.spec import Mode, MpsSettings
 from gpupart.core.wire import (
     DesiredGroup,
+    GivenContainer,
     PodAssignment,
     decode_inventory,
     decode_report,
@@ -28,9 +27,9 @@ from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.health import HealthMonitor
+from gpupart_plugin.kube import KubeUnavailable
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 from gpupart_plugin.registration import DevicePlugins
 from gpupart_plugin.simgpu import SimulatedGpus
 
@@ -57,7 +56,11 @@ class Node:
 def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterator[Node]:
     sim = SimulatedGpus([H200, H200], mode_change_needs_reset=False)
     hub, metrics, pods = DeviceHub(), NodeMetrics(), []
-    allocator = Allocator(hub, "node-a", lambda: tuple(pods))
+
+    def record(pod: AssignedPod, given: tuple[GivenContainer, ...]) -> None:
+        pods[:] = [replace(p, given=given) if p.uid == pod.uid else p for p in pods]
+
+    allocator = Allocator(hub, "node-a", lambda: tuple(pods), record)
     plugins = DevicePlugins(
         hub,
         allocator,
@@ -86,7 +89,8 @@ def test_registers_each_resource_and_lists_its_devices(node: Node) -> None:
     state = decode_report(node.published[-1][0])
     assert [g.state.value for g in state.gpus] == ["Applied", "Applied"]
     inventory = decode_inventory(node.published[-1][1])
-    assert sum(len(g.mig_devices) for g in inventory) == 10
+    assert sum(len(g.mig_devices) for g in inventory.gpus) == 10
+    assert inventory.serial_admission  # its shared Allocates are paired one pod at a time
 
 
 def test_allocate_mig_returns_uuid_device_nodes_and_cdi(node: Node) -> None:
@@ -200,9 +204,8 @@ def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> AssignedPod
         uid,
         "ml",
         f"pod-{uid}",
-        f"2026-01-01T00:00:0{uid}Z",
-        GpuRequest(shared=1, memory_mib=memory, compute_percent=compute),
         PodAssignment("node-a", 0, gpu_uuid, memory, compute),
+        (SharedContainer("main", 1, memory, compute),),
     )
 
 
@@ -227,43 +230,50 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
     mounts = {m.container_path: m.host_path for m in response.mounts}
     assert mounts["/var/run/gpupart/mps"].endswith(f"{gpu1}/pipe")
     assert "/dev/shm" in mounts
-    with pytest.raises(grpc.RpcError):  # the only assigned pod was served already
-        stub.Allocate(request, timeout=5)
+    # What it gave is recorded on the pod; the same devices again get the same answer.
+    assert node.pods[0].given == (GivenContainer("main", tuple(ids[:1]), gpu1, 10240, 30),)
+    again = stub.Allocate(request, timeout=5).container_responses[0]
+    assert again.envs == response.envs
+    other = api.AllocateRequest(
+        container_requests=[api.ContainerAllocateRequest(devices_ids=ids[1:2])]
+    )
+    with pytest.raises(grpc.RpcError) as served:  # the only assigned pod was served already
+        stub.Allocate(other, timeout=5)
+    assert "awaits" in (served.value.details() or "")
 
 
-def test_shared_allocate_serves_running_pods_once_across_a_plugin_restart(node: Node) -> None:
+def test_shared_allocate_serves_running_pods_across_a_plugin_restart(node: Node) -> None:
     node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
     gpu0, gpu1 = (g.uuid for g in node.sim.gpus())
-    # Reported Running before their Allocate (kwok does so at once).
-    node.pods.extend(
-        replace(_assigned(str(n), gpu, 8192, 20), phase="Running")
-        for n, gpu in ((1, gpu0), (2, gpu1), (3, gpu0))
-    )
-    slot = [f"{gpu0}::0"]
-    first = node.plugins.allocator.allocate("nvidia.com/gpu.shared", slot)
-    assert dict(first.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu0  # pod-1, the oldest
+    # Reported Running before its Allocate (kwok does so at once).
+    node.pods.append(replace(_assigned("1", gpu0, 8192, 20), phase="Running"))
+    first = node.plugins.allocator.allocate("nvidia.com/gpu.shared", [f"{gpu0}::0"])
+    assert dict(first.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu0
+    node.pods.append(_assigned("2", gpu1, 4096, 10))
 
-    # A new plugin process remembers nothing; the kubelet's PodResources says who holds slots.
-    held = [PodDevices("ml/pod-1", "nvidia.com/gpu.shared", (f"{gpu0}::0",))]
-    restarted = Allocator(node.hub, "node-a", lambda: tuple(node.pods), held=lambda: tuple(held))
-    second = restarted.allocate("nvidia.com/gpu.shared", slot)
-    assert dict(second.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu1  # pod-2, not pod-1 again
-    assert restarted.preferred("nvidia.com/gpu.shared", [f"{gpu1}::1", f"{gpu0}::1"], [], 1) == (
-        f"{gpu0}::1",  # pod-3 is next: its assigned GPU first
+    # A new plugin process remembers nothing: the record on pod-1 says it was served.
+    restarted = Allocator(
+        node.hub, "node-a", lambda: tuple(node.pods), node.plugins.allocator.record
     )
-    third = restarted.allocate("nvidia.com/gpu.shared", slot)
-    assert dict(third.envs)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu0}=8192M"
-    with pytest.raises(InvalidInput, match="not yet served"):
-        restarted.allocate("nvidia.com/gpu.shared", slot)
-
-    # PodResources down: only this process's memory decides (still once per pod).
-    def down() -> tuple[PodDevices, ...]:
-        raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
-
-    blind = Allocator(node.hub, "node-a", lambda: tuple(node.pods), held=down)
-    assert dict(blind.allocate("nvidia.com/gpu.shared", slot).envs)["NVIDIA_VISIBLE_DEVICES"] == (
-        gpu0
+    assert restarted.preferred("nvidia.com/gpu.shared", [f"{gpu0}::1", f"{gpu1}::1"], [], 1) == (
+        f"{gpu1}::1",  # pod-2 awaits: its assigned GPU first
     )
+    second = restarted.allocate("nvidia.com/gpu.shared", [f"{gpu1}::1"])
+    assert dict(second.envs)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu1}=4096M"
+
+
+def test_shared_allocate_fails_when_the_record_cannot_be_written(node: Node) -> None:
+    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    gpu0 = node.sim.gpus()[0].uuid
+    node.pods.append(_assigned("1", gpu0, 8192, 20))
+
+    def down(_pod: AssignedPod, _given: tuple[GivenContainer, ...]) -> None:
+        raise KubeUnavailable("record the allocation of pod ml/pod-1: 503 Service Unavailable")
+
+    blind = Allocator(node.hub, "node-a", lambda: tuple(node.pods), down)
+    with pytest.raises(KubeUnavailable, match="503"):
+        blind.allocate("nvidia.com/gpu.shared", [f"{gpu0}::0"])
+    assert node.pods[0].given == ()  # nothing given, nothing recorded: the pod still awaits
 
 
 def test_metrics_and_healthz(node: Node) -> None:

@@ -11,16 +11,20 @@ from gpupart.core.mig import MigInstance, Placement
 from gpupart.core.spec import Disruption, Mode, MpsSettings
 from gpupart.core.wire import (
     DesiredGroup,
+    GivenContainer,
     GpuReport,
     GpuState,
+    Inventory,
     InventoryGpu,
     MigDevice,
     NodeReport,
     PodAssignment,
+    decode_allocation,
     decode_assignment,
     decode_desired,
     decode_inventory,
     decode_report,
+    encode_allocation,
     encode_assignment,
     encode_desired,
     encode_inventory,
@@ -69,18 +73,22 @@ reports = st.builds(
         )
     ).map(tuple),
 )
-inventories = st.lists(
-    st.builds(
-        InventoryGpu,
-        st.integers(0, 15),
-        names,
-        names,
-        st.integers(0, 200_000),
-        st.sampled_from(Mode),
-        st.lists(st.builds(MigDevice, names, instances)).map(tuple),
-        st.integers(0, 48),
-    )
-).map(tuple)
+inventories = st.builds(
+    Inventory,
+    st.lists(
+        st.builds(
+            InventoryGpu,
+            st.integers(0, 15),
+            names,
+            names,
+            st.integers(0, 200_000),
+            st.sampled_from(Mode),
+            st.lists(st.builds(MigDevice, names, instances)).map(tuple),
+            st.integers(0, 48),
+        )
+    ).map(tuple),
+    st.booleans(),
+)
 assignments = st.builds(
     PodAssignment, names, st.integers(0, 15), names, st.integers(0, 10**6), st.integers(0, 100)
 )
@@ -104,6 +112,32 @@ def test_law_inventory_round_trips(value):
 @given(assignments)
 def test_law_assignment_round_trips(value):
     assert decode_assignment(encode_assignment(value)) == value
+
+
+allocations = st.lists(
+    st.builds(
+        GivenContainer,
+        names,
+        st.lists(names, min_size=1, max_size=3).map(lambda ids: tuple(sorted(ids))),
+        names,
+        st.integers(0, 10**6),
+        st.integers(0, 100),
+    ),
+    min_size=1,
+    max_size=3,
+).map(tuple)
+
+
+@given(allocations)
+def test_law_allocation_round_trips(value):
+    assert decode_allocation(encode_allocation(value)) == value
+
+
+def test_inventory_without_serial_admission_reads_as_false():
+    text = json.dumps({"version": "v1", "gpus": []})
+    assert decode_inventory(text) == Inventory((), serial_admission=False)
+    with pytest.raises(WireFormatError, match="serialAdmission: must be true or false"):
+        decode_inventory(json.dumps({"version": "v1", "gpus": [], "serialAdmission": "yes"}))
 
 
 def test_unknown_version_is_refused_with_the_annotation_name():
