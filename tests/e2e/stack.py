@@ -67,16 +67,29 @@ elif command.startswith("get_default_active_thread_percentage"):
 
 
 @dataclass
-class PodAllocation:
-    namespace: str
-    name: str
+class ContainerGot:
     resource: str
     device_ids: tuple[str, ...]
     envs: dict[str, str]
 
 
+@dataclass
+class PodAllocation:
+    namespace: str
+    name: str
+    containers: dict[str, ContainerGot]
+    """What each container that asked for a plugin resource got, by container name."""
+
+
 class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
-    """The kubelet's device-plugin side for one kwok node."""
+    """The kubelet's device-plugin side for one kwok node.
+
+    Admission as the kubelet's device manager does it: pods one at a time, each batch of
+    newly seen pods sorted by creation time (`HandlePodAdditions`), then for every container
+    (init containers first) one GetPreferredAllocation and one Allocate per resource, an app
+    container reusing what an init container got. A refused Allocate rejects the pod (kept
+    in `rejected`) and fails it (phase Failed, UnexpectedAdmissionError), as the kubelet does.
+    """
 
     def __init__(self, node: str, api_client: Any, directory: Path) -> None:
         self.node = node
@@ -85,9 +98,11 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
         self.devices: dict[str, list[tuple[str, str]]] = {}
         self.stubs: dict[str, api_grpc.DevicePluginStub] = {}
         self.allocations: dict[str, PodAllocation] = {}  # pod uid -> what Allocate gave it
-        self._allocating: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> devices in flight
+        self.rejected: dict[str, str] = {}  # pod namespace/name -> the plugin's refusal
         self.errors: list[str] = []
         self._lock = threading.RLock()
+        self._queue: list[Any] = []
+        self._queued = threading.Condition(self._lock)
         self._channels: list[grpc.Channel] = []
         self._stop = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -107,9 +122,12 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
         self._server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         self._server.start()
         threading.Thread(target=self._watch_pods, name=f"pods-{self.node}", daemon=True).start()
+        threading.Thread(target=self._admit_loop, name=f"admit-{self.node}", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            self._queued.notify_all()
         self._server.stop(grace=None).wait(5)
         for channel in self._channels:
             channel.close()
@@ -148,7 +166,7 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
                 self.errors.append(f"patch capacity {resource}: {error.status}")
                 time.sleep(0.2)
 
-    # Pods bound here: Allocate, as the kubelet does before it starts the container.
+    # Pods bound here: admitted one at a time, as the kubelet does before it starts containers.
     def _watch_pods(self) -> None:
         while not self._stop.is_set():
             try:
@@ -161,62 +179,125 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
                     if self._stop.is_set():
                         return
                     pod = event["object"]
-                    if event["type"] == "DELETED":
-                        with self._lock:
+                    with self._lock:
+                        if event["type"] == "DELETED":
                             self.allocations.pop(pod.metadata.uid, None)
-                    elif pod.metadata.deletion_timestamp is None:
-                        self._allocate(pod)
+                        elif pod.metadata.deletion_timestamp is None:
+                            self._queue.append(pod)
+                            self._queued.notify_all()
             except Exception as error:  # noqa: BLE001 - keep watching; the test reads errors
                 self.errors.append(f"pod watch: {error!r}")
                 self._stop.wait(0.5)
 
-    def _allocate(self, pod: Any) -> None:
-        uid = pod.metadata.uid
-        with self._lock:
-            if uid in self.allocations or uid in self._allocating:
-                return
-            limits = pod.spec.containers[0].resources.limits or {}
-            wanted = [(r, int(q)) for r, q in limits.items() if r in self.stubs]
-            if not wanted:
-                return
-            resource, count = wanted[0]
-            held = [(a.resource, a.device_ids) for a in self.allocations.values()]
-            used = {
-                d for r, ids in [*held, *self._allocating.values()] if r == resource for d in ids
-            }
-            free = [
-                d for d, h in self.devices.get(resource, []) if h == "Healthy" and d not in used
-            ]
-            if len(free) < count:
-                self.errors.append(
-                    f"{pod.metadata.name}: {count} {resource} asked, {len(free)} free"
-                )
-                return
-            ids = tuple(free[:count])
-            stub = self.stubs[resource]
-            self._allocating[uid] = (resource, ids)
-        # Outside the lock, as in the kubelet: the plugin asks PodResources List during Allocate,
-        # and the pod shows there only once Allocate returned.
-        try:
-            response = stub.Allocate(
-                api.AllocateRequest(
-                    container_requests=[api.ContainerAllocateRequest(devices_ids=list(ids))]
-                ),
-                timeout=10,
-            )
-        except grpc.RpcError as error:
-            self.errors.append(
-                f"{pod.metadata.name}: Allocate {error.code().name} {error.details()}"
-            )
+    def _admit_loop(self) -> None:
+        while not self._stop.is_set():
             with self._lock:
-                self._allocating.pop(uid, None)
-            return
-        envs = dict(response.container_responses[0].envs)
+                while not self._queue and not self._stop.is_set():
+                    self._queued.wait(1)
+                # Like HandlePodAdditions: the pods seen since the last batch, oldest first.
+                batch = sorted(self._queue, key=lambda p: p.metadata.creation_timestamp)
+                self._queue = []
+            for pod in batch:
+                try:
+                    self._admit(pod)
+                except Exception as error:  # noqa: BLE001 - the test reads errors
+                    self.errors.append(f"{pod.metadata.name}: admission: {error!r}")
+
+    def _admit(self, pod: Any) -> None:
+        uid = pod.metadata.uid
+        key = f"{pod.metadata.namespace}/{pod.metadata.name}"
         with self._lock:
-            self._allocating.pop(uid, None)
-            self.allocations[uid] = PodAllocation(
-                pod.metadata.namespace, pod.metadata.name, resource, ids, envs
-            )
+            if uid in self.allocations or key in self.rejected:
+                return
+        got: dict[str, ContainerGot] = {}
+        reusable: dict[str, list[str]] = {}  # resource -> devices init containers held
+        init = [(c, True) for c in pod.spec.init_containers or []]
+        for container, is_init in [*init, *((c, False) for c in pod.spec.containers)]:
+            limits = (container.resources.limits if container.resources else None) or {}
+            for resource, quantity in sorted(limits.items()):
+                with self._lock:
+                    stub = self.stubs.get(resource)
+                if stub is None:
+                    continue
+                count = int(quantity)
+                reuse = [] if is_init else reusable.get(resource, [])[:count]
+                if not is_init:
+                    reusable[resource] = reusable.get(resource, [])[len(reuse) :]
+                ids = self._devices(stub, resource, count, reuse, got, pod.metadata.name)
+                if ids is None:
+                    return
+                try:
+                    response = stub.Allocate(
+                        api.AllocateRequest(
+                            container_requests=[api.ContainerAllocateRequest(devices_ids=ids)]
+                        ),
+                        timeout=10,
+                    )
+                except grpc.RpcError as error:
+                    self._reject(pod, f"Allocate failed: {error.details()}")
+                    return
+                got[container.name] = ContainerGot(
+                    resource, tuple(ids), dict(response.container_responses[0].envs)
+                )
+                if is_init:
+                    reusable.setdefault(resource, []).extend(ids)
+        if got:
+            with self._lock:
+                self.allocations[uid] = PodAllocation(
+                    pod.metadata.namespace, pod.metadata.name, got
+                )
+
+    def _reject(self, pod: Any, message: str) -> None:
+        """As the kubelet does on a failed admission: the pod fails, and says why."""
+        with self._lock:
+            self.rejected[f"{pod.metadata.namespace}/{pod.metadata.name}"] = message
+        body = {
+            "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message}
+        }
+        try:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+        except client.ApiException as error:
+            self.errors.append(f"{pod.metadata.name}: reject: {error.status}")
+
+    def _devices(
+        self,
+        stub: Any,
+        resource: str,
+        count: int,
+        reuse: list[str],
+        got: dict[str, ContainerGot],
+        pod_name: str,
+    ) -> list[str] | None:
+        """`count` device ids for one container: the reused ones, then the plugin's preference."""
+        with self._lock:
+            held = {
+                d for a in self.allocations.values() for c in a.containers.values()
+                for d in c.device_ids if c.resource == resource
+            }  # fmt: skip
+            mine = {d for c in got.values() if c.resource == resource for d in c.device_ids}
+            free = [
+                d
+                for d, h in self.devices.get(resource, [])
+                if h == "Healthy" and d not in held and d not in mine
+            ]
+        if len(free) < count - len(reuse):
+            self.errors.append(f"{pod_name}: {count} {resource} asked, {len(free)} free")
+            return None
+        if len(reuse) == count:
+            return reuse
+        preferred = stub.GetPreferredAllocation(
+            api.PreferredAllocationRequest(
+                container_requests=[
+                    api.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[*reuse, *free],
+                        must_include_deviceIDs=reuse,
+                        allocation_size=count,
+                    )
+                ]
+            ),
+            timeout=10,
+        )
+        return list(preferred.container_responses[0].deviceIDs)
 
     def by_name(self, namespace: str, name: str) -> PodAllocation | None:
         with self._lock:
@@ -236,13 +317,14 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
                     namespace=a.namespace,
                     containers=[
                         pr.ContainerResources(
-                            name="main",
+                            name=name,
                             devices=[
                                 pr.ContainerDevices(
-                                    resource_name=a.resource, device_ids=list(a.device_ids)
+                                    resource_name=c.resource, device_ids=list(c.device_ids)
                                 )
                             ],
                         )
+                        for name, c in a.containers.items()
                     ],
                 )
                 for a in allocations

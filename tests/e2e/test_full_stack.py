@@ -17,9 +17,11 @@ from kubernetes import client
 
 from gpupart.core.spec import Mode
 from gpupart.core.wire import (
+    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
+    decode_allocation,
     decode_assignment,
     decode_inventory,
     decode_report,
@@ -226,9 +228,13 @@ def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
             30,
             "14 Allocates",
         )
-        devices = {d for i in range(14) for d in c.allocated(namespace, f"slice-{i:02}").device_ids}
+        devices = {
+            d
+            for i in range(14)
+            for d in c.allocated(namespace, f"slice-{i:02}").containers["main"].device_ids
+        }
         assert len(devices) == 14 and all(d.startswith("MIG-") for d in devices)
-        env = c.allocated(namespace, "slice-00").envs
+        env = c.allocated(namespace, "slice-00").containers["main"].envs
         assert env["NVIDIA_VISIBLE_DEVICES"] in devices
         c.core.create_namespaced_pod(namespace, pod("slice-14", "mig", {MIG_1G: "1"}))
         events = c.until(
@@ -334,7 +340,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
             assert assignment.node == placed.spec.node_name
             assert assignment.gpu_uuid == gpu_uuids[placed.spec.node_name]
-            env = c.allocated(namespace, name).envs
+            env = c.allocated(namespace, name).containers["main"].envs
             assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, env
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps", env
             limit = f"{assignment.gpu_uuid}={25000 + i}M"
@@ -360,7 +366,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         freed = c.pods(namespace)["mps-0"].spec.node_name
         c.core.delete_namespaced_pod("mps-0", namespace, grace_period_seconds=0)
         c.until(lambda: c.allocated(namespace, "mps-6"), 330, "Allocate for the 7th pod")
-        env = c.allocated(namespace, "mps-6").envs
+        env = c.allocated(namespace, "mps-6").containers["main"].envs
         assert c.pods(namespace)["mps-6"].spec.node_name == freed
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuids[freed]}=10000M", env
 
@@ -403,3 +409,87 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         assert all("Reset simulated GPU" in p.log.read_text() for p in agents)
     finally:
         remove(stack, "stack-mps", nodes)
+
+
+def burst_pod(
+    name: str, scenario: str, shape: int, n: int
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """A shared-GPU pod of one of three shapes, with limits no other pod of the burst has.
+
+    shape 0: one container; 1: two app containers; 2: an init container and an app container.
+    Returns the pod and each container's memory limit (MiB).
+    """
+    names = [["main"], ["serve", "proxy"], ["fetch", "serve"]][shape]
+    memory = {c: 3000 + 100 * n + 7 * i for i, c in enumerate(names)}
+    containers = [
+        {
+            "name": c,
+            "image": "gpupart/cuda:0",
+            "resources": {"limits": {SHARED: "1", MEMORY: str(memory[c]), COMPUTE: str(5 + i)}},
+        }
+        for i, c in enumerate(names)
+    ]
+    manifest = pod(name, scenario, {})
+    manifest["spec"]["containers"] = containers[1:] if shape == 2 else containers
+    if shape == 2:
+        manifest["spec"]["initContainers"] = containers[:1]
+    return manifest, memory
+
+
+@pytest.mark.parametrize("mode", ["MPS", "TimeSlicing"])
+def test_a_burst_of_shared_pods_each_container_gets_its_own_pods_gpu_and_limits(
+    stack: Stack, namespace: str, mode: str
+) -> None:
+    c = Cluster(stack)
+    scenario = f"burst-{mode.lower()}"
+    (node,) = nodes_for(stack, scenario, A100, "2xA100-SXM4-80GB:mig-off", 1, auto_reset=True)
+    spec: dict[str, Any] = (
+        {"mode": "MPS", "mps": {"maxClients": 8}}
+        if mode == "MPS"
+        else {"mode": "TimeSlicing", "timeSlicing": {"replicas": 8}}
+    )
+    name = f"stack-{scenario}"
+    c.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, partition(name, scenario, spec))
+    try:
+        c.until(lambda: c.capacity(node, SHARED) == 16, 90, "16 client slots")
+        gpu_memory = {g.uuid: g.memory_mib for g in c.inventory(node)}
+        # Ten pods of three shapes created at once: most share a creation second, and the
+        # kubelet (here its fake) admits them in its own order.
+        limits = {}
+        for n in range(10):
+            manifest, limits[f"b-{n}"] = burst_pod(f"b-{n}", scenario, n % 3, n)
+            c.core.create_namespaced_pod(namespace, manifest)
+        kubelet = stack.kubelets[node]
+        c.until(
+            lambda: all(c.allocated(namespace, p) or f"{namespace}/{p}" in kubelet.rejected
+                        for p in limits),
+            120,
+            "every pod of the burst admitted",
+        )  # fmt: skip
+        assert not kubelet.rejected, kubelet.rejected
+        per_gpu: dict[str, int] = {}
+        for p, memory in limits.items():
+            placed = c.pods(namespace)[p]
+            assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
+            got = c.allocated(namespace, p).containers
+            assert set(got) == set(memory), (p, got)
+            record = decode_allocation(placed.metadata.annotations[ALLOCATION_ANNOTATION])
+            assert {g.name for g in record} == set(memory)
+            for container, env in ((k, v.envs) for k, v in got.items()):
+                assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, (p, container)
+                if mode == "MPS":
+                    limit = f"{assignment.gpu_uuid}={memory[container]}M"
+                    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit, (p, container)
+                    compute = str(5 + list(memory).index(container))
+                    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == compute, (p, container)
+                else:
+                    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env, (p, container)
+            init = {i.name for i in placed.spec.init_containers or []}
+            running = sum(m for k, m in memory.items() if k not in init)
+            per_gpu[assignment.gpu_uuid] = per_gpu.get(assignment.gpu_uuid, 0) + running
+        # What runs at once on a GPU (app containers) never exceeds it.
+        assert all(per_gpu[g] <= gpu_memory[g] for g in per_gpu), per_gpu
+    finally:
+        c.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        c.until(lambda: not c.pods(namespace), 60, "pods deleted")
+        remove(stack, name, [node])
