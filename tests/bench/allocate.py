@@ -116,7 +116,7 @@ def main(floor: bool) -> None:
     directory = Path(tempfile.mkdtemp(prefix="gp-bench-", dir="/tmp"))
     sim = SimulatedGpus(["H200-141GB"] * 8, node="bench")
     hub, metrics = DeviceHub(), NodeMetrics()
-    allocator = Allocator(hub, "bench", lambda: ())
+    allocator = Allocator(hub, "bench", lambda: (), lambda _pod, _given: None)
     # No kubelet.sock: the plugins serve but skip Register; the client below dials them directly.
     plugins = DevicePlugins(
         hub,

@@ -79,6 +79,8 @@ class PodAllocation:
     name: str
     containers: dict[str, ContainerGot]
     """What each container that asked for a plugin resource got, by container name."""
+    admitted_at: float = 0.0
+    """time.monotonic() when its last Allocate returned."""
 
 
 class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
@@ -244,7 +246,7 @@ class FakeKubelet(api_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServi
         if got:
             with self._lock:
                 self.allocations[uid] = PodAllocation(
-                    pod.metadata.namespace, pod.metadata.name, got
+                    pod.metadata.namespace, pod.metadata.name, got, time.monotonic()
                 )
 
     def _reject(self, pod: Any, message: str) -> None:

@@ -1,0 +1,217 @@
+"""Benchmark: a burst of shared-GPU pods on 2 nodes, each container's limits checked, and the cost of exactness.
+
+Starts the full local stack of the e2e tests (etcd, kube-apiserver, kube-scheduler with the
+chart's gpupart-scheduler profile, kwok, `gpupart operator`, `gpupart extender`, one `gpupart
+node --simulate 2xA100-SXM4-80GB:mig-off` per node with the e2e fake kubelet, which admits as
+the kubelet's device manager does: one pod at a time, batches sorted by creation time, one
+Allocate per container). An MPS partition gives each GPU 16 client slots; then `--pods` pods
+(one container, two containers, or an init + an app container, every container with its own
+memory and compute limits) are created at once. The extender binds one shared pod per node at
+a time until the device plugin has recorded what it gave (docs/adr-001-shared-gpu-admission.md).
+
+Figures (last line, JSON):
+- pods, mismatches (containers whose GPU, MPS memory limit or thread percentage is not their
+  own pod's assignment and their own limits; must be 0), refused (pods the plugin refused);
+- admit_p50_s / admit_p99_s: from the pod seen bound (watch) to its last Allocate answered;
+- bound_p50_s / bound_p99_s: from the burst's start to the pod seen bound (the gate's queueing);
+- makespan_s: from the burst's start to the last pod admitted.
+
+Run: .venv/bin/python tests/bench/shared_burst.py [--pods 40]
+Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment  # noqa: E402
+from tests.e2e.cluster import (  # noqa: E402
+    ControlPlane,
+    bin_dir_from_env,
+    create_nodes,
+    gpu_node,
+    missing_binaries,
+    wait_for,
+)
+from tests.e2e.stack import Stack  # noqa: E402
+
+SHARED, MEMORY, COMPUTE = "nvidia.com/gpu.shared", "gpupart.io/gpu-memory", "gpupart.io/gpu-compute"
+LABEL = "gpupart.io/bench"
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def step(text: str) -> None:
+    print(f"shared_burst: {text}", file=sys.stderr, flush=True)
+
+
+def burst_pod(n: int) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """Pod n of shape n % 3, and each container's (memory MiB, compute %)."""
+    names = [["main"], ["serve", "proxy"], ["fetch", "serve"]][n % 3]
+    limits = {c: (2000 + 10 * n + i, 3 + i) for i, c in enumerate(names)}
+    containers = [
+        {
+            "name": c,
+            "image": "gpupart/cuda:0",
+            "resources": {"limits": {SHARED: "1", MEMORY: str(m), COMPUTE: str(p)}},
+        }
+        for c, (m, p) in limits.items()
+    ]
+    spec: dict[str, Any] = {
+        "schedulerName": "gpupart-scheduler",
+        "nodeSelector": {LABEL: "burst"},
+        "terminationGracePeriodSeconds": 0,
+        "containers": containers[1:] if n % 3 == 2 else containers,
+    }
+    if n % 3 == 2:
+        spec["initContainers"] = containers[:1]
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"burst-{n}"}, "spec": spec}
+    return manifest, limits
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=40)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
+    bin_dir = bin_dir_from_env()
+    missing = missing_binaries(bin_dir)
+    if missing:
+        print(f"shared_burst: missing {', '.join(missing)} in {bin_dir}", file=sys.stderr)
+        return 2
+    from kubernetes import client, watch
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
+    cp = ControlPlane(bin_dir=bin_dir, workdir=workdir)
+    stack: Stack | None = None
+    try:
+        step("starting the control plane and the gpupart stack")
+        cp.start(scheduler_config={})
+        cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
+        api = cp.api_client()
+        core = client.CoreV1Api(api)
+        (workdir / "stack").mkdir()
+        stack = Stack(cp, api, workdir / "stack")
+        nodes = ["burst-0", "burst-1"]
+        labels = {LABEL: "burst", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+        create_nodes(api, [gpu_node(n, labels=labels) for n in nodes])
+        stack.start_operator()
+        stack.start_scheduler(stack.start_extender())
+        for n in nodes:
+            stack.start_node(n, "2xA100-SXM4-80GB:mig-off", auto_reset=True)
+        partition = {
+            "apiVersion": "gpupart.io/v1alpha1",
+            "kind": "GpuPartition",
+            "metadata": {"name": "burst"},
+            "spec": {
+                "nodeSelector": {"matchLabels": {LABEL: "burst"}},
+                "mode": "MPS",
+                "mps": {"maxClients": 16},
+            },
+        }
+        client.CustomObjectsApi(api).create_cluster_custom_object(
+            "gpupart.io", "v1alpha1", "gpupartitions", partition
+        )
+
+        def slots(node: str) -> int:
+            allocatable = core.read_node(node).status.allocatable or {}
+            return int(allocatable.get(SHARED, "0"))
+
+        wait_for(lambda: all(slots(n) == 32 for n in nodes), 120, "32 slots per node")
+
+        bound_at: dict[str, float] = {}
+        stop = threading.Event()
+
+        def follow() -> None:
+            for event in watch.Watch().stream(
+                core.list_namespaced_pod, "default", timeout_seconds=600
+            ):
+                obj = event["object"]
+                if obj.spec.node_name and obj.metadata.name not in bound_at:
+                    bound_at[obj.metadata.name] = time.monotonic()
+                if stop.is_set():
+                    return
+
+        threading.Thread(target=follow, daemon=True).start()
+        time.sleep(0.5)
+        step(f"creating {args.pods} pods at once")
+        limits = {}
+        started = time.monotonic()
+        for n in range(args.pods):
+            manifest, limits[f"burst-{n}"] = burst_pod(n)
+            core.create_namespaced_pod("default", manifest)
+
+        def settled() -> bool:
+            done = {
+                name
+                for k in stack.kubelets.values()
+                for name in limits
+                if k.by_name("default", name) or f"default/{name}" in k.rejected
+            }
+            return len(done) == len(limits)
+
+        wait_for(settled, 600, f"{args.pods} pods admitted or refused", interval=0.1)
+        stop.set()
+        mismatches = refused = 0
+        admit, bound, admitted = [], [], []
+        for name, wanted in limits.items():
+            placed = core.read_namespaced_pod(name, "default")
+            kubelet = stack.kubelets[placed.spec.node_name]
+            got = kubelet.by_name("default", name)
+            if got is None:
+                refused += 1
+                continue
+            gpu = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION]).gpu_uuid
+            for container, (memory, compute) in wanted.items():
+                env = got.containers[container].envs if container in got.containers else {}
+                if (
+                    env.get("NVIDIA_VISIBLE_DEVICES") != gpu
+                    or env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") != f"{gpu}={memory}M"
+                    or env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") != str(compute)
+                ):
+                    mismatches += 1
+            admitted.append(got.admitted_at - started)
+            if name in bound_at:
+                admit.append(got.admitted_at - bound_at[name])
+                bound.append(bound_at[name] - started)
+        figures = {
+            "pods": args.pods,
+            "mismatches": mismatches,
+            "refused": refused,
+            "admit_p50_s": round(statistics.median(admit), 3) if admit else None,
+            "admit_p99_s": round(percentile(admit, 0.99), 3) if admit else None,
+            "bound_p50_s": round(statistics.median(bound), 3) if bound else None,
+            "bound_p99_s": round(percentile(bound, 0.99), 3) if bound else None,
+            "makespan_s": round(max(admitted), 3) if admitted else None,
+        }
+        print(json.dumps(figures))
+        return 0
+    finally:
+        if stack is not None:
+            stack.stop()
+        cp.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
