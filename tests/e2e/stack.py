@@ -40,6 +40,7 @@ from .cluster import (
     start_scheduler,
     wait_for,
 )
+from .kubelet import KubeletNode
 
 GPUPART = Path(sys.executable).parent / "gpupart"
 CHART = REPO / "charts" / "gpupart"
@@ -346,12 +347,16 @@ class Stack:
     work: Path
     processes: list[Proc] = field(default_factory=list)
     kubelets: dict[str, FakeKubelet] = field(default_factory=dict)
+    real_nodes: dict[str, KubeletNode] = field(default_factory=dict)
 
     def tails(self) -> str:
         errors = [
             f"fake kubelet {n}: {k.errors[-10:]}" for n, k in self.kubelets.items() if k.errors
         ]
-        return "\n".join([f"----- {p.name} -----\n{p.tail()}" for p in self.processes] + errors)
+        real = [r.tails() for r in self.real_nodes.values()]
+        return "\n".join(
+            [f"----- {p.name} -----\n{p.tail()}" for p in self.processes] + errors + real
+        )
 
     def start_operator(self) -> None:
         port = free_port()
@@ -376,6 +381,35 @@ class Stack:
         kubelet = FakeKubelet(node, self.api_client, directory)
         kubelet.start()
         self.kubelets[node] = kubelet
+        self._start_agent(
+            node, gpus, directory, kubelet.kubelet_socket, kubelet.pod_resources_socket,
+            auto_reset=auto_reset,
+        )  # fmt: skip
+        return kubelet
+
+    def start_real_node(
+        self, node: str, gpus: str, labels: dict[str, str], *, auto_reset: bool = False
+    ) -> KubeletNode:
+        """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent."""
+        real = KubeletNode(node, self.cp.bin_dir, self.cp.kubeconfig, labels)
+        self.real_nodes[node] = real
+        real.start()
+        self._start_agent(
+            node, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
+            auto_reset=auto_reset,
+        )  # fmt: skip
+        return real
+
+    def _start_agent(
+        self,
+        node: str,
+        gpus: str,
+        plugin_dir: Path,
+        kubelet_socket: Path,
+        pod_resources_socket: Path,
+        *,
+        auto_reset: bool,
+    ) -> None:
         mps = self.work / f"mps-control-{node}"
         mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
         mps.chmod(0o755)
@@ -383,9 +417,9 @@ class Stack:
             f"node-{node}",
             [
                 str(GPUPART), "node", f"--node-name={node}", f"--simulate={gpus}",
-                f"--plugin-dir={directory}", f"--kubelet-socket={kubelet.kubelet_socket}",
-                f"--pod-resources-socket={kubelet.pod_resources_socket}",
-                f"--mps-root={directory / 'mps'}", f"--mps-control={mps}",
+                f"--plugin-dir={plugin_dir}", f"--kubelet-socket={kubelet_socket}",
+                f"--pod-resources-socket={pod_resources_socket}",
+                f"--mps-root={self.work / f'mps-{node}'}", f"--mps-control={mps}",
                 "--resync-seconds=3", "--metrics-port=0",
                 *(["--simulate-auto-reset"] if auto_reset else []),
             ],
@@ -393,7 +427,6 @@ class Stack:
             env={"KUBECONFIG": str(self.cp.kubeconfig)},
         )  # fmt: skip
         self.processes.append(proc)
-        return kubelet
 
     def start_extender(self) -> str:
         """`gpupart extender` with the chart's settings file; its URL prefix once /readyz says 200."""
@@ -456,3 +489,5 @@ class Stack:
         for kubelet in self.kubelets.values():
             kubelet.stop()
             shutil.rmtree(kubelet.directory, ignore_errors=True)
+        for real in self.real_nodes.values():
+            real.stop()
