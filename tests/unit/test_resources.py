@@ -20,7 +20,6 @@ from gpupart.core.resources import (
     parse_quantity,
 )
 
-
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
 
