@@ -13,6 +13,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MAX_NODE_NAMES = 100_000
 """Far above the 5,000-node envelope: a longer list is a broken client, not a cluster."""
+MAX_BODY_BYTES = 64 << 20
+"""The largest request body read: a full NodeList of 5,000 nodes is ~25 MB."""
 
 
 def _alias(name: str) -> Any:
@@ -78,3 +80,6 @@ class DiagnosisResult(BaseModel):
     Scores: dict[str, int] = Field(default_factory=dict)
     FailedNodes: dict[str, str] = Field(default_factory=dict)
     FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Unreadable: dict[str, str] = Field(default_factory=dict)
+    """Objects the watch cache skipped ("Pod ns/name") or keeps with a problem ("Node name"),
+    and why: what the verdicts above could not count."""
