@@ -22,6 +22,7 @@ from gpupart.core.errors import GpupartError
 
 from .models import (
     MAX_BODY_BYTES,
+    POD_SCHEMA,
     DiagnosisResult,
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -161,7 +162,10 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         responses={400: {"description": "not a pod we can read"}},
     )
     def diagnose(
-        pod: Annotated[dict[str, Any], Body(description="the Pod, as `kubectl get pod -o json`")],
+        pod: Annotated[
+            dict[str, Any],
+            Body(description="the Pod, as `kubectl get pod -o json`", json_schema_extra=POD_SCHEMA),
+        ],
         node: Annotated[
             list[str] | None, Query(description="only these nodes (default: all)")
         ] = None,

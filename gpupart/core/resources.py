@@ -211,6 +211,9 @@ def _sum_each(containers: object, where: str) -> Iterable[tuple[str, tuple[Fract
             raise InvalidInput(place, "must be a mapping")
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
+        for part, amounts in (("limits", limits), ("requests", requests)):
+            if not isinstance(amounts, Mapping) or not all(isinstance(k, str) for k in amounts):
+                raise InvalidInput(f"{place}.{part}", "must map resource names to quantities")
         for name in sorted({*limits, *requests}):
             if not _is_gpu_resource(name):
                 continue

@@ -4,6 +4,7 @@ Aspects: Kubernetes quantity grammar, effective request (sum of containers vs la
 container), one kind of GPU per pod, extender-managed memory/compute, errors that name the field.
 """
 
+import contextlib
 from fractions import Fraction
 
 import pytest
@@ -19,6 +20,7 @@ from gpupart.core.resources import (
     parse_pod_request,
     parse_quantity,
 )
+from gpupart.core.scheduling import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
@@ -308,3 +310,63 @@ def test_malformed_requests_are_rejected_with_the_field(spec, words):
     with pytest.raises(InvalidInput, match=words) as refused:
         parse_pod_request(spec)
     assert len(str(refused.value)) < 400, "the message never echoes the whole input"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_QUANTITY_LIKE = _JSON | st.sampled_from(["1", "1E", "1Ei", "1e99999999", "-1", "0.5", "9" * 5000])
+_NAMES = st.sampled_from(
+    ["nvidia.com/gpu", "gpupart.io/gpu-memory", "gpupart.io/gpu-compute", "nvidia.com/gpu.shared",
+     "nvidia.com/mig-1g.10gb", "nvidia.com/mig-x", "cpu"]
+)  # fmt: skip
+
+
+def _either(structured):
+    """The structured value, or anything at all in its place."""
+    return structured | _JSON
+
+
+_AMOUNTS = _either(st.dictionaries(_NAMES, _QUANTITY_LIKE, max_size=4))
+_CONTAINER = _either(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "resources": _either(
+                st.fixed_dictionaries({}, optional={"limits": _AMOUNTS, "requests": _AMOUNTS})
+            ),
+            "restartPolicy": _either(st.just("Always")),
+        },
+    )
+)
+_POD = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": _either(
+            st.fixed_dictionaries({}, optional={"labels": _JSON, "name": _JSON, "namespace": _JSON})
+        ),
+        "spec": _either(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "containers": _either(st.lists(_CONTAINER, max_size=3)),
+                    "initContainers": _either(st.lists(_CONTAINER, max_size=2)),
+                    "overhead": _AMOUNTS,
+                    "priority": _JSON,
+                    "affinity": _JSON,
+                },
+            )
+        ),
+    },
+)
+
+
+@given(_POD)
+def test_law_any_pod_shaped_input_is_read_or_refused_with_invalid_input(raw):
+    for read in (parse_pod_request, pod_cpu_milli, lambda p: parse_demand(p, group_label="g")):
+        with contextlib.suppress(InvalidInput):
+            read(raw)
