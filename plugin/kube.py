@@ -99,7 +99,9 @@ class NodeClient:
         try:
             self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
         except CONNECTION_ERRORS as error:
-            raise KubeUnavailable(f"publish state of node {self.node}: {describe_api_error(error)}") from error
+            raise KubeUnavailable(
+                f"publish state of node {self.node}: {describe_api_error(error)}"
+            ) from error
 
     def assigned_pods(self) -> tuple[AssignedPod, ...]:
         """Pods bound here, in any phase but a finished one, that carry the extender's assignment.
@@ -116,7 +118,9 @@ class NodeClient:
                 _request_timeout=self.timeout_s,
             )
         except CONNECTION_ERRORS as error:
-            raise KubeUnavailable(f"list pods on node {self.node}: {describe_api_error(error)}") from error
+            raise KubeUnavailable(
+                f"list pods on node {self.node}: {describe_api_error(error)}"
+            ) from error
         found = []
         for pod in pods.items:
             # Parse at the edge: the plain dict form, where every field is what the API sent.
