@@ -4,6 +4,10 @@ Fed by events (`apply`) and relists (`replace`), from the watch loop in `kube.py
 no I/O here. Pods the extender has bound but the watch has not yet shown ("assumed") count
 against capacity until the watch confirms them or their TTL lapses.
 
+An object the cache cannot read is never fatal: a Pod is skipped, a Node kept with the problem as
+its reason, and both are listed in `unreadable()` (logged once per object and resourceVersion) for
+the metrics and `diagnose`; the watch goes on with the other objects.
+
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
@@ -16,6 +20,7 @@ then maps names to `(version, state id)` with one dict lookup per node (`signatu
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -25,7 +30,7 @@ from typing import Any
 
 from gpupart.core.admission import admission_complete, shared_containers
 from gpupart.core.errors import GpupartError
-from gpupart.core.resources import GpuRequest, parse_pod_request
+from gpupart.core.resources import parse_pod_request
 from gpupart.core.scheduling import (
     NodeView,
     PlacedPod,
@@ -49,8 +54,12 @@ from gpupart.core.wire import (
     decode_inventory,
 )
 
+log = logging.getLogger(__name__)
+
 NODE = "Node"
 POD = "Pod"
+WATCH_FAILING_AFTER = 3
+"""Consecutive failures of one kind's list or watch after which the extender is not ready."""
 _LOG_SIZE = 100_000
 """Node changes remembered for `changed_since` (a few MB of name references at most)."""
 _DONE_PHASES = ("Succeeded", "Failed")
@@ -66,6 +75,8 @@ class NodeEntry:
     """The annotation text and allocatable CPU value it was read from."""
     serial_admission: bool = False
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
+    unreadable: bool = False
+    """The Node or its inventory could not be read (`problem` says why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,20 @@ class PodEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An object the cache could not read, at the resourceVersion it was seen."""
+
+    kind: str
+    name: str
+    version: str
+    problem: str
+
+
+class UnreadablePod(Exception):
+    """A bound pod whose GPU request, CPU request or assignment cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
 class Assumed:
     entry: PodEntry
     expires: float
@@ -87,8 +112,16 @@ class Assumed:
 
 def read_node(node: Mapping[str, Any], previous: NodeEntry | None = None) -> NodeEntry:
     """Inventory from a Node object's annotation (or the problem that keeps it from being read),
-    and its allocatable CPU; `previous` itself when both texts are the ones it was read from."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    and its allocatable CPU; `previous` itself when both texts are the ones it was read from.
+    Never raises: a node that cannot be read is kept with the reason (`unreadable`)."""
+    try:
+        return _read_node(node, previous)
+    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
+        return NodeEntry(None, f"Node unreadable: {_problem(error)}", unreadable=True)
+
+
+def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry:
+    annotations = _meta(node).get("annotations") or {}
     text = annotations.get(INVENTORY_ANNOTATION)
     status = node.get("status")
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
@@ -108,12 +141,35 @@ def read_node(node: Mapping[str, Any], previous: NodeEntry | None = None) -> Nod
     try:
         inventory = decode_inventory(text)
         return NodeEntry(inventory.gpus, "", cpu, source, inventory.serial_admission)
-    except GpupartError as error:
-        return NodeEntry(None, f"GPU inventory unreadable: {error}", cpu, source)
+    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
+        problem = f"GPU inventory unreadable: {_problem(error)}"
+        return NodeEntry(None, problem, cpu, source, unreadable=True)
+
+
+def _problem(error: BaseException) -> str:
+    """Why an object could not be read, in one bounded line (a bug names its exception)."""
+    text = str(error) if isinstance(error, GpupartError) else f"{type(error).__name__}: {error}"
+    return text[:500]
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
-    """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither."""
+    """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither.
+
+    Raises UnreadablePod when what it holds cannot be read: the cache skips it and says so,
+    rather than count it as holding nothing (or fail the watch).
+    """
+    try:
+        return _read_pod(pod)
+    except Exception as error:  # noqa: BLE001 - whatever breaks, it is this pod's problem
+        raise UnreadablePod(_problem(error)) from None
+
+
+def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -121,14 +177,8 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     if not node or status.get("phase") in _DONE_PHASES:
         return None
     annotations = meta.get("annotations") or {}
-    try:
-        request = parse_pod_request(pod)
-    except GpupartError:
-        request = GpuRequest()  # admission let through a pod we cannot read: no GPU we track
-    try:
-        cpu = pod_cpu_milli(pod)
-    except GpupartError:
-        cpu = 0  # the API server validates quantities; an unreadable one counts as none
+    request = parse_pod_request(pod)
+    cpu = pod_cpu_milli(pod)
     if request.empty and cpu == 0:
         return None
     assignment = None
@@ -137,7 +187,7 @@ def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
         try:
             assignment = decode_assignment(text)
         except GpupartError:
-            assignment = None
+            assignment = None  # unplaced: it still counts against the node, on no GPU in particular
     awaiting = (
         bool(request.shared)
         and assignment is not None
@@ -201,6 +251,9 @@ class ClusterCache:
         self.generation = 0
         """Bumped when state ids are renumbered (the intern table outgrew `max_states`)."""
         self.synced: dict[str, bool] = {NODE: False, POD: False}
+        self._unreadable: dict[tuple[str, str], Unreadable] = {}
+        self._failures: dict[str, tuple[int, str]] = {}
+        """Per kind: consecutive failed lists or watches, and the last error."""
 
     # -- feeding --
 
@@ -212,54 +265,95 @@ class ClusterCache:
             self._changed.notify_all()
 
     def _apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        if event not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        meta = _meta(obj)
         if kind == NODE:
-            name = str((obj.get("metadata") or {}).get("name") or "")
+            name = str(meta.get("name") or "")
             if not name:
                 return
             if event == "DELETED":
                 self._nodes.pop(name, None)
-            elif event in ("ADDED", "MODIFIED"):
-                node_entry = read_node(obj, self._nodes.get(name))
+                self._readable(NODE, name)
+            else:
+                node_entry = self._read_node(name, obj)
                 if self._nodes.get(name) == node_entry:
                     return  # heartbeats and label changes touch neither GPUs nor allocatable
                 self._nodes[name] = node_entry
-            else:
-                return
             self._touch(name)
         elif kind == POD:
-            uid = str((obj.get("metadata") or {}).get("uid") or "")
-            entry = None if event == "DELETED" else read_pod(obj)
-            if event not in ("ADDED", "MODIFIED", "DELETED"):
-                return
+            uid = str(meta.get("uid") or "") or _key(obj)
             status = obj.get("status")
             if event == "DELETED" or (
                 isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES
             ):
-                self._drop_assumed(uid or _key(obj))  # it holds nothing any more
-            self._set_pod(uid or _key(obj), entry)
+                self._drop_assumed(uid)  # it holds nothing any more
+            if event == "DELETED":
+                self._readable(POD, uid)
+                self._set_pod(uid, None)
+            else:
+                self._set_pod(uid, self._read_pod(uid, obj))
+
+    def _read_node(self, name: str, obj: Mapping[str, Any]) -> NodeEntry:
+        entry = read_node(obj, self._nodes.get(name))
+        if entry.unreadable:
+            self._unreadable_seen(NODE, name, name, obj, entry.problem)
+        else:
+            self._readable(NODE, name)
+        return entry
+
+    def _read_pod(self, uid: str, obj: Mapping[str, Any]) -> PodEntry | None:
+        try:
+            entry = read_pod(obj)
+        except UnreadablePod as error:
+            self._unreadable_seen(POD, uid, _key(obj), obj, str(error))
+            return None
+        self._readable(POD, uid)
+        return entry
+
+    def _unreadable_seen(
+        self, kind: str, key: str, name: str, obj: Mapping[str, Any], problem: str
+    ) -> None:
+        """Remember an unreadable object; logged once per object and resourceVersion."""
+        version = str(_meta(obj).get("resourceVersion") or "")
+        found = Unreadable(kind, name, version, problem)
+        if self._unreadable.get((kind, key)) != found:
+            log.warning(
+                "Skipped unreadable object",
+                extra={"kv": {"kind": kind, "name": name, "rv": version, "err": problem}},
+            )
+        self._unreadable[kind, key] = found
+
+    def _readable(self, kind: str, key: str) -> None:
+        self._unreadable.pop((kind, key), None)
 
     def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full list (start, or relist after 410 Gone): what is absent is gone."""
         with self._lock:
+            listed = [o for o in objects if isinstance(o, Mapping)]
             if kind == NODE:
                 fresh = {
-                    name: read_node(o, self._nodes.get(name))
-                    for o in objects
-                    if (name := str((o.get("metadata") or {}).get("name") or ""))
+                    name: self._read_node(name, o)
+                    for o in listed
+                    if (name := str(_meta(o).get("name") or ""))
                 }
                 for name in set(self._nodes) | set(fresh):
                     if self._nodes.get(name) != fresh.get(name):
                         self._touch(name)
                 self._nodes = fresh
+                keys: set[str] = set(fresh)
             else:
                 seen: dict[str, PodEntry | None] = {}
-                for o in objects:
-                    uid = str((o.get("metadata") or {}).get("uid") or _key(o))
-                    seen[uid] = read_pod(o)
+                for o in listed:
+                    uid = str(_meta(o).get("uid") or "") or _key(o)
+                    seen[uid] = self._read_pod(uid, o)
                 for uid in set(self._pods) - set(seen):
                     self._set_pod(uid, None)
                 for uid, entry in seen.items():
                     self._set_pod(uid, entry)
+                keys = set(seen)
+            for gone in [k for k in self._unreadable if k[0] == kind and k[1] not in keys]:
+                del self._unreadable[gone]
             self.synced[kind] = True
             self._refresh()
             self._changed.notify_all()
@@ -407,14 +501,19 @@ class ClusterCache:
                 return None
             placed = [p.placed for p in self._by_node.get(name, {}).values()]
             placed += [a.entry.placed for a in self._assumed_on.get(name, {}).values()]
-            view = assemble_node(
-                name,
-                entry.inventory,
-                placed,
-                cpu_milli=entry.cpu_milli,
-                problem=entry.problem,
-                version=self._versions.get(name, 0),
-            )
+            version = self._versions.get(name, 0)
+            try:
+                view = assemble_node(
+                    name,
+                    entry.inventory,
+                    placed,
+                    cpu_milli=entry.cpu_milli,
+                    problem=entry.problem,
+                    version=version,
+                )
+            except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
+                problem = f"cannot be evaluated: {_problem(error)}"
+                view = assemble_node(name, None, (), problem=problem, version=version)
             self._views[name] = view
             return view
 
@@ -448,7 +547,30 @@ class ClusterCache:
 
     @property
     def ready(self) -> bool:
-        return all(self.synced.values())
+        return all(self.synced.values()) and not self.failing()
+
+    def watch_failed(self, kind: str, error: str) -> None:
+        """The list or watch of `kind` failed (the watcher retries it)."""
+        with self._lock:
+            count = self._failures.get(kind, (0, ""))[0] + 1
+            self._failures[kind] = (count, error[:500])
+
+    def watch_ok(self, kind: str) -> None:
+        """The watch of `kind` has been working (events applied, or a full watch period)."""
+        with self._lock:
+            self._failures.pop(kind, None)
+
+    def failing(self) -> dict[str, tuple[int, str]]:
+        """Kinds whose watch failed `WATCH_FAILING_AFTER` times or more in a row, with the last
+        error: the cache may be stale, so the extender is not ready."""
+        with self._lock:
+            return {k: f for k, f in self._failures.items() if f[0] >= WATCH_FAILING_AFTER}
+
+    def unreadable(self) -> list[Unreadable]:
+        """Objects skipped (Pods) or kept with their problem (Nodes) because they could not be
+        read, by kind and name."""
+        with self._lock:
+            return sorted(self._unreadable.values(), key=lambda u: (u.kind, u.name))
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -457,6 +579,11 @@ class ClusterCache:
                 "pods": len(self._pods),
                 "assumed": len(self._assumed),
             }
+
+    def unreadable_counts(self) -> dict[str, int]:
+        with self._lock:
+            found = Counter(kind for kind, _ in self._unreadable)
+            return {NODE: found[NODE], POD: found[POD]}
 
     def observed_mix(self) -> Counter[Shape]:
         """How many bound GPU pods have each (GPU count, milli per GPU, CPU): the policy's mix.
@@ -472,5 +599,5 @@ class ClusterCache:
 
 
 def _key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
+    meta = _meta(obj)
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"

@@ -19,13 +19,15 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpupart.kubeconfig import load_configuration
+from gpupart.kubeconfig import describe_api_error, load_configuration
 
 from .cache import NODE, POD, ClusterCache
 
 log = logging.getLogger(__name__)
 
 
+HEALTHY_AFTER_SECONDS = 10.0
+"""A watch open this long, applying events, counts as working again (readiness returns)."""
 POOL_SIZE = 64
 """Kept-alive API connections: binds run concurrently on the server's thread pool (up to 40 in
 flight), and the client's default pool (5 x CPUs) would drop the connections beyond it."""
@@ -119,12 +121,13 @@ class Watcher:
                 backoff = 1.0
                 while not self.stopping.is_set():
                     version = self._watch(kind, lister, version)
+                    self.cache.watch_ok(kind)  # a whole watch period without a failure
             except _Gone:
                 log.info("Relisting after the watch expired", extra={"kv": {"kind": kind}})
             except Exception as error:  # noqa: BLE001 - the loop must survive any API failure
-                log.warning(
-                    "Watch failed; relisting", extra={"kv": {"kind": kind, "err": repr(error)}}
-                )
+                problem = describe_api_error(error)
+                self.cache.watch_failed(kind, problem)
+                log.warning("Watch failed; relisting", extra={"kv": {"kind": kind, "err": problem}})
                 self.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -148,9 +151,13 @@ class Watcher:
             _preload_content=False,
         )
         try:
+            started, healthy = time.monotonic(), False
             for line in iter_resp_lines(response):
                 if self.stopping.is_set():
                     break
+                if not healthy and time.monotonic() - started > HEALTHY_AFTER_SECONDS:
+                    healthy = True
+                    self.cache.watch_ok(kind)
                 event = json.loads(line)
                 kind_of_event = event.get("type")
                 obj = event.get("object") or {}

@@ -36,3 +36,10 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.unreadable = Gauge(
+            "gpupart_extender_unreadable_objects",
+            "Objects the watch cache could not read, by kind: Pods skipped, Nodes kept with "
+            "the problem as their reason (diagnose lists them)",
+            ["kind"],
+            registry=self.registry,
+        )

@@ -13,6 +13,62 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MAX_NODE_NAMES = 100_000
 """Far above the 5,000-node envelope: a longer list is a broken client, not a cluster."""
+MAX_BODY_BYTES = 64 << 20
+"""The largest request body read: a full NodeList of 5,000 nodes is ~25 MB."""
+
+
+_QUANTITY: dict[str, Any] = {"type": "string", "format": "quantity"}
+_AMOUNTS: dict[str, Any] = {
+    "type": "object",
+    "properties": dict.fromkeys(
+        (
+            "nvidia.com/gpu",
+            "nvidia.com/gpu.shared",
+            "nvidia.com/mig-1g.10gb",
+            "gpupart.io/gpu-memory",
+            "gpupart.io/gpu-compute",
+            "cpu",
+        ),
+        _QUANTITY,
+    ),
+    "additionalProperties": _QUANTITY,
+}
+_CONTAINER: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "resources": {
+            "type": "object",
+            "properties": {"limits": _AMOUNTS, "requests": _AMOUNTS},
+        },
+    },
+}
+POD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A v1.Pod; only the fields gpupart reads are described, others are ignored.",
+    "properties": {
+        "metadata": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "uid": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "properties": {
+                "containers": {"type": "array", "items": _CONTAINER},
+                "initContainers": {"type": "array", "items": _CONTAINER},
+                "overhead": _AMOUNTS,
+                "priority": {"type": "integer"},
+            },
+        },
+    },
+}
+"""OpenAPI of the Pod in a request: documents what is read, and lets schemathesis generate
+quantities (format `quantity`) where gpupart parses them."""
 
 
 def _alias(name: str) -> Any:
@@ -31,7 +87,9 @@ class ExtenderArgs(BaseModel):
     """Body of filter and prioritize."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    Pod: dict[str, Any] = Field(validation_alias=AliasChoices("Pod", "pod"))
+    Pod: dict[str, Any] = Field(
+        validation_alias=AliasChoices("Pod", "pod"), json_schema_extra=POD_SCHEMA
+    )
     Nodes: NodeList | None = _alias("Nodes")
     NodeNames: list[str] | None = Field(
         default=None,
@@ -78,3 +136,6 @@ class DiagnosisResult(BaseModel):
     Scores: dict[str, int] = Field(default_factory=dict)
     FailedNodes: dict[str, str] = Field(default_factory=dict)
     FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Unreadable: dict[str, str] = Field(default_factory=dict)
+    """Objects the watch cache skipped ("Pod ns/name") or keeps with a problem ("Node name"),
+    and why: what the verdicts above could not count."""

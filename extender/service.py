@@ -83,6 +83,8 @@ class Diagnosis:
     scores: dict[str, int]
     failed: dict[str, str]
     unresolvable: dict[str, str]
+    unreadable: dict[str, str]
+    """Objects the watch cache could not read ("Pod ns/name", "Node name") and why."""
 
 
 PASSED, FAILED, UNRESOLVABLE = 0, 1, 2
@@ -705,7 +707,8 @@ class ExtenderService:
                 scores[name] = verdict.score
             else:
                 (unresolvable if verdict.unresolvable else failed)[name] = verdict.reason
-        return Diagnosis(demand.pod, scores, failed, unresolvable)
+        unreadable = {f"{u.kind} {u.name}": u.problem for u in self.cache.unreadable()}
+        return Diagnosis(demand.pod, scores, failed, unresolvable, unreadable)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""

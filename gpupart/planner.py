@@ -54,13 +54,53 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+MAX_FILE_BYTES = 3 << 20
+"""The API server's own request limit (3 MiB): a bigger partition file could never be applied."""
+_LONGEST_INTEGER = 30
+"""Digits of the longest YAML integer read (any field's bound has fewer than 20)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as the API server would take it: a key given twice, or a 100,000-digit integer,
+    is an error at its line (PyYAML keeps the last key, and the integer costs seconds)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str | int | float | bool):
+                continue  # unhashable keys are refused by the constructor itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r:.60}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        if len(node.value) > _LONGEST_INTEGER:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {len(node.value)} digits", node.start_mark
+            )
+        return super().construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+
 def _read_documents(path: Path) -> list[dict[str, Any]]:
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise InvalidInput(str(path), f"is larger than {MAX_FILE_BYTES >> 20} MiB")
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise InvalidInput(str(path), f"cannot read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise InvalidInput(
+            str(path), f"is not UTF-8 text (byte {error.start}: {error.reason})"
+        ) from None
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 import kopf
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from gpupart.core.partitioning import released
 from gpupart.core.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
+from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler
 from gpupart_operator.settings import OperatorSettings
@@ -90,19 +90,13 @@ class ReconcileLoop:
                 log.warning(
                     "Failed reconcile pass, retrying in %.0fs error=%s",
                     self._retry_seconds,
-                    _describe(problem),
+                    describe_api_error(problem),
                 )
                 asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
             async with self._done:
                 self._completed = serving
                 self._result, self._error = result, error
                 self._done.notify_all()
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, ApiException):
-        return f"API {error.status} {error.reason}"
-    return f"{type(error).__name__}: {error}"
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:

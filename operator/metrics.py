@@ -22,6 +22,12 @@ class Metrics:
             "Reconcile passes that failed (API errors); the pass is retried",
             registry=self.registry,
         )
+        self.refused = Counter(
+            "gpupart_operator_refused_writes",
+            "Writes to one object that the API server refused (4xx) or its data broke; the "
+            "log names the object and the API server's reason",
+            registry=self.registry,
+        )
         self.duration = Histogram(
             "gpupart_operator_reconcile_duration_seconds",
             "Duration of one reconcile pass, listing and writes included",

@@ -44,6 +44,9 @@ OWNED_STATUS_KEYS = (
 """Status fields the operator writes; anything else under status is not ours to compare."""
 
 # (type, status) pairs that are bad news: their Events are Warnings.
+MAX_MESSAGE = 2000
+"""Characters of one refusal kept in a condition message (the CRD allows 32768)."""
+
 _WARNING_STATES = {("Degraded", "True"), ("Conflict", "True")}
 _WARNING_READY_REASONS = {"InvalidSpec", "InvalidForNode", "NoMatchingNodes"}
 # A condition first seen in one of these states is not news; no Event for it.
@@ -80,7 +83,10 @@ class NodeObject:
 
 
 def read_partition(raw: Mapping[str, Any]) -> PartitionObject:
-    meta = raw.get("metadata") or {}
+    """One listed GpuPartition; whatever it holds, the answer is a value (never an exception):
+    a spec that does not parse, or breaks the parser, becomes `error` for InvalidSpec."""
+    meta = raw.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
     # Listed items of a custom resource carry apiVersion/kind; a watch body may not.
     document = {"apiVersion": API_VERSION, "kind": KIND, **raw}
     name = str(meta.get("name", ""))
@@ -93,14 +99,17 @@ def read_partition(raw: Mapping[str, Any]) -> PartitionObject:
         partition = Partition(spec, str(meta.get("creationTimestamp", "")), deleting)
     except GpupartError as problem:
         error = str(problem)
+    except Exception as problem:  # noqa: BLE001 - one unreadable partition never stops the others
+        error = f"cannot be read ({type(problem).__name__}: {str(problem)[:300]})"
+    generation = meta.get("generation")
     return PartitionObject(
         name=name,
         uid=str(meta.get("uid", "")),
-        generation=int(meta.get("generation") or 0),
+        generation=generation if type(generation) is int and generation >= 0 else 0,
         deleting=deleting,
         status=status if isinstance(status, Mapping) else {},
         partition=partition,
-        error=error,
+        error=error[:MAX_MESSAGE],
     )
 
 
@@ -205,8 +214,15 @@ def status_patch(old_status: Mapping[str, Any], document: Mapping[str, Any]) -> 
 
 
 def old_conditions(status: Mapping[str, Any]) -> list[Mapping[str, str]]:
-    conditions = status.get("conditions") or []
-    return [c for c in conditions if isinstance(c, Mapping) and "type" in c]
+    """The conditions as written before; anything that is not one of ours is left out."""
+    conditions = status.get("conditions")
+    if not isinstance(conditions, list):
+        return []
+    return [
+        c
+        for c in conditions
+        if isinstance(c, Mapping) and isinstance(c.get("lastTransitionTime"), str) and "type" in c
+    ]
 
 
 def condition_events(old: Sequence[Mapping[str, str]], new: Sequence[Condition]) -> list[Condition]:

@@ -20,8 +20,10 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
-from gpupart.core.partitioning import PartitionStatus, resolve
+from gpupart.core.partitioning import NodeView, Partition, PartitionStatus, Resolution, resolve
+from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import (
     GROUP,
@@ -109,25 +111,34 @@ class Reconciler:
         for node in nodes:
             if node.report_error:
                 log.warning("Ignored node state node=%s error=%r", node.name, node.report_error)
-        resolution = resolve(
-            [p.partition for p in partitions if p.partition is not None],
-            [n.view for n in nodes],
+        resolution, broken = _resolve_each(
+            [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
         )
         writes = 0
         # Desired state first: status and Events describe it.
         patches = desired_patches(resolution.desired, nodes)
-        writes += sum(self._pool.map(lambda item: self._patch_node(*item), patches.items()))
+        writes += sum(
+            self._pool.map(
+                lambda item: self._contained(
+                    "set desired configuration", item[0], self._patch_node, *item
+                ),
+                patches.items(),
+            )
+        )
         now = self.clock()
         by_state: Counter[str] = Counter()
         for partition in partitions:
             if partition.deleting:
                 continue
             status: PartitionStatus | None = resolution.statuses.get(partition.name)
-            if partition.partition is None:
-                status = invalid_status(partition.generation, partition.error)
+            if partition.partition is None or partition.name in broken:
+                error = partition.error or broken[partition.name]
+                status = invalid_status(partition.generation, error)
             if status is None:
                 continue
-            writes += self._write_status(partition, status, now)
+            writes += self._contained(
+                "write status", partition.name, self._write_status, partition, status, now
+            )
             ready = next(c for c in status.conditions if c.type == "Ready")
             by_state[ready.reason] += 1
         self.metrics.set_partitions(by_state)
@@ -144,6 +155,25 @@ class Reconciler:
             log.debug("Reconciled GpuPartitions without changes nodes=%d", len(nodes))
         self.writes += writes
         return PassResult(nodes, partitions, writes, seconds)
+
+    def _contained(self, action: str, name: str, write: Callable[..., int], *args: Any) -> int:
+        """`write(*args)` for one object; its refusal (a 4xx) or a bug on its data is logged with the
+        API server's reason and costs that object only. The API being unreachable, or failing
+        (5xx), fails the pass, which is retried."""
+        try:
+            return write(*args)
+        except ApiException as error:
+            if not _refused(error):
+                raise
+            problem = describe_api_error(error)
+        except (HTTPError, OSError):
+            raise
+        except Exception as error:  # noqa: BLE001 - one object's data never stops the pass
+            log.exception("Failed to %s object=%s", action, name)
+            problem = describe_api_error(error)
+        self.metrics.refused.inc()
+        log.warning("API refused to %s object=%s reason=%s", action, name, problem)
+        return 0
 
     # -- reads --
 
@@ -238,8 +268,39 @@ class Reconciler:
                     _preload_content=False,
                 )
             )
-        except ApiException as error:
-            log.warning("Did not post Event reason=%s error=%s", body["reason"], error.reason)
+        except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
+            log.warning(
+                "Did not post Event reason=%s error=%s", body["reason"], describe_api_error(error)
+            )
             return 0
         self.metrics.writes.labels(kind="event").inc()
         return 1
+
+
+def _refused(error: ApiException) -> bool:
+    """A refusal of this one request (bad data, gone, conflict), not of the whole operator."""
+    status = error.status or 0
+    return 400 <= status < 500 and status not in (401, 403, 408, 429)
+
+
+def _resolve_each(
+    partitions: list[Partition], nodes: list[NodeView]
+) -> tuple[Resolution, dict[str, str]]:
+    """`resolve`, with any partition that makes it fail set apart: name -> why, for InvalidSpec.
+
+    The core raises nothing for a parsed partition; this is the net under a bug in it, so one
+    partition's bug never stops the others (each is tried alone only after a failure).
+    """
+    try:
+        return resolve(partitions, nodes), {}
+    except Exception:  # noqa: BLE001 - find the partition that breaks it, below
+        log.exception("Failed to resolve GpuPartitions together; resolving each alone")
+    broken: dict[str, str] = {}
+    for partition in partitions:
+        try:
+            resolve([partition], nodes)
+        except Exception as error:  # noqa: BLE001 - this one is set apart
+            broken[partition.spec.name] = (
+                f"cannot be evaluated ({type(error).__name__}: {str(error)[:300]})"
+            )
+    return resolve([p for p in partitions if p.spec.name not in broken], nodes), broken

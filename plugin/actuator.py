@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpupart.core.devices import SLOT_SEPARATOR, GpuView, MigSlice
-from gpupart.core.errors import GpupartError, InfeasibleLayout, PlanBlocked
+from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig import Layout
 from gpupart.core.mps import mps_limits
 from gpupart.core.planning import GpuInstanceState, Step, layout_of, plan_counts, plan_layout
@@ -88,7 +88,11 @@ class Actuator:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
         usage = _usage(self.usage)
         gpus = self.backend.gpus()
-        targets = gpu_targets(groups or (), [g.index for g in gpus])
+        try:
+            targets = gpu_targets(groups or (), [g.index for g in gpus])
+        except InvalidInput as error:
+            log.error("Refused desired layout err=%s", error)
+            return self.refuse(str(error), groups or ())
         reports, views, failed = [], [], 0
         for info in gpus:
             target = None if groups is None else targets[info.index]
@@ -103,6 +107,17 @@ class Actuator:
             views.append(self._view(info.index))
         observed = tuple(sorted({(g.partition, g.generation) for g in groups or ()}))
         return PassResult(NodeReport(observed, tuple(reports)), tuple(views), failed)
+
+    def refuse(self, reason: str, groups: tuple[DesiredGroup, ...] = ()) -> PassResult:
+        """A desired state not to apply: nothing changes, every GPU reports Failed with the
+        reason, and the groups it names count as observed so their partitions show why."""
+        result = self.reconcile(None)
+        reports = tuple(
+            GpuReport(g.index, GpuState.FAILED, g.mode, g.layout, reason)
+            for g in result.report.gpus
+        )
+        observed = tuple(sorted({(g.partition, g.generation) for g in groups}))
+        return PassResult(NodeReport(observed, reports), result.views, len(reports))
 
     # ---- one GPU ----
 
@@ -166,9 +181,8 @@ class Actuator:
                 busy = [s for s in states if s.in_use]
                 if busy:
                     message = (
-                        f"GPU {index}: leaving MIG mode destroys "
-                        f"{', '.join(str(s.instance) for s in busy)}, in use; "
-                        "it changes once they are idle"
+                        f"leaving MIG mode destroys {', '.join(str(s.instance) for s in busy)}, "
+                        "in use; it changes once they are idle"
                     )
                     return self._report(
                         index, GpuState.BLOCKED, message, self._pods_on_busy(info, usage)
@@ -226,7 +240,7 @@ class Actuator:
         return self._report(
             info.index,
             GpuState.BLOCKED,
-            f"GPU {info.index} is in use by {why}; it leaves {current} mode once idle",
+            f"in use by {why}; it leaves {current} mode once idle",
             pods,
         )
 
@@ -273,7 +287,7 @@ class Actuator:
         except NvmlError as error:
             log.warning("Failed to apply step gpu=%d err=%s", info.index, error)
             outcome = self._roll_back(info, layout_of(before), usage)
-            return f"GPU {info.index}: {error}; {outcome}"
+            return f"{error}; {outcome}"
         return ""
 
     def _roll_back(self, info: GpuInfo, old: Layout, usage: _Usage) -> str:

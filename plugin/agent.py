@@ -8,15 +8,7 @@ from collections.abc import Callable
 
 from gpupart.core.errors import WireFormatError
 from gpupart.core.spec import Mode
-from gpupart.core.wire import (
-    GpuReport,
-    GpuState,
-    Inventory,
-    NodeReport,
-    decode_desired,
-    encode_inventory,
-    encode_report,
-)
+from gpupart.core.wire import Inventory, decode_desired, encode_inventory, encode_report
 from gpupart_plugin.actuator import Actuator, PassResult, inventory
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
@@ -56,12 +48,7 @@ class NodeAgent:
         except WireFormatError as error:
             # Unreadable wish: change nothing, and say so on every GPU.
             log.error("Failed to read desired layout err=%s", error)
-            result = self.actuator.reconcile(None)
-            reports = tuple(
-                GpuReport(g.index, GpuState.FAILED, g.mode, g.layout, str(error))
-                for g in result.report.gpus
-            )
-            result = PassResult(NodeReport((), reports), result.views, len(reports))
+            result = self.actuator.refuse(str(error))
         else:
             result = self.actuator.reconcile(groups)
         self.hub.set_gpus(result.views)

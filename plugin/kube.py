@@ -24,6 +24,7 @@ from gpupart.core.wire import (
     decode_assignment,
     encode_allocation,
 )
+from gpupart.kubeconfig import describe_api_error
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class NodeClient:
                     "Failed to watch node node=%s retryAfter=%gs err=%s",
                     self.node,
                     delay,
-                    _short(error),
+                    describe_api_error(error),
                 )
                 stop.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
@@ -101,7 +102,9 @@ class NodeClient:
         try:
             self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
         except CONNECTION_ERRORS as error:
-            raise KubeUnavailable(f"publish state of node {self.node}: {_short(error)}") from error
+            raise KubeUnavailable(
+                f"publish state of node {self.node}: {describe_api_error(error)}"
+            ) from error
 
     def assigned_pods(self) -> tuple[AssignedPod, ...]:
         """Pods bound here, in any phase but a finished one, that carry the extender's assignment.
@@ -118,7 +121,9 @@ class NodeClient:
                 _request_timeout=self.timeout_s,
             )
         except CONNECTION_ERRORS as error:
-            raise KubeUnavailable(f"list pods on node {self.node}: {_short(error)}") from error
+            raise KubeUnavailable(
+                f"list pods on node {self.node}: {describe_api_error(error)}"
+            ) from error
         found = []
         for pod in pods.items:
             # Parse at the edge: the plain dict form, where every field is what the API sent.
@@ -130,7 +135,7 @@ class NodeClient:
                 continue
             try:
                 assigned = _assigned_pod(raw, meta, text, annotations.get(ALLOCATION_ANNOTATION))
-            except GpupartError as error:
+            except Exception as error:  # noqa: BLE001 - one unreadable pod never hides the others
                 log.warning(
                     "Skipped pod pod=%s/%s err=%s", meta.get("namespace"), meta.get("name"), error
                 )
@@ -147,7 +152,7 @@ class NodeClient:
             )
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
-                f"record the allocation of pod {pod.key}: {_short(error)}"
+                f"record the allocation of pod {pod.key}: {describe_api_error(error)}"
             ) from error
 
 
@@ -177,10 +182,3 @@ def _assigned_pod(
 def _annotations(obj: Any) -> Mapping[str, str]:
     meta = obj.metadata
     return (meta.annotations if meta is not None else None) or {}
-
-
-def _short(error: BaseException) -> str:
-    """One line for the log: an ApiException's status and reason, else the error's first line."""
-    if isinstance(error, ApiException):
-        return f"{error.status} {error.reason}"
-    return (str(error).splitlines() or [type(error).__name__])[0][:300]

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def shown(text: str, limit: int = 40) -> str:
+    """`text` quoted for a message, cut to `limit` characters: an error never echoes 100 KB."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
 class GpupartError(Exception):
     """Base of every error gpupart raises on purpose; the message is written for a person."""
 

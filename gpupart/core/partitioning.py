@@ -198,7 +198,13 @@ def _node_status(group: DesiredGroup, report: NodeReport | None) -> NodeStatus:
         hit = [g for g in gpus if g.state is state]
         if hit:
             pods = sorted({p for g in hit for p in g.blocking_pods})
-            message = "; ".join(f"GPU {g.index}: {g.message}" for g in hit)
+            by_message: dict[str, list[int]] = {}
+            for g in hit:  # GPUs with one reason are named together, the reason once
+                by_message.setdefault(g.message, []).append(g.index)
+            message = "; ".join(
+                f"GPU {', '.join(map(str, indices))}: {text}"
+                for text, indices in by_message.items()
+            )
             if pods:
                 message += f" (in use by {', '.join(pods)})"
             return NodeStatus(state, message, group.gpus)

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gpupart.core.errors import InvalidInput
+from gpupart.core.errors import InvalidInput, shown
 
 T = TypeVar("T")
+
+MAX_INTEGER = 2**63 - 1
+"""The largest whole number any field takes (an int64, as in Kubernetes' own objects)."""
+_LONGEST_KEY = 64
 
 
 class Record:
@@ -16,11 +20,16 @@ class Record:
     def __init__(self, raw: object, where: str) -> None:
         if not isinstance(raw, Mapping):
             raise InvalidInput(where, f"must be a mapping, got {_kind(raw)}")
+        odd = next((key for key in raw if not isinstance(key, str)), None)
+        if odd is not None:
+            raise InvalidInput(where, f"has a key that is not a string: {_kind(odd)}")
         self.raw: Mapping[str, Any] = raw
         self.where = where
         self._seen: set[str] = set()
 
     def path(self, key: str) -> str:
+        if len(key) > _LONGEST_KEY:  # a path names its place; it never carries 100 KB
+            key = f"{key[:_LONGEST_KEY]}…"
         return f"{self.where}.{key}" if self.where else key
 
     def has(self, key: str) -> bool:
@@ -53,7 +62,14 @@ class Record:
             raise InvalidInput(self.path(key), f"must be true or false, got {_kind(value)}")
         return value
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int | None = None) -> int:
+    def integer(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        minimum: int | None = None,
+        maximum: int = MAX_INTEGER,
+    ) -> int:
         value = self._get(key, default is None)
         if value is None:
             assert default is not None
@@ -61,11 +77,17 @@ class Record:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInput(self.path(key), f"must be a whole number, got {_kind(value)}")
         if minimum is not None and value < minimum:
-            raise InvalidInput(self.path(key), f"must be ≥ {minimum}, got {value}")
+            raise InvalidInput(self.path(key), f"must be ≥ {minimum}, got {_number(value)}")
+        if value > maximum:
+            raise InvalidInput(self.path(key), f"must be ≤ {maximum}, got {_number(value)}")
         return value
 
-    def optional_integer(self, key: str, *, minimum: int | None = None) -> int | None:
-        return self.integer(key, minimum=minimum) if self.has(key) else self._get(key, False)
+    def optional_integer(
+        self, key: str, *, minimum: int | None = None, maximum: int = MAX_INTEGER
+    ) -> int | None:
+        if self.has(key):
+            return self.integer(key, minimum=minimum, maximum=maximum)
+        return self._get(key, False)  # type: ignore[no-any-return]  # None: not set
 
     def optional_record(self, key: str) -> Record | None:
         value = self._get(key, False)
@@ -100,6 +122,11 @@ class Record:
             )
 
 
+def _number(value: int) -> str:
+    text = str(value) if abs(value) < 10**30 else f"a number of {len(str(abs(value)))} digits"
+    return text
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "nothing"
@@ -109,4 +136,8 @@ def _kind(value: object) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    if isinstance(value, int):
+        return f"int {_number(value)}"
+    if isinstance(value, str):
+        return f"str {shown(value)}"
+    return f"{type(value).__name__} {shown(repr(value))[1:-1]}"

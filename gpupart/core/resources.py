@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpupart.core.catalogue import parse_profile_name
-from gpupart.core.errors import InvalidInput
+from gpupart.core.errors import InvalidInput, shown
 
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
@@ -22,30 +22,26 @@ GPU_COMPUTE = "gpupart.io/gpu-compute"
 """Extender-managed: percent of the GPU's SMs a shared-GPU pod may use."""
 
 # A GPU memory figure above this many MiB (16 TiB) is a unit slip such as "10Gi".
-_MAX_SANE_MIB = 1 << 24
+MAX_SANE_MIB = 1 << 24
+MAX_QUANTITY_LENGTH = 64
+"""The longest quantity text read: far beyond any real one, and a bound before any arithmetic."""
+MAX_QUANTITY = 2**63 - 1
+"""The most a Kubernetes quantity counts (int64); beyond it nothing a GPU, node or API holds."""
+MAX_PROFILE_LENGTH = 32
+"""The longest MIG profile name read (the longest real one, ``1c.7g.141gb+me.all``, has 18)."""
 
 _SUFFIXED = re.compile(r"^(.*?gb)\.(me(?:\.all)?|gfx)$")
+# resource.Quantity's grammar: sign, digits with an optional point, then a binary SI suffix,
+# a decimal SI suffix (possibly empty) or a decimal exponent.
 _QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$"
+    r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE]?)|[eE]([+-]?[0-9]+))"
 )
-_SUFFIX = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
+_DECIMAL_SUFFIX = {
+    "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
+}  # fmt: skip
+_BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_NANO = 10**9
+_MAX_DIGITS = len(str(MAX_QUANTITY))
 
 
 def mig_resource_name(profile: str) -> str:
@@ -67,36 +63,96 @@ def find_mig_profile(resource: str) -> str | None:
 
 
 def parse_quantity(text: object, *, where: str) -> Fraction:
-    """A Kubernetes quantity ("1", "500m", "10Gi", "1e3") as an exact number."""
+    """A Kubernetes quantity ("1", "500m", "10Gi", "1e3", "1E") as an exact number.
+
+    The value is resource.Quantity's: rounded up (away from zero) to a whole nano, a binary SI
+    value capped at 2^63-1. Text longer than `MAX_QUANTITY_LENGTH`, and a decimal value beyond
+    ±`MAX_QUANTITY`, are refused before any arithmetic on them.
+    """
     if isinstance(text, int) and not isinstance(text, bool):
+        if abs(text) > MAX_QUANTITY:
+            raise InvalidInput(where, f"{shown(str(text))} is more than a quantity can hold")
         return Fraction(text)
     if not isinstance(text, str):
-        raise InvalidInput(where, f"must be a quantity such as 1 or 10Gi, got {text!r}")
+        raise InvalidInput(where, f"must be a quantity such as 1 or 10Gi, got {shown(repr(text))}")
+    text = text.strip()  # as the API server's JSON decoding of a quantity does
+    if len(text) > MAX_QUANTITY_LENGTH:
+        raise InvalidInput(
+            where,
+            f"{shown(text)} is {len(text)} characters long; a quantity has at most "
+            f"{MAX_QUANTITY_LENGTH}",
+        )
     value = _quantity(text)
-    if value is None:
-        raise InvalidInput(where, f"{text!r} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi)")
+    if isinstance(value, str):
+        raise InvalidInput(where, value)
     return value
 
 
 @functools.lru_cache(maxsize=4096)
-def _quantity(text: str) -> Fraction | None:
-    """Cached: a cluster's pods repeat a few quantities, and exact parsing is the slow part of
-    reading a pod (the extender reads one per watch event)."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return Fraction(number) * Fraction(10) ** int(suffix[1:])
-    return Fraction(number) * _SUFFIX[suffix]
+def _quantity(text: str) -> Fraction | str:
+    """The value of a quantity of at most `MAX_QUANTITY_LENGTH` characters, or the problem.
+
+    Cached: a cluster's pods repeat a few quantities, and exact parsing is the slow part of
+    reading a pod (the extender reads one per watch event).
+    """
+    match = _QUANTITY.fullmatch(text)
+    if match is None or not (match.group(2) or match.group(3)):
+        return f"{text!r} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi, 1e3)"
+    sign, whole, fraction, binary, decimal, exponent = match.groups("")
+    digits = (whole + fraction).lstrip("0")
+    negative = sign == "-"
+    if not digits:
+        return Fraction(0)
+    if binary:
+        value = Fraction(int(digits) << _BINARY_SUFFIX[binary], 10 ** len(fraction))
+        return _signed(min(_nano_up(value), Fraction(MAX_QUANTITY)), negative)
+    scale = (_DECIMAL_SUFFIX[decimal] if not exponent else int(exponent)) - len(fraction)
+    # `digits` × 10^scale has len(digits) + scale digits before the point: bound it first.
+    if len(digits) + scale > _MAX_DIGITS:
+        return f"{text!r} is more than a quantity can hold ({MAX_QUANTITY})"
+    if len(digits) + scale < -9:
+        return _signed(Fraction(1, _NANO), negative)  # below a nano: rounds up to 1n
+    value = _nano_up(int(digits) * Fraction(10) ** scale)
+    if value > MAX_QUANTITY:
+        return f"{text!r} is more than a quantity can hold ({MAX_QUANTITY})"
+    return _signed(value, negative)
+
+
+def _nano_up(value: Fraction) -> Fraction:
+    """A value ≥ 0 rounded up to a whole nano, as resource.Quantity keeps it."""
+    return Fraction(math.ceil(value * _NANO), _NANO)
+
+
+def _signed(value: Fraction, negative: bool) -> Fraction:
+    return -value if negative else value
 
 
 def parse_memory_mib(text: object, *, where: str) -> int:
-    """A memory quantity ("10Gi", "512Mi") as whole MiB, rounded up."""
+    """A memory quantity ("10Gi", "512Mi") as whole MiB, rounded up; 1 MiB to `MAX_SANE_MIB`.
+
+    Less than 1 MiB ("100m" is a tenth of a byte, "1.5" bytes) is a unit slip, never 1 MiB.
+    """
     value = parse_quantity(text, where=where)
-    if value <= 0:
-        raise InvalidInput(where, f"must be more than 0, got {text!r}")
-    return math.ceil(value / 2**20)
+    if value < 2**20:
+        raise InvalidInput(
+            where,
+            f"must be at least 1Mi (1 MiB), got {shown(str(text))}; write e.g. 4096Mi or 10Gi",
+        )
+    mib = math.ceil(value / 2**20)
+    if mib > MAX_SANE_MIB:
+        raise InvalidInput(where, f"{shown(str(text))} is more memory than any GPU has")
+    return mib
+
+
+def check_profile_name(name: str, *, where: str) -> tuple[int, int, int, str]:
+    """`parse_profile_name` on a name of bounded length (a longer one is refused unread)."""
+    if len(name) > MAX_PROFILE_LENGTH:
+        raise InvalidInput(
+            where,
+            f"{shown(name)} is not a MIG profile name (at most {MAX_PROFILE_LENGTH} characters, "
+            "e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)",
+        )
+    return parse_profile_name(name, where=where)
 
 
 def _whole(value: Fraction, where: str, text: object) -> int:
@@ -155,24 +211,29 @@ def _sum_each(containers: object, where: str) -> Iterable[tuple[str, tuple[Fract
             raise InvalidInput(place, "must be a mapping")
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
+        for part, amounts in (("limits", limits), ("requests", requests)):
+            if not isinstance(amounts, Mapping) or not all(isinstance(k, str) for k in amounts):
+                raise InvalidInput(f"{place}.{part}", "must map resource names to quantities")
         for name in sorted({*limits, *requests}):
             if not _is_gpu_resource(name):
                 continue
             limit, request = limits.get(name), requests.get(name)
+            field = name if len(name) <= 80 else f"{name[:80]}…"  # a path, never 100 KB
             if (
                 limit is not None
                 and request is not None
-                and parse_quantity(limit, where=f"{place}.limits.{name}")
-                != parse_quantity(request, where=f"{place}.requests.{name}")
+                and parse_quantity(limit, where=f"{place}.limits.{field}")
+                != parse_quantity(request, where=f"{place}.requests.{field}")
             ):
                 raise InvalidInput(
-                    place, f"{name}: requests ({request}) and limits ({limit}) differ"
+                    place,
+                    f"{field}: requests ({str(request):.40}) and limits ({str(limit):.40}) differ",
                 )
             text = limit if limit is not None else request
             part = "limits" if limit is not None else "requests"
             yield (
                 name,
-                (parse_quantity(text, where=f"{place}.{part}.{name}"), f"{place}.{part}.{name}"),
+                (parse_quantity(text, where=f"{place}.{part}.{field}"), f"{place}.{part}.{field}"),
             )
 
 
@@ -186,7 +247,7 @@ def _request_from_totals(totals: Mapping[str, tuple[Fraction, str]], where: str)
     for name, count in sorted(counts.items()):
         profile = find_mig_profile(name)
         if profile is not None and count:
-            parse_profile_name(profile, where=totals[name][1])
+            check_profile_name(profile, where=totals[name][1])
             mig.append((profile, count))
     request = GpuRequest(
         whole_gpus=counts.get(GPU, 0),
@@ -210,7 +271,7 @@ def _request_from_totals(totals: Mapping[str, tuple[Fraction, str]], where: str)
         )
     if (request.memory_mib or request.compute_percent) and not request.shared:
         raise InvalidInput(where, f"{GPU_MEMORY} and {GPU_COMPUTE} need {GPU_SHARED}")
-    if request.memory_mib > _MAX_SANE_MIB:
+    if request.memory_mib > MAX_SANE_MIB:
         raise InvalidInput(
             totals[GPU_MEMORY][1],
             f"{GPU_MEMORY} is in MiB; {request.memory_mib} MiB is more than any GPU has "

@@ -346,10 +346,16 @@ def _container_cpu(container: Mapping[str, Any], where: str) -> Fraction:
     return Fraction(0)
 
 
+MAX_CPU_CORES = 1_000_000
+"""More CPU than any node has: a larger figure is refused, never counted."""
+
+
 def _cpu_quantity(text: object, where: str) -> Fraction:
     value = parse_quantity(text, where=where)
     if value < 0:
-        raise InvalidInput(where, f"must not be negative, got {text!r}")
+        raise InvalidInput(where, f"must not be negative, got {str(text)[:40]!r}")
+    if value > MAX_CPU_CORES:
+        raise InvalidInput(where, f"{str(text)[:40]!r} is more CPU than any node has")
     return value
 
 

@@ -328,7 +328,8 @@ def _random_gpu(state: NodeState, request: Request, rng: random.Random) -> tuple
 
 def _sigmoid_score(delta: float) -> int:
     """The authors' FGD node score: int(sigmoid(dF / 1000) * 100), 0-100."""
-    return int(100.0 / (1.0 + math.exp(-delta / 1000.0)))
+    # Clamped where exp() would overflow: the score there is already 0 (or 100).
+    return int(100.0 / (1.0 + math.exp(min(700.0, -delta / 1000.0))))
 
 
 def _gradient(

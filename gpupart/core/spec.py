@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpupart.core.catalogue import GpuModel, parse_profile_name
-from gpupart.core.errors import InvalidInput
+from gpupart.core.catalogue import GpuModel
+from gpupart.core.errors import InvalidInput, shown
 from gpupart.core.mig import Layout, require_counts, solve_layout
 from gpupart.core.records import Record
-from gpupart.core.resources import parse_memory_mib
+from gpupart.core.resources import check_profile_name, parse_memory_mib
 
 API_VERSION = "gpupart.io/v1alpha1"
 KIND = "GpuPartition"
 MPS_MAX_CLIENTS = 48
 """CUDA MPS's client limit per GPU on Volta and later."""
+MAX_GPU_INDEX = 63
+MAX_REPLICAS = 1024
+MAX_MIG_COUNT = 7
+"""No GPU has more than 7 compute slices, so no profile is placed more than 7 times."""
+INT32 = 2**31 - 1
+MAX_MIG_PROFILES = 16
+MAX_SELECTOR_TERMS = 64
+"""matchLabels entries, matchExpressions and values per expression: the CRD's bounds."""
+
+# Kubernetes' label rules (k8s.io/apimachinery/pkg/util/validation): a key is an optional
+# DNS-subdomain prefix and "/", then a name; a value is empty or a name.
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class Mode(StrEnum):
@@ -109,7 +123,7 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mode = Mode(mode_text)
     except ValueError:
         raise InvalidInput(
-            spec.path("mode"), f"{mode_text!r} is not a mode (one of {', '.join(Mode)})"
+            spec.path("mode"), f"{shown(mode_text)} is not a mode (one of {', '.join(Mode)})"
         ) from None
     for block_mode, block in _MODE_BLOCKS.items():
         if block and spec.has(block) and block_mode != mode:
@@ -125,11 +139,11 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mode=mode,
         mig=_parse_mig(spec) if mode is Mode.MIG else (),
         mps=_parse_mps(spec.record("mps")) if mode is Mode.MPS else None,
-        replicas=spec.record("timeSlicing").integer("replicas", minimum=1)
+        replicas=spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
         if mode is Mode.TIME_SLICING
         else None,
         disruption=_parse_disruption(spec),
-        priority=spec.integer("priority", 0),
+        priority=_parse_priority(spec),
     )
     spec.done()
     return parsed
@@ -141,9 +155,12 @@ def _parse_selector(record: Record | None) -> NodeSelector:
     labels = record.optional_record("matchLabels")
     match_labels: list[tuple[str, str]] = []
     if labels is not None:
+        _check_count(labels.where, len(labels.raw))
         for key in sorted(labels.raw):
-            match_labels.append((key, labels.string(key)))
+            check_label_key(key, where=labels.where)
+            match_labels.append((key, check_label_value(labels.string(key), labels.path(key))))
         labels.done()
+    _check_count(record.path("matchExpressions"), len(record.items("matchExpressions")))
     expressions = record.each("matchExpressions", _parse_requirement)
     record.done()
     return NodeSelector(tuple(match_labels), tuple(expressions))
@@ -154,22 +171,66 @@ def _parse_requirement(expression: Record) -> LabelRequirement:
     if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
         raise InvalidInput(
             expression.path("operator"),
-            f"{operator!r} is not In, NotIn, Exists or DoesNotExist",
+            f"{shown(operator)} is not In, NotIn, Exists or DoesNotExist",
         )
-    values = tuple(str(v) for v in expression.items("values"))
+    where = expression.path("values")
+    raw = expression.items("values")
+    _check_count(where, len(raw))
+    values = []
+    for position, value in enumerate(raw):
+        if not isinstance(value, str):
+            raise InvalidInput(f"{where}[{position}]", f"must be a label value, got {value!r:.40}")
+        values.append(check_label_value(value, f"{where}[{position}]"))
     if operator in ("In", "NotIn") and not values:
-        raise InvalidInput(expression.path("values"), f"{operator} needs at least one value")
-    return LabelRequirement(expression.string("key"), operator, values)
+        raise InvalidInput(where, f"{operator} needs at least one value")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise InvalidInput(where, f"{operator} takes no values")
+    key = check_label_key(expression.string("key"), where=expression.path("key"))
+    return LabelRequirement(key, operator, tuple(values))
+
+
+def check_label_key(key: str, *, where: str) -> str:
+    """`key` when it is a Kubernetes label key ([prefix/]name), else InvalidInput naming it."""
+    prefix, slash, name = key.rpartition("/")
+    problem = ""
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        problem = "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
+    elif slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        problem = "its prefix must be a DNS subdomain of at most 253 characters (e.g. example.com)"
+    if problem:
+        raise InvalidInput(where, f"{shown(key)} is not a label key: {problem}")
+    return key
+
+
+def check_label_value(value: str, where: str) -> str:
+    """`value` when it is a Kubernetes label value (empty, or a name of up to 63 characters)."""
+    if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
+        raise InvalidInput(
+            where,
+            f"{shown(value)} is not a label value: at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending alphanumeric",
+        )
+    return value
+
+
+def _check_count(where: str, count: int) -> None:
+    if count > MAX_SELECTOR_TERMS:
+        raise InvalidInput(where, f"has {count} entries; at most {MAX_SELECTOR_TERMS}")
 
 
 def _parse_gpus(spec: Record) -> tuple[int, ...] | None:
     indices = spec.items("gpus")
     if not spec.has("gpus"):
         return None
+    if len(indices) > MAX_GPU_INDEX + 1:
+        raise InvalidInput(
+            spec.path("gpus"), f"lists {len(indices)} GPUs; at most {MAX_GPU_INDEX + 1}"
+        )
     for position, index in enumerate(indices):
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_GPU_INDEX:
             raise InvalidInput(
-                f"{spec.path('gpus')}[{position}]", f"must be a GPU index ≥ 0, got {index!r}"
+                f"{spec.path('gpus')}[{position}]",
+                f"must be a GPU index from 0 to {MAX_GPU_INDEX}, got {index!r:.40}",
             )
     if len(set(indices)) != len(indices):
         raise InvalidInput(spec.path("gpus"), f"lists a GPU index twice: {indices}")
@@ -180,9 +241,13 @@ def _parse_mig(spec: Record) -> tuple[tuple[str, int], ...]:
     mig = spec.record("mig")
     devices = mig.record("devices")
     counts = []
+    if len(devices.raw) > MAX_MIG_PROFILES:
+        raise InvalidInput(
+            devices.where, f"names {len(devices.raw)} profiles; at most {MAX_MIG_PROFILES}"
+        )
     for profile in sorted(devices.raw):
-        parse_profile_name(profile, where=devices.path(profile))
-        counts.append((profile, devices.integer(profile, minimum=0)))
+        check_profile_name(profile, where=devices.path(profile))
+        counts.append((profile, devices.integer(profile, minimum=0, maximum=MAX_MIG_COUNT)))
     devices.done()
     mig.done()
     if not any(count for _, count in counts):
@@ -203,9 +268,7 @@ def _parse_mps(mps: Record) -> MpsSettings:
         memory = parse_memory_mib(mps.value("defaultMemory"), where=mps.path("defaultMemory"))
     compute = None
     if mps.has("defaultComputePercent"):
-        compute = mps.integer("defaultComputePercent", minimum=1)
-        if compute > 100:
-            raise InvalidInput(mps.path("defaultComputePercent"), "is a percentage, at most 100")
+        compute = mps.integer("defaultComputePercent", minimum=1, maximum=100)
     mps.done()
     return MpsSettings(max_clients, memory, compute)
 
@@ -215,7 +278,13 @@ def _parse_disruption(spec: Record) -> Disruption:
     try:
         return Disruption(text)
     except ValueError:
-        raise InvalidInput(spec.path("disruption"), f"{text!r} is not WhenIdle or Never") from None
+        raise InvalidInput(
+            spec.path("disruption"), f"{shown(text)} is not WhenIdle or Never"
+        ) from None
+
+
+def _parse_priority(spec: Record) -> int:
+    return spec.integer("priority", 0, minimum=-INT32 - 1, maximum=INT32)  # the CRD's int32
 
 
 def plan_gpu_layout(spec: PartitionSpec, model: GpuModel) -> Layout:

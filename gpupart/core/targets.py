@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpupart.core.errors import InvalidInput
 from gpupart.core.spec import Disruption, Mode, MpsSettings
-from gpupart.core.wire import DesiredGroup
+from gpupart.core.wire import DESIRED_ANNOTATION, DesiredGroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +37,12 @@ def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[
     """Each GPU index's target; the operator orders groups by priority, so the first match wins.
 
     A GPU that no group names returns to a whole GPU (the partition that held it was removed).
+    A group that names a GPU twice, or one this node does not have, is InvalidInput: the
+    operator never writes one, so the whole desired state is suspect and nothing is applied.
     """
     groups = tuple(groups)
+    indices = tuple(indices)
+    check_groups(groups, indices)
     targets = {}
     for index in indices:
         target = UNPARTITIONED
@@ -54,3 +59,29 @@ def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[
                 break
         targets[index] = target
     return targets
+
+
+def check_groups(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> None:
+    """InvalidInput when a group names a GPU twice or a GPU index not among `indices`."""
+    have = set(indices)
+    for position, group in enumerate(groups):
+        if group.gpus is None:
+            continue
+        where = f"{DESIRED_ANNOTATION}.groups[{position}].gpus"
+        if len(set(group.gpus)) != len(group.gpus):
+            raise InvalidInput(
+                where, f"partition {group.partition} names a GPU twice: {list(group.gpus)[:64]}"
+            )
+        missing = sorted(set(group.gpus) - have)
+        if missing:
+            raise InvalidInput(
+                where,
+                f"partition {group.partition} names GPU {', '.join(map(str, missing[:8]))}; "
+                f"this node has {_indices(have)}",
+            )
+
+
+def _indices(have: set[int]) -> str:
+    if not have:
+        return "no GPU"
+    return "GPU " + ", ".join(map(str, sorted(have)))

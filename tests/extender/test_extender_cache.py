@@ -50,9 +50,10 @@ def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None
     c.apply(POD, "ADDED", pod("cpu", {"cpu": "1"}, node="n1"))
     c.apply(POD, "ADDED", pod("broken", {"nvidia.com/gpu": "lots", "cpu": "250m"}, node="n1"))
     c.apply(POD, "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
-    assert c.counts()["pods"] == 2  # "cpu" and "broken", for their CPU only
+    assert c.counts()["pods"] == 1  # "cpu"; "broken" is skipped and listed as unreadable
+    assert [(u.kind, u.name) for u in c.unreadable()] == [(POD, "team-a/broken")]
     view = c.view("n1")
-    assert view is not None and view.cpu_milli == 8000 and view.cpu_used_milli == 1250
+    assert view is not None and view.cpu_milli == 8000 and view.cpu_used_milli == 1000
     assert not view.gpus[0].tenants and not view.unplaced_tenants and not view.whole_tenants
     assert c.observed_mix() == Counter()
 

@@ -305,3 +305,26 @@ def test_reset_idle_makes_a_pending_mig_change_take_effect_once_the_gpu_is_idle(
     final = actuator.reconcile((mig((("3g.40gb", 2),)),)).report.gpus
     assert [g.state for g in final] == [GpuState.APPLIED, GpuState.APPLIED]
     assert all(layout_counts(g.layout) == {"3g.40gb": 2} for g in final)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "words"),
+    [
+        ((0, 0), "partition p names a GPU twice: [0, 0]"),
+        ((0, 99), "partition p names GPU 99; this node has GPU 0, 1"),
+        ((0, 0, 99), "names a GPU twice"),
+    ],
+)
+def test_a_desired_state_naming_a_gpu_twice_or_one_not_here_is_refused(
+    tmp_path: Path, gpus: tuple[int, ...], words: str
+) -> None:
+    sim = SimulatedGpus([H200, H200])
+    actuator = agent(sim, Pods(), tmp_path, ["true"])
+    actuator.reconcile((mig(TWO, (1,)),))
+    before = (instances(sim, 0), instances(sim, 1))
+    result = actuator.reconcile((mig(SEVEN, gpus),))
+    assert (instances(sim, 0), instances(sim, 1)) == before, "nothing was applied"
+    assert [g.state for g in result.report.gpus] == [GpuState.FAILED, GpuState.FAILED]
+    assert all(words in g.message for g in result.report.gpus), result.report.gpus[0].message
+    assert result.report.gpus[0].message.startswith("gpupart.io/desired.groups[0].gpus: ")
+    assert result.report.observed == (("p", 1),), "the partition shows the reason"

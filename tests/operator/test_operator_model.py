@@ -9,11 +9,14 @@ Events for condition changes, and a whole simulated pass applied twice: the seco
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from poison import PARTITION_CASES
 
 from gpupart.core.partitioning import Condition, resolve
 from gpupart.core.spec import Mode
@@ -39,6 +42,7 @@ from gpupart_operator.model import (
     status_document,
     status_patch,
 )
+from gpupart_operator.reconciler import _resolve_each
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -346,3 +350,45 @@ def test_a_second_pass_over_what_the_first_wrote_writes_nothing():
     conflict = {c["type"]: c for c in partitions[0]["status"]["conditions"]}["Conflict"]
     assert conflict["status"] == "True" and "taken by b" in conflict["message"]
     assert json.dumps(partitions[0]["status"]).count("kopf") == 0
+
+
+# --- containment: one unreadable partition affects only itself --------------------------------
+
+
+@given(st.sampled_from(PARTITION_CASES))
+def test_every_poison_partition_becomes_an_error_naming_its_field(case):
+    _, spec, field = case
+    raw = partition_raw()
+    raw["spec"] = spec
+    read = read_partition(raw)
+    assert read.partition is None
+    assert field in read.error and len(read.error) < 2000
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+        max_leaves=20,
+    )
+)
+def test_law_any_object_reads_as_a_value_never_an_exception(junk):
+    raw = {"metadata": {"name": "junk", "generation": junk}, "spec": junk, "status": junk}
+    read = read_partition(raw)
+    assert read.name == "junk" and read.generation >= 0
+    assert read.partition is None or read.error == ""
+    assert isinstance(read.status, Mapping)
+    assert old_conditions(read.status) == [] or isinstance(read.status.get("conditions"), list)
+
+
+def test_a_partition_that_breaks_the_core_is_set_apart_and_the_others_resolve():
+    good = read_partition(partition_raw("good")).partition
+    assert good is not None
+    # A value no parser produces (a GPU index that is a string): stands for a bug in the core.
+    spec = dataclasses.replace(good.spec, name="broken", gpus=("0",))  # type: ignore[arg-type]
+    broken = dataclasses.replace(good, spec=spec)
+    nodes = [read_node(node_raw("n1")).view]
+    resolution, set_apart = _resolve_each([broken, good], nodes)
+    assert set(set_apart) == {"broken"} and "TypeError" in set_apart["broken"]
+    assert "good" in resolution.statuses and "broken" not in resolution.statuses
+    assert [g.partition for g in resolution.desired["n1"]] == ["good"]

@@ -11,13 +11,14 @@ from gpupart.core.mig import MigInstance, Placement
 from gpupart.core.partitioning import (
     NodeView,
     Partition,
+    _node_status,
     merge_conditions,
     released,
     resolve,
     transitions,
 )
 from gpupart.core.spec import Mode, parse_partition
-from gpupart.core.wire import GpuReport, GpuState, NodeReport
+from gpupart.core.wire import DesiredGroup, GpuReport, GpuState, NodeReport
 
 BASE = {
     "apiVersion": "gpupart.io/v1alpha1",
@@ -184,3 +185,26 @@ def test_condition_times_move_only_on_status_flips():
     merged = {c["type"]: c["lastTransitionTime"] for c in merge_conditions(old, later, now="T3")}
     assert merged["Ready"] == "T3" and merged["Degraded"] == "T1"
     assert {c.type for c in transitions(old, later)} == {"Ready", "Progressing"}
+
+
+def test_a_blocked_message_names_each_gpu_once_without_repeating_its_prefix():
+    report = NodeReport(
+        (("p", 1),),
+        (
+            GpuReport(
+                0,
+                GpuState.BLOCKED,
+                Mode.MPS,
+                message="in use by pods a/x; it leaves MPS mode once idle",
+            ),
+            GpuReport(
+                1,
+                GpuState.BLOCKED,
+                Mode.MPS,
+                message="in use by pods a/x; it leaves MPS mode once idle",
+            ),
+        ),
+    )
+    group = DesiredGroup("p", 1, None, Mode.MIG, (("1g.10gb", 1),))
+    status = _node_status(group, report)
+    assert status.message == "GPU 0, 1: in use by pods a/x; it leaves MPS mode once idle"

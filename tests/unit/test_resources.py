@@ -4,6 +4,7 @@ Aspects: Kubernetes quantity grammar, effective request (sum of containers vs la
 container), one kind of GPU per pod, extender-managed memory/compute, errors that name the field.
 """
 
+import contextlib
 from fractions import Fraction
 
 import pytest
@@ -19,37 +20,169 @@ from gpupart.core.resources import (
     parse_pod_request,
     parse_quantity,
 )
+from gpupart.core.scheduling import parse_demand, pod_cpu_milli
+
+NANO = Fraction(1, 10**9)
+MAX = 2**63 - 1
+
+# Facts from Kubernetes' own table (k8s.io/apimachinery/pkg/api/resource, TestQuantityParse):
+# the exact value resource.Quantity gives each text.
+KUBERNETES_TABLE = [
+    ("0", 0), ("0n", 0), ("0u", 0), ("0m", 0), ("0Ki", 0), ("0k", 0), ("0Mi", 0), ("0M", 0),
+    ("0Gi", 0), ("0G", 0), ("0Ti", 0), ("0T", 0), ("1", 1),
+    ("1Ki", 1024), ("8Ki", 8 * 1024), ("7Mi", 7 * 2**20), ("6Gi", 6 * 2**30),
+    ("5Ti", 5 * 2**40), ("4Pi", 4 * 2**50), ("3Ei", 3 * 2**60), ("100Ti", 100 * 2**40),
+    ("5n", 5 * NANO), ("4u", Fraction(4, 10**6)), ("3m", Fraction(3, 1000)), ("9", 9),
+    ("8k", 8000), ("50k", 50000), ("7M", 7 * 10**6), ("6G", 6 * 10**9), ("5T", 5 * 10**12),
+    ("40T", 4 * 10**13), ("300T", 3 * 10**14), ("2P", 2 * 10**15), ("1E", 10**18),
+    ("1E-3", Fraction(1, 1000)), ("1e3", 1000), ("1E6", 10**6), ("1e9", 10**9),
+    ("1E12", 10**12), ("1e15", 10**15), ("1E18", 10**18), ("1e14", 10**14),
+    ("100.035k", 100035), ("0.001", Fraction(1, 1000)), ("0.0005k", Fraction(1, 2)),
+    ("0.00050k", Fraction(1, 2)), ("0.05000", Fraction(1, 20)), ("0.5e0", Fraction(1, 2)),
+    ("0.5e-1", Fraction(1, 20)), ("0.5e-2", Fraction(1, 200)), ("10.035M", 10035000),
+    ("1.2e3", 1200), ("1.3E+6", 1300000), ("1.40e9", 14 * 10**8), ("1.53E12", 153 * 10**10),
+    ("1.6e15", 16 * 10**14), ("1.7E18", 17 * 10**17), ("9.01", Fraction(901, 100)),
+    ("8.1k", 8100), ("7.123456M", 7123456), ("6.987654321G", 6987654321),
+    ("5.444T", 5444 * 10**9), ("2.5P", 25 * 10**14), ("1.01E", 101 * 10**16),
+    # Rounded up (away from zero) to a whole nano; binary SI capped at 2^63-1.
+    ("3.001n", 4 * NANO), ("1.1E-9", 2 * NANO), ("0.0000000001", NANO), ("0.5e-9", NANO),
+    ("0.9n", NANO), ("0.00000012345", 124 * NANO), ("0.00000012354", 124 * NANO),
+    ("9Ei", MAX), ("9223372036854775807Ki", MAX),
+    ("100.035Ki", Fraction(10243584, 100)), ("0.5Mi", 2**19), ("0.05Gi", Fraction(536870912, 10)),
+    ("0.025Ti", Fraction(274877906944, 10)), ("0.000000000001Ki", 2 * NANO),
+    (".001", Fraction(1, 1000)), (".0001k", Fraction(1, 10)), ("1.", 1), ("1.G", 10**9),
+]  # fmt: skip
+KUBERNETES_INVALID = [
+    "", "1.1.M", "1+1.0M", "0.1mi", "0.1am", "aoeu", ".5i", "1i", "-3.01i", "-3.01e-",
+    "1e4294967297",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "value"), KUBERNETES_TABLE)
+def test_quantities_parse_as_kubernetes_parses_them(text, value):
+    assert parse_quantity(text, where="x") == value
+    # Signs, as Kubernetes' table checks them: "-" negates, "+" changes nothing.
+    assert parse_quantity(f"-{text}", where="x") == -value
+    assert parse_quantity(f"+{text}", where="x") == value
+
+
+@pytest.mark.parametrize("text", KUBERNETES_INVALID)
+def test_what_kubernetes_refuses_is_refused(text):
+    with pytest.raises(InvalidInput, match="^x: "):
+        parse_quantity(text, where="x")
 
 
 @pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("1", 1),
-        ("500m", Fraction(1, 2)),
-        ("10Gi", 10 * 2**30),
-        ("1k", 1000),
-        ("1e3", 1000),
-        ("2.5", Fraction(5, 2)),
-        (".5", Fraction(1, 2)),
-        ("128Mi", 128 * 2**20),
-        (3, 3),
-    ],
+    ("text", "value"), [(3, 3), (-2, -2), (" 5 ", 5), ("1Ei", 2**60), ("1E", 10**18)]
 )
-def test_quantities_parse_exactly(text, value):
+def test_other_spellings(text, value):
     assert parse_quantity(text, where="x") == value
 
 
-@pytest.mark.parametrize("text", ["", "ten", "1.2.3", "5 Gi", "1GB", None, True, [1]])
+@pytest.mark.parametrize("text", ["", "ten", "1.2.3", "5 Gi", "1GB", None, True, [1], 1.5])
 def test_malformed_quantities_name_the_field(text):
     with pytest.raises(InvalidInput, match="^limits.nvidia.com/gpu: "):
         parse_quantity(text, where="limits.nvidia.com/gpu")
 
 
-def test_memory_rounds_up_to_whole_mib():
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("1e99999999", "more than a quantity can hold"),
+        ("12E", "more than a quantity can hold"),  # Kubernetes keeps it; nothing here counts so far
+        ("9223372036854775808", "more than a quantity can hold"),
+        (2**63, "more than a quantity can hold"),
+        ("1" * 100_000, "100000 characters long"),
+        ("9" * 65, "65 characters long"),
+    ],
+)
+def test_beyond_the_bounds_is_refused_before_any_arithmetic(text, words):
+    with pytest.raises(InvalidInput, match=words) as refused:
+        parse_quantity(text, where="x")
+    assert len(str(refused.value)) < 200, "the message never echoes the whole input"
+
+
+def test_tiny_exponents_round_up_to_a_nano_without_computing_them():
+    assert parse_quantity("1e-99999999", where="x") == NANO
+    assert parse_quantity("-1e-99999999", where="x") == -NANO
+    assert parse_quantity("0e99999999", where="x") == 0
+
+
+@st.composite
+def quantities(draw):
+    """Text of a quantity with its exact value (before Kubernetes' rounding and cap)."""
+    whole = draw(st.integers(0, 10**12))
+    places = draw(st.integers(0, 6))
+    fraction = draw(st.integers(0, 10**places - 1)) if places else 0
+    number = f"{whole}.{fraction:0{places}d}" if places else str(whole)
+    exact = whole + Fraction(fraction, 10**places)
+    kind = draw(st.sampled_from(["binary", "decimal", "exponent"]))
+    if kind == "binary":
+        suffix, power = draw(st.sampled_from([("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40)]))
+        return number + suffix, exact * 2**power
+    if kind == "decimal":
+        suffix, power = draw(
+            st.sampled_from([("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3), ("M", 6)])
+        )
+    else:
+        power = draw(st.integers(-12, 6))
+        suffix = draw(st.sampled_from(["e", "E"])) + str(power)
+    return number + suffix, exact * Fraction(10) ** power
+
+
+def kubernetes_value(exact):
+    """resource.Quantity's rounding: up to a whole nano, away from zero; binary capped."""
+    nanos = -((-abs(exact) * 10**9) // 1)
+    return min(Fraction(nanos, 10**9), MAX)
+
+
+def canonical(value):
+    """A quantity text for an exact value in nanos: "<n>n", or a plain integer when whole."""
+    if value.denominator == 1:
+        return str(value)
+    return f"{value * 10**9}n"
+
+
+@given(quantities())
+def test_law_parse_is_exact_up_to_kubernetes_rounding(case):
+    text, exact = case
+    assert parse_quantity(text, where="x") == kubernetes_value(exact)
+
+
+@given(quantities(), st.sampled_from(["", "+", "-"]))
+def test_law_round_trip_through_a_canonical_text(case, sign):
+    text, _ = case
+    value = parse_quantity(sign + text, where="x")
+    assert parse_quantity(canonical(value), where="x") == value
+    assert (value * 10**9).denominator == 1, "every value is a whole number of nanos"
+
+
+@given(st.text(alphabet="0123456789.+-eEinumkKMGTPx ", max_size=80))
+def test_law_any_text_parses_or_is_refused_with_the_field(text):
+    try:
+        value = parse_quantity(text, where="x")
+    except InvalidInput as error:
+        assert error.where == "x"
+    else:
+        assert abs(value) <= MAX
+
+
+@given(st.integers(min_value=10, max_value=10**9))
+def test_law_huge_exponents_are_refused_by_the_bound(exponent):
+    with pytest.raises(InvalidInput, match="more than a quantity can hold"):
+        parse_quantity(f"1e{exponent + 10}", where="x")
+
+
+def test_memory_rounds_up_to_whole_mib_and_is_at_least_one_mib():
     assert parse_memory_mib("10Gi", where="m") == 10240
-    assert parse_memory_mib("1", where="m") == 1
-    with pytest.raises(InvalidInput, match="more than 0"):
-        parse_memory_mib("0", where="m")
+    assert parse_memory_mib("1Mi", where="m") == 1
+    assert parse_memory_mib("1.5Mi", where="m") == 2
+    assert parse_memory_mib("10G", where="m") == 9537
+    for small in ("0", "1", "1.5", "100m", "1023Ki", "-1Gi"):
+        with pytest.raises(InvalidInput, match="at least 1Mi"):
+            parse_memory_mib(small, where="m")
+    with pytest.raises(InvalidInput, match="more memory than any GPU has"):
+        parse_memory_mib("1Ei", where="m")
 
 
 @given(
@@ -155,10 +288,85 @@ def test_pod_without_gpu_is_empty():
             pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-compute": 150})),
             "at most 100",
         ),
+        (
+            pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "1E"})),
+            "more than any GPU has",
+        ),
+        (
+            pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "1Ei"})),
+            "more than any GPU has",
+        ),
+        (
+            pod(container({"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": "1e99999999"})),
+            "gpu-memory: '1e99999999' is more than a quantity can hold",
+        ),
+        (pod(container({"nvidia.com/gpu": "1" * 100_000})), "100000 characters long"),
+        (pod(container({f"nvidia.com/mig-1g.{'9' * 100_000}gb": 1})), "at most 32 characters"),
         ({"spec": {"containers": "x"}}, "must be a list"),
         ({"spec": {"containers": [{"resources": "x"}]}}, "must be a mapping"),
     ],
 )
 def test_malformed_requests_are_rejected_with_the_field(spec, words):
-    with pytest.raises(InvalidInput, match=words):
+    with pytest.raises(InvalidInput, match=words) as refused:
         parse_pod_request(spec)
+    assert len(str(refused.value)) < 400, "the message never echoes the whole input"
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_QUANTITY_LIKE = _JSON | st.sampled_from(["1", "1E", "1Ei", "1e99999999", "-1", "0.5", "9" * 5000])
+_NAMES = st.sampled_from(
+    ["nvidia.com/gpu", "gpupart.io/gpu-memory", "gpupart.io/gpu-compute", "nvidia.com/gpu.shared",
+     "nvidia.com/mig-1g.10gb", "nvidia.com/mig-x", "cpu"]
+)  # fmt: skip
+
+
+def _either(structured):
+    """The structured value, or anything at all in its place."""
+    return structured | _JSON
+
+
+_AMOUNTS = _either(st.dictionaries(_NAMES, _QUANTITY_LIKE, max_size=4))
+_CONTAINER = _either(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "resources": _either(
+                st.fixed_dictionaries({}, optional={"limits": _AMOUNTS, "requests": _AMOUNTS})
+            ),
+            "restartPolicy": _either(st.just("Always")),
+        },
+    )
+)
+_POD = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": _either(
+            st.fixed_dictionaries({}, optional={"labels": _JSON, "name": _JSON, "namespace": _JSON})
+        ),
+        "spec": _either(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "containers": _either(st.lists(_CONTAINER, max_size=3)),
+                    "initContainers": _either(st.lists(_CONTAINER, max_size=2)),
+                    "overhead": _AMOUNTS,
+                    "priority": _JSON,
+                    "affinity": _JSON,
+                },
+            )
+        ),
+    },
+)
+
+
+@given(_POD)
+def test_law_any_pod_shaped_input_is_read_or_refused_with_invalid_input(raw):
+    for read in (parse_pod_request, pod_cpu_milli, lambda p: parse_demand(p, group_label="g")):
+        with contextlib.suppress(InvalidInput):
+            read(raw)
