@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
@@ -27,6 +27,7 @@ from gpupart.core.wire import (
 from gpupart.kubeconfig import describe_api_error
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CONNECTION_ERRORS = (ApiException, HTTPError, OSError)
 """What the client raises when the API server refuses, drops or never answers a request.
@@ -64,30 +65,75 @@ class NodeClient:
     def watch_desired(self, stop: threading.Event, *, resync_s: float) -> Iterator[str | None]:
         """The desired annotation now, on every change, and at least every `resync_s` (drift)."""
         last: object = object()
+        for start, event in self._watch(
+            stop, "node", self.core.list_node, f"metadata.name={self.node}", resync_s,
+            start=self.desired,
+        ):  # fmt: skip
+            # Each (re)start of the watch reads the Node itself: always a pass (drift).
+            value = (
+                start if event is None else _annotations(event["object"]).get(DESIRED_ANNOTATION)
+            )
+            if event is None or value != last:
+                last = value
+                yield value
+
+    def watch_pods_leaving(self, stop: threading.Event, *, resync_s: float) -> Iterator[str]:
+        """namespace/name of each pod on this node that finishes or is deleted, as it happens.
+
+        A pod leaving frees what it held (PodResources stops listing it), so a change that was
+        Blocked by it can go ahead now rather than at the next resync.
+        """
+        for _, event in self._watch(
+            stop, "pods", self.core.list_pod_for_all_namespaces, f"spec.nodeName={self.node}",
+            resync_s,
+        ):  # fmt: skip
+            if event is None:
+                continue
+            pod = event["object"]
+            phase = pod.status.phase if pod.status is not None else None
+            if event["type"] == "DELETED" or (
+                event["type"] == "MODIFIED" and phase in ("Succeeded", "Failed")
+            ):
+                yield f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+    def _watch(
+        self,
+        stop: threading.Event,
+        what: str,
+        list_fn: Callable[..., Any],
+        field_selector: str,
+        resync_s: float,
+        *,
+        start: Callable[[], T] | None = None,
+    ) -> Iterator[tuple[T | None, Any]]:
+        """(start(), None) at each (re)start of the watch when `start` is given, then (None, event).
+
+        The one watch loop of the node agent: connection errors (the API server unreachable at
+        start, or dropping the stream) are logged and retried after 1 s, doubling up to the
+        longest backoff, back to 1 s once the API server answers again.
+        """
         delay = self.backoff_s[0]
         while not stop.is_set():
             try:
-                current = self.desired()
-                delay = self.backoff_s[0]  # the API server answered: the next failure starts over
-                yield current
-                last = current
+                if start is not None:
+                    value = start()
+                    delay = self.backoff_s[0]
+                    yield value, None
                 stream = watch.Watch().stream(
-                    self.core.list_node,
-                    field_selector=f"metadata.name={self.node}",
+                    list_fn,
+                    field_selector=field_selector,
                     timeout_seconds=max(1, int(resync_s)),
                     _request_timeout=resync_s + self.timeout_s,
                 )
                 for event in stream:
+                    delay = self.backoff_s[0]  # the API server answered
                     if stop.is_set():
                         return
-                    value = _annotations(event["object"]).get(DESIRED_ANNOTATION)
-                    if value != last:
-                        last = value
-                        yield value
+                    yield None, event
             except CONNECTION_ERRORS as error:
-                # Unreachable at start or dropped later: keep the agent up and try again.
                 log.warning(
-                    "Failed to watch node node=%s retryAfter=%gs err=%s",
+                    "Failed to watch %s node=%s retryAfter=%gs err=%s",
+                    what,
                     self.node,
                     delay,
                     describe_api_error(error),

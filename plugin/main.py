@@ -42,6 +42,39 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
     return NvmlGpus()
 
 
+class PassTrigger:
+    """When the agent runs a pass: the desired annotation changed (or its resync), or a pod left.
+
+    Triggers that come while a pass runs fold into one more pass; every pass reads the latest
+    desired annotation, and none runs before it was read once.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._latest: str | None = None
+        self._read = False
+        self._due = False
+
+    def desired(self, value: str | None) -> None:
+        with self._cond:
+            self._latest, self._read, self._due = value, True, True
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._due = True
+            self._cond.notify_all()
+
+    def next(self, stop: threading.Event) -> tuple[bool, str | None]:
+        """(due, desired annotation) for the next pass; not due when `stop` came first or the
+        annotation was never read."""
+        with self._cond:
+            while not self._due and not stop.is_set():
+                self._cond.wait(0.5)
+            due, self._due = self._due and self._read, False
+            return due, self._latest
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -113,8 +146,24 @@ def run(args: argparse.Namespace) -> int:
         http = serve_http(
             metrics, healthy, host=settings.metrics_address, port=settings.metrics_port
         )
-    try:
+    passes = PassTrigger()
+
+    def follow_node() -> None:
         for desired in node.watch_desired(stop, resync_s=settings.resync_s):
+            passes.desired(desired)
+
+    def follow_pods() -> None:
+        for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):
+            log.info("Pod left node pod=%s", pod)
+            passes.wake()
+
+    threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
+    threading.Thread(target=follow_pods, name="pod-watch", daemon=True).start()
+    try:
+        while not stop.is_set():
+            due, desired = passes.next(stop)
+            if not due:
+                continue
             try:
                 reconcile(desired)
             except GpupartError as error:

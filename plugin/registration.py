@@ -115,31 +115,43 @@ class DevicePlugins:
         log.info("Started device plugin resource=%s socket=%s", resource, path)
 
     def _register_pending(self) -> None:
+        """Register every resource not yet registered, all at once over one channel.
+
+        After a kubelet restart the node shows capacity 0 for a resource until its Register
+        reaches the kubelet: concurrent calls keep that window as short as the kubelet allows
+        (one channel and one Register after another took ~200 ms per resource).
+        """
         if self._kubelet_identity() is None:
             return  # no kubelet socket yet; the watch registers once it appears
-        for resource, plugin in self._plugins.items():
-            if plugin.registered:
-                continue
-            try:
-                self._register(resource)
-            except grpc.RpcError as error:
-                log.warning("Failed to register resource=%s err=%s", resource, error.code().name)
-                continue
-            except grpc.FutureTimeoutError:
-                log.warning("Failed to register resource=%s err=kubelet not reachable", resource)
-                continue
-            plugin.registered = True
-            log.info("Registered device plugin resource=%s", resource)
-
-    def _register(self, resource: str) -> None:
+        pending = [r for r, p in self._plugins.items() if not p.registered]
+        if not pending:
+            return
         with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=self.timeout_s)
-            api_grpc.RegistrationStub(channel).Register(
-                api.RegisterRequest(
-                    version=VERSION,
-                    endpoint=socket_name(resource),
-                    resource_name=resource,
-                    options=api.DevicePluginOptions(get_preferred_allocation_available=True),
-                ),
-                timeout=self.timeout_s,
-            )
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.timeout_s)
+            except grpc.FutureTimeoutError:
+                log.warning("Failed to register resources=%s err=kubelet not reachable", pending)
+                return
+            stub = api_grpc.RegistrationStub(channel)
+            calls = {
+                resource: stub.Register.future(
+                    api.RegisterRequest(
+                        version=VERSION,
+                        endpoint=socket_name(resource),
+                        resource_name=resource,
+                        options=api.DevicePluginOptions(get_preferred_allocation_available=True),
+                    ),
+                    timeout=self.timeout_s,
+                )
+                for resource in pending
+            }
+            for resource, call in calls.items():
+                try:
+                    call.result()
+                except grpc.RpcError as error:
+                    log.warning(
+                        "Failed to register resource=%s err=%s", resource, error.code().name
+                    )
+                    continue
+                self._plugins[resource].registered = True
+                log.info("Registered device plugin resource=%s", resource)

@@ -87,8 +87,8 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
     [
         (
             "node",
-            ["patch nodes", "watch nodes", "list pods"],
-            ["delete nodes", "patch pods", "get secrets", "create pods --subresource=binding"],
+            ["patch nodes", "watch nodes", "list pods", "watch pods", "patch pods"],
+            ["delete nodes", "delete pods", "get secrets", "create pods --subresource=binding"],
         ),
         (
             "extender",
