@@ -55,6 +55,8 @@ class KubeletNode:
     kubelet: Proc | None = None
     port: int = field(default_factory=free_port)
     healthz_port: int = field(default_factory=free_port)
+    agent_metrics_port: int = field(default_factory=free_port)
+    """Where the node agent that serves this node's GPUs says its metrics."""
 
     # -- paths as seen from outside the namespace --
 

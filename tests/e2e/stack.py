@@ -390,13 +390,17 @@ class Stack:
     def start_real_node(
         self, node: str, gpus: str, labels: dict[str, str], *, auto_reset: bool = False
     ) -> KubeletNode:
-        """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent."""
+        """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent.
+
+        The agent keeps the default 60 s resync: what it does sooner comes from its watches.
+        Its metrics are served on `real.agent_metrics_port`.
+        """
         real = KubeletNode(node, self.cp.bin_dir, self.cp.kubeconfig, labels)
         self.real_nodes[node] = real
         real.start()
         self._start_agent(
             node, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
-            auto_reset=auto_reset,
+            auto_reset=auto_reset, resync_s=60, metrics_port=real.agent_metrics_port,
         )  # fmt: skip
         return real
 
@@ -409,6 +413,8 @@ class Stack:
         pod_resources_socket: Path,
         *,
         auto_reset: bool,
+        resync_s: int = 3,
+        metrics_port: int = 0,
     ) -> None:
         mps = self.work / f"mps-control-{node}"
         mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
@@ -420,7 +426,8 @@ class Stack:
                 f"--plugin-dir={plugin_dir}", f"--kubelet-socket={kubelet_socket}",
                 f"--pod-resources-socket={pod_resources_socket}",
                 f"--mps-root={self.work / f'mps-{node}'}", f"--mps-control={mps}",
-                "--resync-seconds=3", "--metrics-port=0",
+                f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
+                "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),
             ],
             self.work,

@@ -145,11 +145,11 @@ BAD = {
     ),
     "bad-profile-name": (
         {"mode": "MIG", "mig": {"devices": {"1g.10gb": 2, "big-slice": 1}}},
-        "spec.mig.devices keys must be MIG profile names such as 1g.10gb",
+        "spec.mig.devices keys must be MIG profile names of at most 32 characters",
     ),
     "duplicate-gpus": (
         {"mode": "TimeSlicing", "gpus": [0, 1, 0], "timeSlicing": {"replicas": 2}},
-        "spec.gpus must not list the same GPU index twice",
+        "spec.gpus[2]: Duplicate value: 0",
     ),
     "negative-count": (
         {"mode": "MIG", "mig": {"devices": {"1g.10gb": -1}}},
@@ -162,7 +162,7 @@ BAD = {
     ),
     "mps-bad-memory": (
         {"mode": "MPS", "mps": {"maxClients": 4, "defaultMemory": "lots"}},
-        "spec.mps.defaultMemory must be a positive quantity",
+        "spec.mps.defaultMemory must be a memory quantity from 1Mi (per client) to 16Ti",
     ),
     "selector-in-without-values": (
         {
