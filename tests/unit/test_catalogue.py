@@ -326,3 +326,22 @@ def test_compare_models_names_every_difference_from_nvml() -> None:
     assert not differences[(first.name, "memory_mib")].structural
     assert differences[(rest[0].name, "present")].nvml is False
     assert f"{first.name}: starts is" in str(differences[(first.name, "starts")])
+
+
+def test_every_profile_name_flows_through_resource_names_and_pod_requests():
+    import re
+
+    from gpupart.core.resources import find_mig_profile, mig_resource_name, parse_pod_request
+
+    # Kubernetes: an extended resource's name after the prefix is a qualified name (no '+')
+    qualified = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+    for model in catalogue():
+        for profile in model.profiles:
+            resource = mig_resource_name(profile.name)
+            assert qualified.match(resource.removeprefix("nvidia.com/")), resource
+            assert find_mig_profile(resource) == profile.name
+            parse_profile_name(profile.name)
+            pod = {"spec": {"containers": [{"resources": {"limits": {resource: 1}}}]}}
+            assert parse_pod_request(pod).mig == ((profile.name, 1),)
+    assert mig_resource_name("1g.24gb+me.all") == "nvidia.com/mig-1g.24gb.me.all"
+    assert mig_resource_name("2g.48gb-me") == "nvidia.com/mig-2g.48gb-me"
