@@ -220,34 +220,28 @@ def replay(
             request = requests[shape] = request_of(pod)
             too_large[shape] = larger_than_any_node(by_name, pod)
         arrived += request.total_gpu_milli
-        if too_large[shape]:
-            fail(request, too_large[shape])
-        else:
+        why = too_large[shape]
+        chosen, new_state = -1, None
+        if not why:
             try:
-                chosen = _choose(policy, groups, request, model, rng)
-                if chosen >= 0:
-                    state = states[chosen]
-                    placement = score_node(policy, state, request, model=model, rng=rng)
-                    if placement is None:
-                        raise GpupartError("its node's group fits it, the node does not")
-                    new_state = take(state, request, placement.gpus)
+                chosen, new_state = _place(policy, groups, states, request, model, rng)
             except (GpupartError, ValueError, ArithmeticError) as error:
                 # One pod the replay cannot place must not end the replay of the others.
-                fail(request, f"pod {pod.name!r} (line {pod.line}): cannot be placed: {error}")
-                chosen = -2
-            if chosen == -1:
-                fail(request)
-            elif chosen >= 0:
-                states[chosen] = new_state
-                placed += 1
-                allocated += request.total_gpu_milli
-                _leave(groups, node_key[chosen], chosen)
-                key = _key(new_state)
-                node_key[chosen] = key
-                _join(groups, key, chosen)
-                new_frag = model.fragmentation(new_state)
-                frag_total += new_frag - frag[chosen]
-                frag[chosen] = new_frag
+                line = f" (line {pod.line})" if pod.line else ""
+                why = f"pod {pod.name!r}{line}: cannot be placed: {error}"
+        if new_state is None:
+            fail(request, why)
+        else:
+            states[chosen] = new_state
+            placed += 1
+            allocated += request.total_gpu_milli
+            _leave(groups, node_key[chosen], chosen)
+            key = _key(new_state)
+            node_key[chosen] = key
+            _join(groups, key, chosen)
+            new_frag = model.fragmentation(new_state)
+            frag_total += new_frag - frag[chosen]
+            frag[chosen] = new_frag
         while len(curve) <= max_percent and arrived * 100 >= len(curve) * capacity:
             sample()
         if progress is not None and (done + 1) % PROGRESS_EVERY == 0:
@@ -310,6 +304,24 @@ def _leave(
         del groups[key]
     elif group.lowest == index:
         group.lowest = min(group.members)
+
+
+def _place(
+    policy: Policy,
+    groups: dict[_Key, _Group],
+    states: list[NodeState],
+    request: Request,
+    model: FragmentationModel,
+    rng: random.Random,
+) -> tuple[int, NodeState | None]:
+    """The node the pod goes to and that node's new state; (-1, None) when no node can host it."""
+    chosen = _choose(policy, groups, request, model, rng)
+    if chosen < 0:
+        return chosen, None
+    placement = score_node(policy, states[chosen], request, model=model, rng=rng)
+    if placement is None:
+        raise GpupartError("its node's group fits it, the node does not")
+    return chosen, take(states[chosen], request, placement.gpus)
 
 
 def _choose(
