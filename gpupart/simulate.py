@@ -206,9 +206,10 @@ def _table(results: Sequence[tuple[ReplayResult, float]], *, label: str) -> str:
     lines.append("")
     lines.append("alloc = % of cluster GPU capacity allocated, by % of capacity arrived")
     if first.unplaceable:
+        pods = "pod" if first.unplaceable == 1 else "pods"
         lines.append(
-            f"{first.unplaceable} arrived pods could not be placed on any node (counted as failed), "
-            "e.g.:"
+            f"{first.unplaceable} arrived {pods} could not be placed on any node "
+            "(counted as failed), e.g.:"
         )
         lines.extend(f"  {why}" for why in first.unplaceable_examples)
     return "\n".join(lines) + "\n"
