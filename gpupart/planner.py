@@ -125,7 +125,7 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
         f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"
     ]
     if spec.mode is Mode.MIG:
-        lines.append(f"  {'slots':<7}{'profile':<12}{'memory':>10}  resource")
+        lines.append(f"  {'slots':<7}{'profile':<16}{'memory':>10}  resource")
         used: set[int] = set()
         for instance in layout:
             profile = model.require_profile(instance.profile)
@@ -133,7 +133,7 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
             used.update(range(start, start + size))
             slots = str(start) if size == 1 else f"{start}-{start + size - 1}"
             lines.append(
-                f"  {slots:<7}{profile.name:<12}{profile.memory_mib:>6} MiB  "
+                f"  {slots:<7}{profile.name:<16}{profile.memory_mib:>6} MiB  "
                 f"{mig_resource_name(profile.name)}"
             )
         free = [s for s in range(model.memory_slices) if s not in used]

@@ -18,7 +18,7 @@ from gpupart.core.errors import GpupartError
 from gpupart.core.example import EXAMPLE_SEED, example_workload
 from gpupart.core.replay import ReplayResult, replay
 from gpupart.core.scoring import DEFAULT_POLICY, Policy
-from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods, require_hostable
+from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods
 
 EXIT_BAD_INPUT = 2
 PROGRESS_AFTER_S = 1.0
@@ -123,7 +123,6 @@ def _workload(args: argparse.Namespace) -> tuple[tuple[Node, ...], tuple[Pod, ..
         raise InputError("a trace needs both --nodes and --pods")
     nodes = parse_nodes(_read(args.nodes), source=args.nodes)
     pods = parse_pods(_read(args.pods), source=args.pods)
-    require_hostable(nodes, pods, source=args.pods)
     label = f"{Path(args.pods).stem} on {Path(args.nodes).stem}"
     return nodes, pods, f"{args.nodes} + {args.pods}", label
 
@@ -172,6 +171,10 @@ def _run_json(result: ReplayResult, seconds: float) -> dict[str, Any]:
         "unallocated_gpus": round(result.unallocated_gpus, 3),
         "failed_pods": result.failed,
         "failed_by_kind": dict(sorted(result.failed_by_kind.items())),
+        "unplaceable_pods": {
+            "count": result.unplaceable,
+            "examples": list(result.unplaceable_examples),
+        },
         "placed_pods": result.placed,
         "arrived_pods": result.pods,
         "nodes": result.nodes,
@@ -202,6 +205,13 @@ def _table(results: Sequence[tuple[ReplayResult, float]], *, label: str) -> str:
         )
     lines.append("")
     lines.append("alloc = % of cluster GPU capacity allocated, by % of capacity arrived")
+    if first.unplaceable:
+        pods = "pod" if first.unplaceable == 1 else "pods"
+        lines.append(
+            f"{first.unplaceable} arrived {pods} could not be placed on any node "
+            "(counted as failed), e.g.:"
+        )
+        lines.extend(f"  {why}" for why in first.unplaceable_examples)
     return "\n".join(lines) + "\n"
 
 

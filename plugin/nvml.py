@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpupart.core.catalogue import GpuModel, MigProfile, find_gpu_model, gpu_model
+from gpupart.core.catalogue import GpuModel, MediaEngines, MigProfile, find_gpu_model, gpu_model
 from gpupart.core.devices import MigSlice, XidEvent
 from gpupart.core.mig import MigInstance, Placement
 from gpupart.core.planning import (
@@ -154,16 +154,14 @@ class NvmlGpus:
             except pynvml.NVMLError:
                 continue  # not offered by this product (NotSupported / InvalidArgument)
             count = int(raw.instanceCount)
-            placements = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count))()
-            found = ctypes.c_uint(max(1, count))
-            _call(
-                f"read placements of GPU {index} profile {raw.id}",
-                pynvml.nvmlDeviceGetGpuInstancePossiblePlacements,
-                handle,
-                raw.id,
-                placements,
-                ctypes.byref(found),
-            )
+            what = f"read placements of GPU {index} profile {raw.id}"
+            # Ask for the number of placements first: a profile that fits once (+me) still has
+            # a placement per start slot, more than its instance count.
+            found = ctypes.c_uint(0)
+            possible = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
+            _call(what, possible, handle, raw.id, None, ctypes.byref(found))
+            placements = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, found.value))()
+            _call(what, possible, handle, raw.id, placements, ctypes.byref(found))
             spots = [(p.start, p.size) for p in placements[: found.value]]
             if not spots:
                 continue
@@ -176,6 +174,12 @@ class NvmlGpus:
                     max_count=count,
                     starts=tuple(sorted(start for start, _ in spots)),
                     profile_id=int(raw.id),
+                    engines=MediaEngines(
+                        decoders=int(raw.decoderCount),
+                        encoders=int(raw.encoderCount),
+                        jpeg=int(raw.jpegCount),
+                        ofa=int(raw.ofaCount),
+                    ),
                 )
             )
         if not profiles:

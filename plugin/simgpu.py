@@ -297,12 +297,15 @@ class SimulatedGpus:
         if placement.start not in profile.starts or placement.size != profile.memory_slices:
             raise NvmlError(NvmlFailure.INSUFFICIENT_RESOURCES, what)
         same = sum(1 for i in gpu.instances if i.profile == instance.profile)
-        compute = sum(gpu.model.require_profile(i.profile).compute_slices for i in gpu.instances)
+        existing = [gpu.model.require_profile(i.profile) for i in gpu.instances]
+        compute = sum(p.compute_slices for p in existing)
+        engines = sum((p.engines for p in existing), profile.engines)
         if (
             any(i.placement.overlaps(placement) for i in gpu.instances)
             or same >= profile.max_count
             or len(gpu.instances) >= gpu.model.max_instances
             or compute + profile.compute_slices > gpu.model.compute_slices
+            or not engines.within(gpu.model.engines)  # NVML: media engines taken
         ):
             raise NvmlError(NvmlFailure.INSUFFICIENT_RESOURCES, what)
         used = {r.gpu_instance_id for r in gpu.instances.values()}

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from gpupart.core.catalogue import GpuModel, MigProfile
+from gpupart.core.catalogue import NO_MEDIA, GpuModel, MediaEngines, MigProfile
 from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
 
 
@@ -192,6 +192,7 @@ def explain_infeasible(
 def _count_problem(model: GpuModel, counts: Mapping[str, int]) -> str:
     """The first per-profile or whole-GPU total that `counts` exceeds, or ''."""
     total_instances = total_memory = total_compute = 0
+    engines = NO_MEDIA
     for name, count in counts.items():
         profile = model.require_profile(name)
         if count > profile.max_count:
@@ -199,6 +200,7 @@ def _count_problem(model: GpuModel, counts: Mapping[str, int]) -> str:
         total_instances += count
         total_memory += count * profile.memory_slices
         total_compute += count * profile.compute_slices
+        engines += profile.engines.times(count)
     if total_instances > model.max_instances:
         return (
             f"{total_instances} instances requested, at most {model.max_instances} fit on one GPU"
@@ -207,6 +209,12 @@ def _count_problem(model: GpuModel, counts: Mapping[str, int]) -> str:
         return f"they need {total_memory} memory slices, the GPU has {model.memory_slices}"
     if total_compute > model.compute_slices:
         return f"they need {total_compute} compute slices, the GPU has {model.compute_slices}"
+    short = engines.beyond(model.engines)
+    if short:
+        return (
+            f"they need media engines {engines}, the GPU has {model.engines}: "
+            f"too few {' and '.join(short)} for these instances together"
+        )
     return ""
 
 
@@ -245,7 +253,12 @@ def _layout_table(model: GpuModel) -> _LayoutTable:
     found: list[tuple[tuple[int, ...], int, Layout]] = []
 
     def extend(
-        first: int, used: int, vector: list[int], compute: int, chosen: list[MigInstance]
+        first: int,
+        used: int,
+        vector: list[int],
+        compute: int,
+        engines: MediaEngines,
+        chosen: list[MigInstance],
     ) -> None:
         found.append((tuple(vector), used, tuple(chosen)))
         if len(chosen) == model.max_instances:
@@ -258,6 +271,9 @@ def _layout_table(model: GpuModel) -> _LayoutTable:
                 or compute + profile.compute_slices > model.compute_slices
             ):
                 continue
+            taken = engines + profile.engines
+            if not taken.within(model.engines):
+                continue
             vector[index] += 1
             chosen.append(MigInstance(placement, profile.name))
             extend(
@@ -265,12 +281,13 @@ def _layout_table(model: GpuModel) -> _LayoutTable:
                 used | placement.mask,
                 vector,
                 compute + profile.compute_slices,
+                taken,
                 chosen,
             )
             chosen.pop()
             vector[index] -= 1
 
-    extend(0, 0, [0] * width, 0, [])
+    extend(0, 0, [0] * width, 0, NO_MEDIA, [])
     room = _room_by_free_mask(model, [(vector, used) for vector, used, _ in found])
     by_counts: dict[tuple[int, ...], list[tuple[int, Layout]]] = {}
     for vector, used, layout in found:

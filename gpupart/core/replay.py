@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpupart.core.errors import GpupartError
 from gpupart.core.scoring import (
     FragmentationModel,
     NodeState,
@@ -28,11 +29,13 @@ from gpupart.core.scoring import (
     take,
     typical_pods,
 )
-from gpupart.core.trace import MILLI, Node, Pod
+from gpupart.core.trace import MILLI, Node, Pod, larger_than_any_node
 
 Progress = Callable[[int, int], None]
 """Called with (pods done, pods total) every `PROGRESS_EVERY` pods and at the end."""
 PROGRESS_EVERY = 256
+UNPLACEABLE_EXAMPLES = 3
+"""How many unplaceable pods a result describes (it counts them all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,11 @@ class ReplayResult:
     fragmentation_curve: tuple[float, ...]
     """FGD's fragmentation amount as % of capacity, sampled like `curve`."""
     failed_by_kind: dict[str, int] = field(default_factory=dict)
+    unplaceable: int = 0
+    """Failed pods (among `failed`) that no node could host even when empty, or that the replay
+    could not place for any other reason; the replay counts them and goes on."""
+    unplaceable_examples: tuple[str, ...] = ()
+    """Why, for the first few distinct such pods."""
     final_states: tuple[tuple[Node, NodeState], ...] = field(default=(), repr=False)
     """Each node (name order) with what was left on it at the end."""
 
@@ -190,23 +198,40 @@ def replay(
         curve.append(100.0 * allocated / capacity if capacity else 0.0)
         frag_curve.append(100.0 * frag_total / capacity if capacity else 0.0)
 
+    unplaceable = 0
+    examples: list[str] = []
+    too_large: dict[tuple[int, int, int, int, tuple[str, ...]], str] = {}
+
+    def fail(request: Request, why: str = "") -> None:
+        nonlocal failed, failed_milli, unplaceable
+        failed += 1
+        failed_milli += request.total_gpu_milli
+        kind = kind_of(request)
+        failed_by_kind[kind] = failed_by_kind.get(kind, 0) + 1
+        if why:
+            unplaceable += 1
+            if len(examples) < UNPLACEABLE_EXAMPLES and why not in examples:
+                examples.append(why)
+
     for done, pod in enumerate(sequence):
         shape = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
         request = requests.get(shape)
         if request is None:
             request = requests[shape] = request_of(pod)
+            too_large[shape] = larger_than_any_node(by_name, pod)
         arrived += request.total_gpu_milli
-        chosen = _choose(policy, groups, request, model, rng)
-        if chosen < 0:
-            failed += 1
-            failed_milli += request.total_gpu_milli
-            kind = kind_of(request)
-            failed_by_kind[kind] = failed_by_kind.get(kind, 0) + 1
+        why = too_large[shape]
+        chosen, new_state = -1, None
+        if not why:
+            try:
+                chosen, new_state = _place(policy, groups, states, request, model, rng)
+            except (GpupartError, ValueError, ArithmeticError) as error:
+                # One pod the replay cannot place must not end the replay of the others.
+                line = f" (line {pod.line})" if pod.line else ""
+                why = f"pod {pod.name!r}{line}: cannot be placed: {error}"
+        if new_state is None:
+            fail(request, why)
         else:
-            state = states[chosen]
-            placement = score_node(policy, state, request, model=model, rng=rng)
-            assert placement is not None, "a group member must fit what its group fits"
-            new_state = take(state, request, placement.gpus)
             states[chosen] = new_state
             placed += 1
             allocated += request.total_gpu_milli
@@ -240,6 +265,8 @@ def replay(
         curve=tuple(curve),
         fragmentation_curve=tuple(frag_curve),
         failed_by_kind=failed_by_kind,
+        unplaceable=unplaceable,
+        unplaceable_examples=tuple(examples),
         final_states=tuple(zip(ordered_nodes, states, strict=True)),
     )
 
@@ -277,6 +304,24 @@ def _leave(
         del groups[key]
     elif group.lowest == index:
         group.lowest = min(group.members)
+
+
+def _place(
+    policy: Policy,
+    groups: dict[_Key, _Group],
+    states: list[NodeState],
+    request: Request,
+    model: FragmentationModel,
+    rng: random.Random,
+) -> tuple[int, NodeState | None]:
+    """The node the pod goes to and that node's new state; (-1, None) when no node can host it."""
+    chosen = _choose(policy, groups, request, model, rng)
+    if chosen < 0:
+        return chosen, None
+    placement = score_node(policy, states[chosen], request, model=model, rng=rng)
+    if placement is None:
+        raise GpupartError("its node's group fits it, the node does not")
+    return chosen, take(states[chosen], request, placement.gpus)
 
 
 def _choose(

@@ -359,9 +359,18 @@ def _gradient(
     return Placement(float(best_score), (best_gpu,))
 
 
-def gpupart_cost(state: NodeState, model: FragmentationModel) -> float:
-    """Our node cost C(n) = F(n) + S(n): expected fragmentation plus CPU-stranded GPU share."""
-    return model.fragmentation(state) + model.stranded(state)
+def gpupart_cost(state: NodeState, model: FragmentationModel, *, takes_gpu: bool = True) -> float:
+    """Our node cost: expected fragmentation F plus CPU-stranded GPU share S.
+
+    For a pod that takes GPU share, C(n) = F(n) + S(n). A CPU-only pod takes no GPU share: the
+    only GPU capacity it can waste is share that its CPU would have fed and that is still usable,
+    so for it the stranded share counts only beyond what F already counts as lost,
+    C(n) = F(n) + max(0, free share - F(n) - free CPU / c) = max(F(n), S(n)). When CPU runs out
+    this sends CPU-only pods to nodes whose free GPU share is fragmented anyway, and keeps the
+    CPU beside whole free GPUs for the GPU pods.
+    """
+    fragmentation, stranded = model.fragmentation(state), model.stranded(state)
+    return fragmentation + stranded if takes_gpu else max(fragmentation, stranded)
 
 
 def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
@@ -375,9 +384,10 @@ def score_gpupart(state: NodeState, request: Request, model: FragmentationModel)
     ``int(sigmoid((C_before - C_after) / 1000) * 100)``, rounded to 1/100 on purpose (ties go
     to the fixed node order, which packs better than following small gradients exactly; see
     docs/simulator.md). Inside the node a shared pod takes the tightest GPU among those with the
-    best score, so larger holes stay open for larger shares.
+    best score, so larger holes stay open for larger shares. A CPU-only pod's cost counts the
+    stranded share only beyond the fragmented share (`gpupart_cost`).
     """
-    return _gradient(state, request, _cost(Policy.GPUPART, model), tightest_on_ties=True)
+    return _gradient(state, request, _cost(Policy.GPUPART, model, request), tightest_on_ties=True)
 
 
 def score_placement(
@@ -390,19 +400,23 @@ def score_placement(
 ) -> float:
     """The score `score_node` gives placing `request` on exactly the GPU indices `gpus`.
 
-    For ``fgd`` (cost F) and ``gpupart`` (cost F + S), the policies that score a cost gradient:
+    For ``fgd`` (cost F) and ``gpupart`` (`gpupart_cost`), the policies that score a cost gradient:
     ``int(sigmoid((cost_before - cost_after) / 1000) * 100)``. `score_node` computes this for
     each candidate GPU and keeps the best; the scheduler extender, which weighs GPUs by other
     terms too, asks for one placement at a time. Feasibility is the caller's business.
     """
-    cost = _cost(policy, model)
+    cost = _cost(policy, model, request)
     return float(_sigmoid_score(cost(state) - cost(take(state, request, gpus))))
 
 
-def _cost(policy: Policy, model: FragmentationModel) -> Callable[[NodeState], float]:
-    """The node cost whose gradient `policy` scores: F for ``fgd``, F + S for ``gpupart``."""
+def _cost(
+    policy: Policy, model: FragmentationModel, request: Request
+) -> Callable[[NodeState], float]:
+    """The node cost whose gradient `policy` scores for `request`: F for ``fgd``, `gpupart_cost`
+    for ``gpupart``."""
     if policy is Policy.FGD:
         return model.fragmentation
     if policy is Policy.GPUPART:
-        return lambda state: gpupart_cost(state, model)
+        takes_gpu = request.num_gpu > 0
+        return lambda state: gpupart_cost(state, model, takes_gpu=takes_gpu)
     raise ValueError(f"the {policy} policy scores no cost gradient")

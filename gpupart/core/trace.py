@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gpupart.core.errors import InvalidInput
@@ -163,30 +163,28 @@ def parse_pods(text: str, *, source: str) -> tuple[Pod, ...]:
     return tuple(pods)
 
 
-def require_hostable(nodes: Sequence[Node], pods: Iterable[Pod], *, source: str) -> None:
-    """Raise `TraceError` for the first pod that no node could host even when empty.
+def larger_than_any_node(nodes: Sequence[Node], pod: Pod) -> str:
+    """Why no node could host `pod` even when empty, for a person; '' when one could.
 
-    Such a pod would fail in every policy and says more about the input than about scheduling.
+    Such a pod fails in every policy, as in the FGD authors' simulator, which counts it as
+    unschedulable and goes on; the replay reports it apart from pods that failed for want of room.
     """
-    if not nodes:
-        raise TraceError(source, 0, "no nodes to replay on")
-    shapes = {(n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes}
-    for pod in pods:
-        if not any(
-            cpu >= pod.cpu_milli
-            and memory >= pod.memory_mib
-            and gpus >= pod.num_gpu
-            and (pod.num_gpu == 0 or pod.accepts(model))
-            for cpu, memory, gpus, model in shapes
-        ):
-            raise TraceError(
-                source,
-                pod.line,
-                f"pod {pod.name!r} (cpu {pod.cpu_milli}m, memory {pod.memory_mib} MiB, "
-                f"{pod.num_gpu} x {pod.gpu_milli}m GPU"
-                + (f" of {'|'.join(pod.gpu_spec)}" if pod.gpu_spec else "")
-                + ") is larger than any node",
-            )
+    if any(
+        node.cpu_milli >= pod.cpu_milli
+        and node.memory_mib >= pod.memory_mib
+        and node.gpus >= pod.num_gpu
+        and (pod.num_gpu == 0 or pod.accepts(node.model))
+        for node in nodes
+    ):
+        return ""
+    return (
+        f"pod {pod.name!r}"
+        + (f" (line {pod.line})" if pod.line else "")
+        + f": cpu {pod.cpu_milli}m, memory {pod.memory_mib} MiB, "
+        f"{pod.num_gpu} x {pod.gpu_milli}m GPU"
+        + (f" of {'|'.join(pod.gpu_spec)}" if pod.gpu_spec else "")
+        + " is larger than any node"
+    )
 
 
 def _rows(

@@ -5,8 +5,10 @@ policy's GPU allocation ratio with the FGD authors' cached results (../shared/tr
 writes a markdown table into README.md between `<!-- policies:begin -->` and
 `<!-- policies:end -->`, and prints one JSON object on its last line.
 
-`--all-traces` also replays gpupart and FGD on every pod trace in ../shared/traces (the per-trace
-table of docs/simulator.md); `--no-readme` only prints.
+`--all-traces` also replays gpupart and FGD on every pod trace in ../shared/traces and on the
+CPU-heavier variants of the default trace that `cpu_heavy.py` generates into build/traces (the
+per-trace table of docs/simulator.md); `--traces a,b` limits that to some traces;
+`--no-readme` only prints.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from pathlib import Path
 from gpupart.core.replay import replay
 from gpupart.core.scoring import Policy
 from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_heavy import FACTORS, write_variants  # noqa: E402 - the benchmark's sibling script
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / ".." / "shared" / "traces"
@@ -48,7 +53,7 @@ def authors_means() -> dict[tuple[str, str], float]:
 def load_trace(name: str) -> tuple[tuple[Node, ...], tuple[Pod, ...]]:
     folder = TRACES / "alibaba-gpu-v2023"
     nodes_file = folder / "openb_node_list_gpu_node.csv"
-    pods_file = folder / f"openb_pod_list_{name}.csv"
+    pods_file = write_variants()[name] if name in FACTORS else folder / f"openb_pod_list_{name}.csv"
     return (
         parse_nodes(nodes_file.read_text(), source=str(nodes_file)),
         parse_pods(pods_file.read_text(), source=str(pods_file)),
@@ -104,16 +109,18 @@ def traces_table(rows: list[dict[str, object]], authors: dict[tuple[str, str], f
     for row in rows:
         by_trace.setdefault(str(row["trace"]), {})[str(row["policy"])] = row
     lines = [
-        "| trace | FGD authors | FGD here | gpupart | gpupart − FGD authors |",
-        "|---|---:|---:|---:|---:|",
+        "| trace | FGD authors | FGD here | gpupart | gpupart − FGD authors | gpupart − FGD here |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for trace, runs in by_trace.items():
-        reference = authors.get((f"openb_pod_list_{trace}", "06-FGD"))
+        generated = trace in FACTORS
+        reference = None if generated else authors.get((f"openb_pod_list_{trace}", "06-FGD"))
         fgd = float(str(runs["fgd"]["mean"]))
         ours = float(str(runs["gpupart"]["mean"]))
         ref = f"{reference:.2f}" if reference is not None else "–"
         delta = f"{ours - reference:+.2f}" if reference is not None else "–"
-        lines.append(f"| {trace} | {ref} | {fgd:.2f} | {ours:.2f} | {delta} |")
+        label = f"{trace} (generated)" if generated else trace
+        lines.append(f"| {label} | {ref} | {fgd:.2f} | {ours:.2f} | {delta} | {ours - fgd:+.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +140,7 @@ def main() -> int:
     parser.add_argument(
         "--all-traces", action="store_true", help="also gpupart vs FGD on every trace"
     )
+    parser.add_argument("--traces", help="with --all-traces: only these traces (a,b)")
     parser.add_argument(
         "--no-readme", action="store_true", help="print the table, do not write README.md"
     )
@@ -153,7 +161,9 @@ def main() -> int:
         names = sorted(
             path.stem.removeprefix("openb_pod_list_")
             for path in (TRACES / "alibaba-gpu-v2023").glob("openb_pod_list_*.csv")
-        )
+        ) + list(FACTORS)
+        if args.traces:
+            names = [name for name in names if name in args.traces.split(",")]
         trace_rows = []
         for name in names:
             for policy in (Policy.FGD, Policy.GPUPART):
@@ -163,8 +173,9 @@ def main() -> int:
                 trace_rows.append(row or measure(name, policy))
                 sys.stderr.write(f"{name} {policy.value}: {trace_rows[-1]['mean']}\n")
         table += (
-            "\ngpupart against FGD on every trace in `../shared/traces` (seeds 42-44; "
-            "`--all-traces`):\n\n" + traces_table(trace_rows, authors)
+            "\ngpupart against FGD on every trace in `../shared/traces` and on the CPU-heavier "
+            "variants of the default trace that `tests/bench/cpu_heavy.py` generates (seeds "
+            "42-44; `--all-traces`):\n\n" + traces_table(trace_rows, authors)
         )
         sys.stdout.write(table[table.index("\ngpupart against") :])
         figures["traces"] = trace_rows

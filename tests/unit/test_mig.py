@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.catalogue import GpuModel, catalogue, require_gpu_model
+from gpupart.core.catalogue import GpuModel, MediaEngines, catalogue, require_gpu_model
 from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
 from gpupart.core.mig import (
     MigInstance,
@@ -33,6 +33,9 @@ def brute_force_fits(model: GpuModel, counts: dict[str, int]) -> bool:
         return False
     if any(c > model.require_profile(n).max_count for n, c in counts.items()):
         return False
+    for unit in ("decoders", "encoders", "jpeg", "ofa"):
+        if sum(getattr(p.engines, unit) for p in instances) > getattr(model.engines, unit):
+            return False
 
     def place(i: int, used: set[int]) -> bool:
         if i == len(instances):
@@ -65,7 +68,11 @@ def geometry_of(model: GpuModel) -> tuple:
         model.memory_slices,
         model.compute_slices,
         model.max_instances,
-        tuple((p.compute_slices, p.memory_slices, p.max_count, p.starts) for p in model.profiles),
+        model.engines,
+        tuple(
+            (p.compute_slices, p.memory_slices, p.max_count, p.starts, p.engines)
+            for p in model.profiles
+        ),
     )
 
 
@@ -88,12 +95,56 @@ def test_solver_agrees_with_exhaustive_search_on_every_multiset(product):
             feasible += 1
             check_layout(model, layout)
             assert layout_counts(layout) == {k: v for k, v in counts.items() if v}
+            # law: no accepted layout takes more media engines than the GPU has
+            taken = sum((model.require_profile(i.profile).engines for i in layout), MediaEngines())
+            assert taken.within(model.engines), layout
         else:
             with pytest.raises(InfeasibleLayout) as error:
                 solve_layout(model, counts)
             assert model.product in str(error.value)
     assert checked == len(list(all_multisets(model)))
     assert 0 < feasible < checked
+
+
+@pytest.mark.parametrize("product", [m.product for m in catalogue()])
+def test_law_every_product_offers_its_whole_gpu_profile_alone(product):
+    model = require_gpu_model(product)
+    whole = [
+        p
+        for p in model.profiles
+        if p.memory_slices == model.memory_slices and p.compute_slices == model.compute_slices
+    ]
+    assert whole, model.profile_names
+    for profile in whole:
+        (instance,) = solve_layout(model, {profile.name: 1})
+        assert instance.placement == Placement(0, model.memory_slices)
+        assert profile.engines == model.engines  # the whole GPU has every media engine
+
+
+@pytest.mark.parametrize(
+    ("product", "counts", "short"),
+    [
+        ("A30-24GB", {"1g.6gb+me": 1, "2g.12gb+me": 1}, "JPEG and OFA"),
+        ("RTX-PRO-6000-96GB", {"1g.24gb+me": 1, "2g.48gb+me.all": 1}, "NVDEC and NVENC"),
+        ("RTX-PRO-6000-96GB", {"1g.24gb+me.all": 1, "1g.24gb": 1}, "NVDEC and NVENC and JPEG"),
+        ("A100-SXM4-40GB", {"1g.5gb+me": 1, "7g.40gb": 1}, "memory slices"),
+    ],
+)
+def test_two_media_extension_instances_are_refused_naming_the_engines(product, counts, short):
+    model = require_gpu_model(product)
+    assert all(n <= model.require_profile(p).max_count for p, n in counts.items())
+    with pytest.raises(InfeasibleLayout, match=short) as error:
+        solve_layout(model, counts)
+    if "slices" not in short:
+        assert "media engines" in str(error.value) and model.product in str(error.value)
+
+
+def test_me_all_leaves_only_media_free_instances():
+    model = require_gpu_model("RTX-PRO-6000-96GB")
+    layout = solve_layout(model, {"1g.24gb+me.all": 1, "1g.24gb-me": 3})
+    assert len(layout) == 4
+    assert fit_layout(model, {"2g.48gb+me.all": 1, "2g.48gb-me": 1}) is not None
+    assert fit_layout(model, {"2g.48gb+me.all": 1, "2g.48gb+gfx": 1}) is None
 
 
 def test_empty_counts_give_an_empty_layout():

@@ -89,3 +89,116 @@ def test_json_infeasible_answer_still_exits_2(tmp_path):
     result = plan("--product", "H200", "--json", str(partition(tmp_path, "{7g.141gb: 2}")))
     assert result.returncode == 2
     assert json.loads(result.stdout)["feasible"] is False
+
+
+# NVML names of every catalogued product, as `--product` takes them
+NVML_NAMES = [
+    "NVIDIA A30",
+    "NVIDIA A100-SXM4-40GB",
+    "NVIDIA A100-PCIE-40GB",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100-SXM-80GB",
+    "NVIDIA A100 80GB PCIe",
+    "NVIDIA A800 40GB Active",
+    "NVIDIA A800-SXM4-80GB",
+    "NVIDIA A800 80GB PCIe",
+    "NVIDIA PG506-232",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA H100 PCIe",
+    "NVIDIA H100 NVL",
+    "NVIDIA H800",
+    "NVIDIA H800 PCIe",
+    "NVIDIA H800 NVL",
+    "NVIDIA GH200 480GB",
+    "NVIDIA GH200 120GB",
+    "NVIDIA H20",
+    "NVIDIA H200",
+    "NVIDIA H200 NVL",
+    "NVIDIA GH200 144G HBM3e",
+    "NVIDIA B200",
+    "NVIDIA GB200",
+    "NVIDIA B300 SXM6 AC",
+    "NVIDIA GB300",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+]
+
+
+def standard_layouts(product: str) -> dict[str, dict[str, int]]:
+    """mig-parted's standard configurations for the product: all-<profile> for every profile
+    (the +me, +me.all, +gfx and -me variants among them), all-balanced, and one +me with
+    plain 1g instances filling the GPU."""
+    from gpupart.core.catalogue import require_gpu_model
+
+    model = require_gpu_model(product)
+    plain = {
+        (p.compute_slices, p.memory_slices): p.name
+        for p in model.profiles
+        if "+" not in p.name and "-" not in p.name
+    }
+    layouts = {f"all-{p.name}": {p.name: p.max_count} for p in model.profiles}
+    balanced = {plain[(1, 1)]: 2, plain[(2, 2)]: 1}
+    if model.memory_slices == 8:
+        balanced[plain[(3, 4)]] = 1
+    layouts["all-balanced"] = balanced
+    (media,) = [p.name for p in model.profiles if p.name.endswith("+me") and p.compute_slices == 1]
+    layouts["1g-me-and-1g"] = {media: 1, plain[(1, 1)]: model.compute_slices - 1}
+    return layouts
+
+
+@pytest.mark.parametrize("product", NVML_NAMES)
+def test_plan_accepts_the_standard_layouts_on_every_product(tmp_path, product):
+    layouts = standard_layouts(product)
+    path = tmp_path / "standard.yaml"
+    path.write_text(
+        "\n---\n".join(
+            "apiVersion: gpupart.io/v1alpha1\nkind: GpuPartition\n"
+            f"metadata: {{name: {name}}}\nspec:\n  mode: MIG\n  mig:\n"
+            f"    devices: {json.dumps(devices)}\n"
+            for name, devices in layouts.items()
+        )
+    )
+    result = plan("--product", product, "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["partition"] for a in answers] == list(layouts)
+    for answer in answers:
+        counts: dict[str, int] = {}
+        for instance in answer["layout"]:
+            counts[instance["profile"]] = counts.get(instance["profile"], 0) + 1
+        assert counts == layouts[answer["partition"]]
+
+
+@pytest.mark.parametrize(
+    ("product", "devices", "memory"),
+    [
+        ("NVIDIA A100-SXM4-40GB", {"3g.20gb": 1, "4g.20gb": 0}, {"3g.20gb": 19968}),
+        ("NVIDIA A100-PCIE-40GB", {"4g.20gb": 1}, {"4g.20gb": 19968}),
+        ("NVIDIA A100-SXM4-40GB", {"7g.40gb": 1}, {"7g.40gb": 40192}),
+        (
+            "NVIDIA H100 NVL",
+            {"1g.12gb": 1, "1g.12gb+me": 1, "1g.24gb": 1, "2g.24gb": 1},
+            {"1g.12gb": 11008, "1g.12gb+me": 11008, "1g.24gb": 22144, "2g.24gb": 22144},
+        ),
+        (
+            "NVIDIA GH200 480GB",
+            {"1g.12gb": 1, "1g.24gb": 1, "3g.48gb": 1},
+            {"1g.12gb": 11264, "1g.24gb": 23552, "3g.48gb": 47616},
+        ),
+        ("NVIDIA GH200 480GB", {"2g.24gb": 1}, {"2g.24gb": 23552}),
+        ("NVIDIA GH200 480GB", {"4g.48gb": 1}, {"4g.48gb": 47616}),
+        ("NVIDIA GH200 480GB", {"7g.96gb": 1}, {"7g.96gb": 95232}),
+        ("NVIDIA B200", {"1g.23gb": 1}, {"1g.23gb": 20992}),
+    ],
+)
+def test_plan_json_prints_nvmls_memory_figures(tmp_path, product, devices, memory):
+    result = plan("--product", product, "--json", str(partition(tmp_path, json.dumps(devices))))
+    assert result.returncode == 0, result.stderr
+    printed = {i["profile"]: i["memoryMiB"] for i in json.loads(result.stdout)["layout"]}
+    assert printed == memory
+
+
+def test_two_media_extension_instances_are_refused_naming_the_media_engines(tmp_path):
+    devices = '{"1g.6gb+me": 1, "2g.12gb+me": 1}'
+    result = plan("--product", "NVIDIA A30", str(partition(tmp_path, devices)))
+    assert result.returncode == 2
+    assert "media engines" in result.stderr and "too few JPEG and OFA" in result.stderr

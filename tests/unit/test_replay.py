@@ -144,3 +144,27 @@ def test_baseline_reproduces_the_authors_number_on_the_default_trace(
     pods = parse_pods((folder / "openb_pod_list_default.csv").read_text(), source="pods")
     result = replay(nodes, pods, policy=policy, seed=42, load=1.3)
     assert abs(result.allocation_ratio - _authors_mean("default", authors)) < 0.5
+
+
+def test_a_pod_no_node_could_host_is_counted_as_unplaceable_and_the_replay_goes_on() -> None:
+    nodes = (Node("n", 8000, 10**6, 2, "T4"), Node("m", 8000, 10**6, 1, "P100"))
+    pods = (
+        Pod("too-many-gpus", 1000, 1, 4, 1000, line=2),
+        Pod("no-such-model", 1000, 1, 1, 500, ("V100",), line=3),
+        Pod("fits", 1000, 1, 1, 1000, line=4),
+        Pod("too-much-cpu", 9000, 1, 0, 0, line=5),
+    )
+    for policy in Policy:
+        result = replay(nodes, pods, policy=policy, seed=3, load=0)
+        assert (result.pods, result.placed, result.failed, result.unplaceable) == (4, 1, 3, 3)
+        assert result.failed_by_kind == {"4-gpu": 1, "shared": 1, "cpu-only": 1}
+        assert len(result.unplaceable_examples) == 3
+        assert all("larger than any node" in why for why in result.unplaceable_examples)
+    # copies of an unplaceable pod are unplaceable too, and counted each time
+    heavy = (Pod("whole", 1000, 1, 1, 1000), Pod("huge", 1000, 1, 8, 1000, line=9))
+    result = replay(nodes, heavy, policy=Policy.FGD, seed=0, load=10.0)
+    copies = sum(1 for p in arrivals(heavy, 3000, load=10.0, rng=random.Random(0)) if p.line)
+    assert result.unplaceable == copies > 1 and result.placed + result.failed == result.pods
+    assert result.unplaceable_examples == (
+        "pod 'huge' (line 9): cpu 1000m, memory 1 MiB, 8 x 1000m GPU is larger than any node",
+    )

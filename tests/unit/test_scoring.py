@@ -230,3 +230,18 @@ def test_gpupart_puts_a_shared_pod_in_the_tightest_of_equal_holes() -> None:
     state = NodeState(64000, 1, (1000, 700, 400), "T4")
     placement = score_node(Policy.GPUPART, state, Request(1000, 0, 1, 300), model=model)
     assert placement is not None and placement.gpus == (2,)
+
+
+def test_gpupart_sends_a_cpu_only_pod_to_gpu_share_already_lost_to_fragmentation() -> None:
+    # the mix asks 10 cores per whole GPU; a 1-core CPU-only pod
+    model = FragmentationModel.of((TypicalPod(Request(10000, 0, 1, 1000), 1.0),))
+    cpu_only = Request(1000, 0, 0, 0)
+    slivers = NodeState(2000, 1, (150, 150), "T4")  # no typical pod fits: all 300 already lost
+    whole = NodeState(20000, 1, (1000, 1000), "T4")  # after the pod, 19 cores for 2 GPUs
+    fgd = [score_node(Policy.FGD, s, cpu_only, model=model) for s in (slivers, whole)]
+    assert fgd[0] is not None and fgd[1] is not None and fgd[0].score == fgd[1].score
+    ours = [score_node(Policy.GPUPART, s, cpu_only, model=model) for s in (slivers, whole)]
+    assert ours[0] is not None and ours[1] is not None
+    # the CPU beside whole free GPUs is worth more: the slivers' share strands nothing new
+    assert ours[0].score > ours[1].score
+    assert ours[0].score == fgd[0].score  # max(F, S) = F there

@@ -123,12 +123,6 @@ def test_same_seed_same_answer(
             "pods.csv:3: column 'memory_mib'",
             id="non-numeric",
         ),
-        pytest.param(
-            "pods",
-            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,0,0\nhuge,1,1,16,1000\n",
-            "pods.csv:3: pod 'huge'",
-            id="larger-than-any-node",
-        ),
     ],
 )
 def test_bad_input_exits_2_naming_file_and_line(
@@ -146,6 +140,30 @@ def test_bad_input_exits_2_naming_file_and_line(
     err = captured.err.strip()
     assert len(err.splitlines()) == 1
     assert expected in err
+
+
+def test_a_trace_with_unplaceable_pods_is_replayed_to_the_end(
+    trace: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = trace
+    # 16 GPUs on no node; more CPU than any node; a GPU model no node has: each fails, the rest
+    # of the replay goes on
+    header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    header += "creation_time,deletion_time,scheduled_time\n"
+    rows = [line + ",,,,,," for line in PODS.splitlines()[1:]]
+    rows += ["huge,1,1,16,1000,,,,,,", "hungry,512000,1,0,0,,,,,,", "v100,1000,1,1,500,V100,,,,,"]
+    pods.write_text(header + "\n".join(rows) + "\n")
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--load", "0"]
+    assert main([*args, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["arrived_pods"] == 17 and answer["placed_pods"] + answer["failed_pods"] == 17
+    unplaceable = answer["unplaceable_pods"]
+    assert unplaceable["count"] == 3 and answer["failed_pods"] >= 3
+    assert {e.split(" ")[1] for e in unplaceable["examples"]} == {"'huge'", "'hungry'", "'v100'"}
+    assert all("larger than any node" in e for e in unplaceable["examples"])
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "3 arrived pods could not be placed on any node" in out and "'huge' (line 16)" in out
 
 
 @pytest.mark.parametrize(

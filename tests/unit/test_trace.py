@@ -8,9 +8,9 @@ from gpupart.core.trace import (
     Node,
     Pod,
     TraceError,
+    larger_than_any_node,
     parse_nodes,
     parse_pods,
-    require_hostable,
 )
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,32000,131072,0,\n"
@@ -158,16 +158,15 @@ def test_parse_nodes_rejects_bad_input_with_file_and_line(
     assert caught.value.source == "nodes.csv"
 
 
-def test_require_hostable_names_the_pod_larger_than_any_node() -> None:
+def test_larger_than_any_node_names_the_pod_and_its_line() -> None:
     nodes = parse_nodes(NODES, source="nodes.csv")
     pods = parse_pods(PODS_SHORT.replace("2,1000", "4,1000"), source="pods.csv")
-    with pytest.raises(TraceError, match=r"^pods.csv:2: pod 'p0' .* larger than any node"):
-        require_hostable(nodes, pods, source="pods.csv")
+    why = larger_than_any_node(nodes, pods[0])
+    assert why.startswith("pod 'p0' (line 2): ") and why.endswith("is larger than any node")
+    assert [larger_than_any_node(nodes, p) for p in pods[1:]] == [""] * (len(pods) - 1)
 
 
-def test_require_hostable_respects_gpu_models() -> None:
+def test_larger_than_any_node_respects_gpu_models() -> None:
     nodes = parse_nodes(NODES, source="nodes.csv")
-    pods = (Pod("t4-only", 1000, 1, 1, 500, ("T4",), line=7),)
-    with pytest.raises(TraceError, match="pods.csv:7"):
-        require_hostable(nodes, pods, source="pods.csv")
-    require_hostable(nodes, (Pod("p100", 1000, 1, 1, 500, ("P100",)),), source="pods.csv")
+    assert "of T4" in larger_than_any_node(nodes, Pod("t4-only", 1000, 1, 1, 500, ("T4",), line=7))
+    assert larger_than_any_node(nodes, Pod("p100", 1000, 1, 1, 500, ("P100",))) == ""
