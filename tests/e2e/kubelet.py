@@ -16,6 +16,7 @@ line in `created.jsonl`; a container whose env sets FAKE_RUNTIME_EXIT_CODE exits
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import tempfile
@@ -37,6 +38,9 @@ SYSCTLS = (
 )
 """What the kubelet's container manager sets (setupKernelTunables with protectKernelDefaults off)."""
 EXIT_ENV = "FAKE_RUNTIME_EXIT_CODE"
+_REGISTERED = re.compile(
+    r'Got registration request from device plugin with resource".*?resourceName="([^"]+)"'
+)
 
 
 @dataclass
@@ -150,6 +154,13 @@ class KubeletNode:
             for p in (self.runtime, self.kubelet)
             if p is not None
         )
+
+    def registered(self) -> set[str]:
+        """Resources whose device plugin registered with the kubelet's current run (its log)."""
+        if self.kubelet is None:
+            return set()
+        run = self.kubelet.log.read_text(errors="replace").rsplit("\n=== ", 1)[-1]
+        return set(_REGISTERED.findall(run))
 
     # -- what the kubelet handed to the runtime --
 

@@ -344,12 +344,14 @@ def test_kubelet_restart_keeps_devices_and_registers_again(stack: Stack, namespa
         node.real.stop_kubelet()
         started = time.monotonic()
         node.real.start_kubelet()
+        resources = {MIG_1G, MIG_2G, MIG_3G}
+        node.until(lambda: node.real.registered() >= resources, 30, "plugins registered again")
+        print(f"plugins registered {time.monotonic() - started:.2f} s after the kubelet started")
         node.until(
             lambda: [node.allocatable(r) for r in (MIG_1G, MIG_2G, MIG_3G)] == [2, 1, 1],
             60,
-            "every resource back in allocatable after the kubelet restart",
+            "every resource in allocatable after the kubelet restart",
         )
-        print(f"resources back {time.monotonic() - started:.2f} s after the kubelet restart")
         time.sleep(3)  # a kubelet that wanted to re-admit or re-create would have by now
         pod = node.core.read_namespaced_pod("keeps", namespace)
         assert pod.status.phase == "Running"
@@ -371,7 +373,7 @@ def test_pod_resources_block_a_repartition_until_the_pod_leaves(
         node.until(lambda: node.allocatable(MIG_3G) == 2, 90, "2 x 3g.40gb")
         node.pod(namespace, "holder", [{MIG_3G: "1"}])
         node.running(namespace, "holder")
-        patch = {"spec": {"mig": {"devices": {"1g.10gb": 7}}}}
+        patch = {"spec": {"mig": {"devices": {"1g.10gb": 7, "3g.40gb": None}}}}  # merge patch
         node.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, node.partition, patch)
 
         def report() -> Any:
