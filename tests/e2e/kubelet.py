@@ -171,6 +171,14 @@ class KubeletNode:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def environments(self, namespace: str, pod: str) -> dict[str, dict[str, str]]:
+        """Each created container of the pod and the environment it was created with."""
+        return {
+            c["container"]: c["env"]
+            for c in self.created()
+            if (c["namespace"], c["pod"]) == (namespace, pod)
+        }
+
     def container(self, namespace: str, pod: str, container: str) -> dict[str, Any] | None:
         """The latest CreateContainer of that container, None before the kubelet created it."""
         found = [

@@ -1,8 +1,9 @@
 """Full stack on a real control plane: GpuPartition -> node agents -> plugins -> gpupart-scheduler -> running pods.
 
-Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configuration) and kwok
-nodes; `gpupart operator`, `gpupart node --simulate` (one per node, with a fake kubelet) and
-`gpupart extender` as processes. Every wait has a deadline.
+Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configuration), and
+nodes served by real kubelets with the fake CRI runtime (tests/e2e/kubelet.py); `gpupart
+operator`, `gpupart node --simulate` (one per node) and `gpupart extender` as processes. What a
+container got is what the kubelet handed the runtime. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from gpupart.core.wire import (
     decode_report,
 )
 
-from .cluster import REPO, ControlPlane, create_nodes, gpu_node, wait_for
+from .cluster import REPO, ControlPlane, wait_for
+from .kubelet import EXIT_ENV
 from .stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -74,21 +76,11 @@ def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
 def nodes_for(
     stack: Stack, scenario: str, product: str, gpus: str, count: int, *, auto_reset: bool = False
 ) -> list[str]:
+    """Nodes served by real kubelets (tests/e2e/kubelet.py), each with its node agent."""
     names = [f"stack-{scenario}-{i}" for i in range(count)]
-    manifests = [
-        gpu_node(
-            n,
-            labels={
-                LABEL: scenario,
-                "nvidia.com/gpu.product": product,
-                "nvidia.com/gpu.count": "1",
-            },
-        )
-        for n in names
-    ]
-    create_nodes(stack.api_client, manifests)
+    labels = {LABEL: scenario, "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "1"}
     for name in names:
-        stack.start_node(name, gpus, auto_reset=auto_reset)
+        stack.start_real_node(name, gpus, labels, auto_reset=auto_reset)
     return names
 
 
@@ -144,6 +136,7 @@ def remove(stack: Stack, name: str, nodes: list[str]) -> None:
             patch = {"metadata": {"finalizers": None}}
             c.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
         for node in nodes:
+            stack.stop_real_node(node)
             with contextlib.suppress(client.ApiException):
                 c.core.delete_node(node)
 
@@ -177,12 +170,26 @@ class Cluster:
     def running(self, namespace: str) -> set[str]:
         return {n for n, p in self.pods(namespace).items() if p.status.phase == "Running"}
 
-    def allocated(self, namespace: str, name: str) -> Any:
-        for kubelet in self.stack.kubelets.values():
-            found = kubelet.by_name(namespace, name)
-            if found is not None:
+    def allocated(self, namespace: str, name: str) -> dict[str, dict[str, str]] | None:
+        """Each container's environment as the kubelet created it; None before any was created."""
+        for real in self.stack.real_nodes.values():
+            found = real.environments(namespace, name)
+            if found:
                 return found
         return None
+
+    def env(self, namespace: str, name: str, container: str = "main") -> dict[str, str]:
+        found = self.allocated(namespace, name) or {}
+        assert container in found, f"{namespace}/{name} container {container} was never created"
+        return found[container]
+
+    def rejected(self, namespace: str) -> dict[str, str]:
+        """Pods the kubelet refused at admission, with its message."""
+        return {
+            n: p.status.message or ""
+            for n, p in self.pods(namespace).items()
+            if p.status.phase == "Failed" and p.status.reason == "UnexpectedAdmissionError"
+        }
 
     def events(self, namespace: str, name: str) -> list[str]:
         items = self.core.list_namespaced_event(
@@ -228,13 +235,9 @@ def test_mig_partition_to_running_pods_relayout_blocked_then_converges(
             30,
             "14 Allocates",
         )
-        devices = {
-            d
-            for i in range(14)
-            for d in c.allocated(namespace, f"slice-{i:02}").containers["main"].device_ids
-        }
+        devices = {c.env(namespace, f"slice-{i:02}")["NVIDIA_VISIBLE_DEVICES"] for i in range(14)}
         assert len(devices) == 14 and all(d.startswith("MIG-") for d in devices)
-        env = c.allocated(namespace, "slice-00").containers["main"].envs
+        env = c.env(namespace, "slice-00")
         assert env["NVIDIA_VISIBLE_DEVICES"] in devices
         c.core.create_namespaced_pod(namespace, pod("slice-14", "mig", {MIG_1G: "1"}))
         events = c.until(
@@ -340,7 +343,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
             assert assignment.node == placed.spec.node_name
             assert assignment.gpu_uuid == gpu_uuids[placed.spec.node_name]
-            env = c.allocated(namespace, name).containers["main"].envs
+            env = c.env(namespace, name)
             assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, env
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps", env
             limit = f"{assignment.gpu_uuid}={25000 + i}M"
@@ -366,7 +369,7 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         freed = c.pods(namespace)["mps-0"].spec.node_name
         c.core.delete_namespaced_pod("mps-0", namespace, grace_period_seconds=0)
         c.until(lambda: c.allocated(namespace, "mps-6"), 330, "Allocate for the 7th pod")
-        env = c.allocated(namespace, "mps-6").containers["main"].envs
+        env = c.env(namespace, "mps-6")
         assert c.pods(namespace)["mps-6"].spec.node_name == freed
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuids[freed]}=10000M", env
 
@@ -432,6 +435,8 @@ def burst_pod(
     manifest = pod(name, scenario, {})
     manifest["spec"]["containers"] = containers[1:] if shape == 2 else containers
     if shape == 2:
+        # The fake runtime lets it finish, so the kubelet goes on to the app container.
+        containers[0]["env"] = [{"name": EXIT_ENV, "value": "0"}]
         manifest["spec"]["initContainers"] = containers[:1]
     return manifest, memory
 
@@ -463,23 +468,24 @@ def test_a_burst_of_shared_pods_each_container_gets_its_own_pods_gpu_and_limits(
         for n in range(10):
             manifest, limits[f"b-{n}"] = burst_pod(f"b-{n}", scenario, n % 3, n)
             c.core.create_namespaced_pod(namespace, manifest)
-        kubelet = stack.kubelets[node]
         c.until(
-            lambda: all(c.allocated(namespace, p) or f"{namespace}/{p}" in kubelet.rejected
-                        for p in limits),
+            lambda: all(
+                set(c.allocated(namespace, p) or ()) == set(limits[p]) or p in c.rejected(namespace)
+                for p in limits
+            ),
             120,
-            "every pod of the burst admitted",
-        )  # fmt: skip
-        assert not kubelet.rejected, kubelet.rejected
+            "every container of the burst created",
+        )
+        assert not c.rejected(namespace), c.rejected(namespace)
         per_gpu: dict[str, int] = {}
         for p, memory in limits.items():
             placed = c.pods(namespace)[p]
             assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
-            got = c.allocated(namespace, p).containers
+            got = c.allocated(namespace, p) or {}
             assert set(got) == set(memory), (p, got)
             record = decode_allocation(placed.metadata.annotations[ALLOCATION_ANNOTATION])
             assert {g.name for g in record} == set(memory)
-            for container, env in ((k, v.envs) for k, v in got.items()):
+            for container, env in got.items():
                 assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, (p, container)
                 if mode == "MPS":
                     limit = f"{assignment.gpu_uuid}={memory[container]}M"
