@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections.abc import Mapping
@@ -209,7 +210,10 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="release")
     async def release(
-        name: str, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any
+        name: str,
+        meta: Mapping[str, Any],
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **_: Any,
     ) -> None:
         # The pass sees the deletionTimestamp and removes this partition's desired groups.
         result = await loop().settle()
@@ -221,11 +225,25 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
                 f"Not waiting for unreachable node(s) {', '.join(unreachable)}: "
                 "their agents will drop the partition when they come back"
             )
-        if reachable:
+        if not reachable:
+            return
+        waited = _seconds_since(meta.get("deletionTimestamp"))
+        if waited < settings.release_timeout_seconds:
             raise kopf.TemporaryError(
-                f"waiting for {', '.join(reachable)} to return to the partition-free configuration",
+                f"waiting for {', '.join(reachable)} to return to the partition-free "
+                f"configuration ({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
                 delay=settings.release_retry_seconds,
             )
+        # A Ready node whose agent is gone would hold the deletion forever.
+        message = (
+            f"Deleted without confirmation from node(s) {', '.join(reachable)}: their agents "
+            f"did not report dropping the partition within {settings.release_timeout_seconds:g}s "
+            "(is the node agent running there?); they drop it when they next reconcile"
+        )
+        logger.warning(message)
+        await asyncio.to_thread(
+            reconciler.warn, name, str(meta.get("uid", "")), "ReleaseTimedOut", message
+        )
 
     # -- Nodes --
 
@@ -241,3 +259,14 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
             loop().wake()
 
     return registry
+
+
+def _seconds_since(timestamp: object) -> float:
+    """Seconds since an RFC 3339 timestamp from the API server; 0 when it cannot be read."""
+    if not isinstance(timestamp, str):
+        return 0.0
+    try:
+        since = dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return 0.0
+    return max(0.0, (dt.datetime.now(dt.UTC) - since).total_seconds())

@@ -258,19 +258,38 @@ def event_manifest(
     message = f"{condition.type}={condition.status}"
     if condition.message:
         message += f": {condition.message}"
+    return partition_event(
+        partition.name,
+        partition.uid,
+        reason=condition.reason,
+        message=message,
+        kind=event_type(condition),
+        namespace=namespace,
+        now=now,
+        instance=instance,
+    )
+
+
+def partition_event(
+    name: str,
+    uid: str,
+    *,
+    reason: str,
+    message: str,
+    kind: str,
+    namespace: str,
+    now: str,
+    instance: str,
+) -> dict[str, Any]:
+    """A core/v1 Event of `kind` (Normal or Warning) about the GpuPartition `name`."""
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{partition.name}.", "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": partition.name,
-            "uid": partition.uid,
-        },
-        "reason": condition.reason,
+        "metadata": {"generateName": f"{name}.", "namespace": namespace},
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid},
+        "reason": reason,
         "message": message[:1024],
-        "type": event_type(condition),
+        "type": kind,
         "source": {"component": "gpupart-operator"},
         "reportingComponent": "gpupart.io/operator",
         "reportingInstance": instance,

@@ -36,6 +36,7 @@ from gpupart_operator.model import (
     event_manifest,
     invalid_status,
     old_conditions,
+    partition_event,
     read_node,
     read_partition,
     status_document,
@@ -257,6 +258,21 @@ class Reconciler:
                 condition.reason,
             )
         return writes
+
+    def warn(self, name: str, uid: str, reason: str, message: str) -> None:
+        """A Warning Event about the GpuPartition `name`, best effort."""
+        self._post_event(
+            partition_event(
+                name,
+                uid,
+                reason=reason,
+                message=message,
+                kind="Warning",
+                namespace=self.settings.event_namespace,
+                now=self.clock(),
+                instance=self.settings.instance,
+            )
+        )
 
     def _post_event(self, body: dict[str, Any]) -> int:
         """Events are best effort: a failure is logged and never fails the pass."""

@@ -30,6 +30,9 @@ class OperatorSettings:
     """A burst of watch events within this window becomes one reconcile pass."""
     release_retry_seconds: float = 5.0
     """How often deletion re-checks whether nodes have dropped the partition."""
+    release_timeout_seconds: float = 120.0
+    """How long deletion waits for nodes that still apply the partition; past it, the deletion
+    completes with a Warning naming the nodes that did not confirm (an agent that is gone)."""
     event_namespace: str = DEFAULT_EVENT_NAMESPACE
     write_workers: int = 16
     """Parallel API writes within one pass (1,000 node patches must finish in seconds)."""
@@ -37,7 +40,7 @@ class OperatorSettings:
     """reportingInstance of the Events this replica writes (the pod name in a Deployment)."""
 
     def __post_init__(self) -> None:
-        for name in ("resync_seconds", "release_retry_seconds"):
+        for name in ("resync_seconds", "release_retry_seconds", "release_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.debounce_seconds < 0:
@@ -111,6 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="drift timer: full re-check interval per GpuPartition (default 60)",
     )
     parser.add_argument(
+        "--release-timeout-seconds",
+        type=float,
+        default=float(env("RELEASE_TIMEOUT_SECONDS", "120") or 120),
+        help="how long a GpuPartition's deletion waits for nodes to drop it before it completes "
+        "with a Warning naming them (env GPUPART_OPERATOR_RELEASE_TIMEOUT_SECONDS; default 120)",
+    )
+    parser.add_argument(
         "--event-namespace",
         default=env("EVENT_NAMESPACE", DEFAULT_EVENT_NAMESPACE),
         help="namespace of the Events written about GpuPartitions (default 'default')",
@@ -141,6 +151,7 @@ def from_args(args: argparse.Namespace) -> OperatorSettings:
         liveness_port=args.liveness,
         metrics_port=args.metrics_port,
         resync_seconds=args.resync_seconds,
+        release_timeout_seconds=args.release_timeout_seconds,
         event_namespace=args.event_namespace,
         instance=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or "gpupart-operator",
     )

@@ -75,6 +75,7 @@ class RunningOperator:
             resync_seconds=3,
             debounce_seconds=0.1,
             release_retry_seconds=1,
+            release_timeout_seconds=12,
             write_workers=8,
         )
         self.reconciler, self.registry = build(self.settings)
@@ -470,6 +471,36 @@ def test_delete_holds_the_finalizer_until_the_agent_lets_go(
 
     report(op, held, [])  # the agent has returned the GPUs to the default
     wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted")
+
+
+def test_delete_completes_past_the_timeout_when_an_agent_never_lets_go(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-orphan"}
+    orphan = f"{RUN}-orphan"
+    make_nodes(cp, [orphan], **label)
+    name = f"{RUN}-orphan"
+    apply(cp, name, {"nodeSelector": {"matchLabels": label}, "mode": "None"})
+    wait_desired(op, orphan, [(name, 1)])
+    report(op, orphan, [(name, 1)])  # then its agent goes: the node stays Ready, nobody reports
+    wait_condition(op, name, "Ready", "True")
+    cp.kubectl("delete", "gpup", name, "--wait=false")
+    time.sleep(3)
+    assert not gone(op, name)  # still within the timeout: held for the agent
+    wait_for(lambda: gone(op, name), TIMEOUT, f"{name} deleted once the timeout passed")
+
+    def warnings() -> list[str]:
+        events = op.reconciler.core.list_event_for_all_namespaces(
+            field_selector=f"involvedObject.name={name}"
+        ).items
+        return [e.message for e in events if e.type == "Warning"]
+
+    wait_for(warnings, TIMEOUT, "a Warning Event about the deletion")
+    found = warnings()
+    assert any("Deleted without confirmation from node(s)" in m and orphan in m for m in found), (
+        found
+    )
 
 
 def test_delete_does_not_wait_for_an_unreachable_or_vanished_node(
