@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint unit k8s-bins typecheck-tree clean
+.PHONY: demo test lint unit k8s-bins typecheck-tree clean cluster cluster-down
 
 # `python -P`: never put the checkout on sys.path, where the directory operator/ would shadow
 # the standard library's operator module in a fresh interpreter.
@@ -41,6 +41,13 @@ k8s-bins: $(STAMP)
 ## test: everything CI runs: lint, unit, integration and e2e tests against a real control plane
 test: lint k8s-bins
 	GPUPART_K8S_BIN="$$(scripts/build-k8s-bins.sh --print-dir)" $(BIN)/pytest
+
+## cluster: a local playground (control plane, two real-kubelet nodes with simulated GPUs, gpupart)
+cluster: k8s-bins
+	$(BIN)/python -P scripts/cluster.py up
+
+cluster-down:
+	$(BIN)/python -P scripts/cluster.py down
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

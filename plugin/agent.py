@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from gpupart.core.devices import managed_capacity
 from gpupart.core.errors import WireFormatError
 from gpupart.core.spec import Mode
 from gpupart.core.wire import Inventory, decode_desired, encode_inventory, encode_report
@@ -16,8 +17,8 @@ from gpupart_plugin.registration import DevicePlugins
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[str, str], None]
-"""Writes (state annotation, inventory annotation) on this node's Node object."""
+Publish = Callable[[str, str, Mapping[str, int]], None]
+"""Writes (state annotation, inventory annotation, extender-managed capacity) on this node's Node."""
 
 
 class NodeAgent:
@@ -57,6 +58,7 @@ class NodeAgent:
         self.publish(
             encode_report(result.report),
             encode_inventory(Inventory(inventory(result.views), serial_admission=True)),
+            managed_capacity(result.views),
         )
         self.metrics.apply_seconds.observe(self.clock() - started)
         self.metrics.apply_failures.inc(result.failed)

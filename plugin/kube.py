@@ -57,6 +57,8 @@ class NodeClient:
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         """First and longest wait between failed watch attempts (doubling in between)."""
+        self._capacity: dict[str, int] | None = None
+        """The extender-managed capacity last written (None: not yet, write it once)."""
 
     def desired(self) -> str | None:
         node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
@@ -141,12 +143,22 @@ class NodeClient:
                 stop.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
 
-    def publish(self, state: str, inventory: str) -> None:
+    def publish(self, state: str, inventory: str, capacity: Mapping[str, int]) -> None:
+        """The state and inventory annotations, and the extender-managed capacity when it changed.
+
+        The capacity goes into the Node's status (capacity and allocatable), which the kubelet
+        keeps: it rewrites only the resources it manages.
+        """
         body = {
             "metadata": {"annotations": {STATE_ANNOTATION: state, INVENTORY_ANNOTATION: inventory}}
         }
         try:
             self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
+            if capacity != self._capacity:
+                amounts = {name: str(value) for name, value in capacity.items()}
+                status = {"status": {"capacity": amounts, "allocatable": amounts}}
+                self.core.patch_node_status(self.node, status, _request_timeout=self.timeout_s)
+                self._capacity = dict(capacity)
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
                 f"publish state of node {self.node}: {describe_api_error(error)}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig import MigInstance
-from gpupart.core.resources import GPU, GPU_SHARED, mig_resource_name
+from gpupart.core.resources import GPU, GPU_COMPUTE, GPU_MEMORY, GPU_SHARED, mig_resource_name
 from gpupart.core.spec import Mode
 
 SLOT_SEPARATOR = "::"
@@ -83,6 +83,21 @@ def node_devices(gpus: Iterable[GpuView]) -> dict[str, tuple[Device, ...]]:
         else:
             found.setdefault(GPU, []).append(Device(gpu.uuid, GPU, gpu))
     return {resource: tuple(devices) for resource, devices in sorted(found.items())}
+
+
+def managed_capacity(gpus: Iterable[GpuView]) -> dict[str, int]:
+    """What the node offers of the extender-managed resources: MiB and percent on shared GPUs.
+
+    kube-scheduler ignores these in its filter (`ignoredByScheduler`), but its requeueing of a
+    pending pod after a Node change checks them against the Node's allocatable: without them
+    there, a pod asking for `gpupart.io/gpu-memory` waits for the 5-minute flush of
+    unschedulable pods even once a node offers room. The extender still decides per GPU.
+    """
+    shared = [g for g in gpus if g.mode in (Mode.MPS, Mode.TIME_SLICING)]
+    return {
+        GPU_MEMORY: sum(g.memory_mib for g in shared),
+        GPU_COMPUTE: 100 * len(shared),
+    }
 
 
 def resolve_devices(ids: Sequence[str], devices: Mapping[str, Device]) -> tuple[Device, ...]:

@@ -127,7 +127,7 @@ def main(floor: bool) -> None:
         poll_s=0.05,
     )
     actuator = Actuator(sim, lambda: (), MpsDaemons(directory / "mps", ["true"]))
-    agent = NodeAgent(actuator, hub, plugins, lambda _s, _i: None, metrics)
+    agent = NodeAgent(actuator, hub, plugins, lambda _s, _i, _c: None, metrics)
     agent.reconcile(desired({"1g.18gb": 7}))
     socket = str(directory / socket_name(RESOURCE))
     channel = grpc.insecure_channel(f"unix://{socket}")

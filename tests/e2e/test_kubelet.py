@@ -396,3 +396,46 @@ def test_pod_resources_block_a_repartition_until_the_pod_leaves(
     finally:
         node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         node.remove()
+
+
+def test_a_pod_waiting_for_shared_memory_runs_once_a_node_offers_it(
+    stack: Stack, namespace: str
+) -> None:
+    """kube-scheduler requeues it on the Node's change (not after its 5-minute flush): the node
+    agent advertises the extender-managed memory and compute in the Node's allocatable."""
+    core = client.CoreV1Api(stack.api_client)
+    limits = {SHARED: "1", MEMORY: "20000", COMPUTE: "30"}
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "early"},
+            "spec": {
+                "schedulerName": "gpupart-scheduler",
+                "nodeSelector": {LABEL: "late"},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}],
+            },
+        },
+    )
+    wait_for(
+        lambda: any(
+            c.type == "PodScheduled" and c.status == "False"
+            for c in core.read_namespaced_pod("early", namespace).status.conditions or []
+        ),
+        60,
+        "the pod found unschedulable",
+    )
+    node = Node(
+        stack, "late", "2xA100-SXM4-80GB:mig-off", {"mode": "MPS", "mps": {"maxClients": 4}}
+    )
+    try:
+        node.until(lambda: node.allocatable(MEMORY) == 2 * 81920, 90, "2 x 81920 MiB offered")
+        assert node.allocatable("gpupart.io/gpu-compute") == 200
+        node.running(namespace, "early")
+        env = node.env(namespace, "early", "main")["env"]
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].endswith("=20000M")
+    finally:
+        node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        node.remove()

@@ -71,7 +71,7 @@ def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterat
     )
     published: list[tuple[str, str]] = []
     actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", mps_command))
-    agent = NodeAgent(actuator, hub, plugins, lambda s, i: published.append((s, i)), metrics)
+    agent = NodeAgent(actuator, hub, plugins, lambda s, i, _c: published.append((s, i)), metrics)
     yield Node(sim, hub, plugins, agent, kubelet, pods, published)
     plugins.stop()
 

@@ -73,7 +73,7 @@ def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_publish_and_pod_list_raise_the_agents_error_when_unreachable() -> None:
     node = unreachable()
     with pytest.raises(KubeUnavailable, match="publish state of node node-a"):
-        node.publish("{}", "[]")
+        node.publish("{}", "[]", {})
     with pytest.raises(KubeUnavailable, match="list pods on node node-a"):
         node.assigned_pods()
 

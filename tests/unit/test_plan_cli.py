@@ -202,3 +202,16 @@ def test_two_media_extension_instances_are_refused_naming_the_media_engines(tmp_
     result = plan("--product", "NVIDIA A30", str(partition(tmp_path, devices)))
     assert result.returncode == 2
     assert "media engines" in result.stderr and "too few JPEG and OFA" in result.stderr
+
+
+@pytest.mark.parametrize("example", ["mig-a100.yaml", "mps-h100.yaml"])
+def test_each_shipped_example_fits_the_gpu_its_selector_names(example):
+    # mps-h100 once asked 8 x 10Gi of an H100-SXM5-80GB's 81559 MiB: refused on every node.
+    path = EXAMPLE.with_name(example)
+    product = next(
+        line.split(":", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if "nvidia.com/gpu.product:" in line
+    )
+    result = plan("--product", product, str(path))
+    assert result.returncode == 0, result.stderr
