@@ -1,6 +1,6 @@
 """Benchmark: Allocate latency through the real gRPC unix socket, and relayout time on a simulated 8-GPU node.
 
-Run: python tests/bench/allocate.py [--floor]  (last line: one JSON object with the figures)
+Run: python tests/bench/allocate.py [--floor] [--kubelet]  (last line: one JSON object)
 - allocate_p50_ms / allocate_p99_ms: 10,000 Allocate calls (one MIG device each) from a client
   in another process on the plugin's unix socket, one at a time, as the kubelet makes them, after
   500 untimed ones; like the kubelet, the client holds a ListAndWatch stream open meanwhile.
@@ -14,6 +14,12 @@ Run: python tests/bench/allocate.py [--floor]  (last line: one JSON object with 
 - relayout_s: from a new desired annotation (8 × H200, 7 × 1g.18gb -> 4 × 1g.18gb + 1 × 3g.71gb
   per GPU) to the ListAndWatch stream showing the new device list: read NVML, plan, apply 120
   simulated NVML steps, report, re-advertise.
+- kubelet_admit_p50_s / kubelet_admit_p99_s (with --kubelet): what the real kubelet sees. A
+  control plane and one real-kubelet node (tests/e2e/kubelet.py) served by `gpupart node
+  --simulate 8xH200-141GB` with 7 x 1g.18gb per GPU; 50 pods of one slice each are created at
+  once, bound by their nodeName; from creation (the bind) to the pod seen Running: kubelet
+  admission, GetPreferredAllocation + Allocate over the plugin's socket, the fake runtime.
+  Needs the binaries from scripts/build-k8s-bins.sh.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import goclients
 import grpc
 
 from gpupart.core.spec import Mode
-from gpupart.core.wire import DesiredGroup, encode_desired
+from gpupart.core.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
@@ -112,7 +118,78 @@ def run_client(command: list[str], socket: str, ids: list[str]) -> tuple[float, 
     return figures["p50_ms"], figures["p99_ms"]
 
 
-def main(floor: bool) -> None:
+def kubelet_admission(pods: int = 50) -> dict[str, float]:
+    """Creation-to-Running percentiles of `pods` one-slice MIG pods on one real-kubelet node."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from kubernetes import client, watch
+
+    from tests.e2e.cluster import ControlPlane, bin_dir_from_env, wait_for
+    from tests.e2e.stack import Stack
+
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
+    cp = ControlPlane(bin_dir=bin_dir_from_env(), workdir=workdir)
+    stack = None
+    try:
+        cp.start(scheduler_config={})
+        api = cp.api_client()
+        core = client.CoreV1Api(api)
+        (workdir / "stack").mkdir()
+        stack = Stack(cp, api, workdir / "stack")
+        stack.start_real_node("bench-kubelet", "8xH200-141GB", {})
+        wait_for(lambda: core.list_node().items, 60, "the kubelet's Node")
+        body = {"metadata": {"annotations": {DESIRED_ANNOTATION: desired({"1g.18gb": 7})}}}
+        core.patch_node("bench-kubelet", body)
+
+        def slices() -> bool:
+            allocatable = core.read_node("bench-kubelet").status.allocatable or {}
+            return int(allocatable.get(RESOURCE, "0")) == 56
+
+        wait_for(slices, 120, "56 slices in the Node's allocatable")
+        running: dict[str, float] = {}
+
+        def follow() -> None:
+            try:
+                for event in watch.Watch().stream(
+                    core.list_namespaced_pod, "default", timeout_seconds=300
+                ):
+                    obj = event["object"]
+                    if obj.status.phase == "Running":
+                        running.setdefault(obj.metadata.name, time.monotonic())
+            except Exception:  # noqa: BLE001 - the API server stops under it at the end
+                return
+
+        threading.Thread(target=follow, daemon=True).start()
+        time.sleep(0.5)
+        created = {}
+        for n in range(pods):
+            name = f"slice-{n}"
+            # One image, pulled once: the kubelet's image pull rate limit is not what we measure.
+            container = {
+                "name": "main",
+                "image": "gpupart/cuda:0",
+                "imagePullPolicy": "IfNotPresent",
+                "resources": {"limits": {RESOURCE: "1"}},
+            }
+            manifest = {
+                "metadata": {"name": name},
+                "spec": {"nodeName": "bench-kubelet", "containers": [container]},
+            }
+            created[name] = time.monotonic()
+            core.create_namespaced_pod("default", manifest)
+        wait_for(lambda: len(running) == pods, 300, f"{pods} pods Running", interval=0.1)
+        waits = sorted(running[n] - created[n] for n in created)
+        return {
+            "kubelet_admit_p50_s": round(statistics.median(waits), 3),
+            "kubelet_admit_p99_s": round(waits[min(len(waits) - 1, int(0.99 * len(waits)))], 3),
+        }
+    finally:
+        if stack is not None:
+            stack.stop()
+        cp.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(floor: bool, kubelet: bool) -> None:
     directory = Path(tempfile.mkdtemp(prefix="gp-bench-", dir="/tmp"))
     sim = SimulatedGpus(["H200-141GB"] * 8, node="bench")
     hub, metrics = DeviceHub(), NodeMetrics()
@@ -189,6 +266,13 @@ def main(floor: bool) -> None:
             f"p50 {floor_p50:.3f} ms, p99 {floor_p99:.3f} ms",
             file=sys.stderr,
         )
+    if kubelet:
+        figures.update(kubelet_admission())
+        print(
+            f"Real kubelet, 50 one-slice pods: creation to Running p50 "
+            f"{figures['kubelet_admit_p50_s']} s, p99 {figures['kubelet_admit_p99_s']} s",
+            file=sys.stderr,
+        )
     print(
         json.dumps(
             {
@@ -205,7 +289,7 @@ def main(floor: bool) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--client"]:
         client(sys.argv[2], sys.argv[3:])
-    elif sys.argv[1:] in ([], ["--floor"]):
-        main(floor=sys.argv[1:] == ["--floor"])
+    elif set(sys.argv[1:]) <= {"--floor", "--kubelet"}:
+        main(floor="--floor" in sys.argv[1:], kubelet="--kubelet" in sys.argv[1:])
     else:
-        raise SystemExit("usage: python tests/bench/allocate.py [--floor]")
+        raise SystemExit("usage: python tests/bench/allocate.py [--floor] [--kubelet]")
