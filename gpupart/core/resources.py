@@ -181,60 +181,85 @@ class GpuRequest:
 def parse_pod_request(pod: Mapping[str, Any], *, where: str = "pod") -> GpuRequest:
     """One typed request from a pod object (or its spec); malformed quantities raise InvalidInput.
 
-    Effective amount per resource = max(sum over containers, largest init container), the
-    kube-scheduler's rule. Extended resources use limits, falling back to requests.
+    Effective amount per resource, kube-scheduler's rule (`resource.PodRequests`): app
+    containers and sidecars (init containers with `restartPolicy: Always`, which keep running
+    beside the app) add up; an ordinary init container counts with the sidecars started before
+    it; the larger of the two wins. Extended resources use limits, falling back to requests.
     """
     spec = pod.get("spec", pod)
     if not isinstance(spec, Mapping):
         raise InvalidInput(f"{where}.spec", "must be a mapping")
     totals = _sum_containers(spec.get("containers") or [], f"{where}.spec.containers")
-    for name, amount in _sum_each(spec.get("initContainers") or [], f"{where}.spec.initContainers"):
-        totals[name] = max(totals.get(name, (Fraction(0), ""))[0], amount[0]), amount[1]
+    init_where = f"{where}.spec.initContainers"
+    init_containers = spec.get("initContainers") or []
+    sidecars: dict[str, Fraction] = {}
+    init: dict[str, tuple[Fraction, str]] = {}
+    for position, (name, (amount, place)) in _each_of(init_containers, init_where):
+        container = init_containers[position]
+        if container.get("restartPolicy") == "Always":
+            sidecars[name] = sidecars.get(name, Fraction(0)) + amount
+            totals[name] = totals.get(name, (Fraction(0), place))[0] + amount, place
+            running = sidecars[name]
+        else:
+            running = sidecars.get(name, Fraction(0)) + amount
+        if running > init.get(name, (Fraction(-1), ""))[0]:
+            init[name] = running, place
+    for name, (amount, place) in init.items():
+        if amount > totals.get(name, (Fraction(0), ""))[0]:
+            totals[name] = amount, place
     return _request_from_totals(totals, where)
 
 
 def _sum_containers(containers: object, where: str) -> dict[str, tuple[Fraction, str]]:
     totals: dict[str, tuple[Fraction, str]] = {}
-    for name, (amount, place) in _sum_each(containers, where):
+    for _, (name, (amount, place)) in _each_of(containers, where):
         before = totals.get(name, (Fraction(0), place))[0]
         totals[name] = before + amount, place
     return totals
 
 
-def _sum_each(containers: object, where: str) -> Iterable[tuple[str, tuple[Fraction, str]]]:
+def _each_of(
+    containers: object, where: str
+) -> Iterable[tuple[int, tuple[str, tuple[Fraction, str]]]]:
+    """(container position, (resource, (amount, field path))) for each GPU resource asked."""
     if not isinstance(containers, list):
         raise InvalidInput(where, "must be a list")
     for position, container in enumerate(containers):
-        place = f"{where}[{position}].resources"
-        resources = (container.get("resources") or {}) if isinstance(container, Mapping) else None
-        if not isinstance(resources, Mapping):
-            raise InvalidInput(place, "must be a mapping")
-        limits = resources.get("limits") or {}
-        requests = resources.get("requests") or {}
-        for part, amounts in (("limits", limits), ("requests", requests)):
-            if not isinstance(amounts, Mapping) or not all(isinstance(k, str) for k in amounts):
-                raise InvalidInput(f"{place}.{part}", "must map resource names to quantities")
-        for name in sorted({*limits, *requests}):
-            if not _is_gpu_resource(name):
-                continue
-            limit, request = limits.get(name), requests.get(name)
-            field = name if len(name) <= 80 else f"{name[:80]}…"  # a path, never 100 KB
-            if (
-                limit is not None
-                and request is not None
-                and parse_quantity(limit, where=f"{place}.limits.{field}")
-                != parse_quantity(request, where=f"{place}.requests.{field}")
-            ):
-                raise InvalidInput(
-                    place,
-                    f"{field}: requests ({str(request):.40}) and limits ({str(limit):.40}) differ",
-                )
-            text = limit if limit is not None else request
-            part = "limits" if limit is not None else "requests"
-            yield (
-                name,
-                (parse_quantity(text, where=f"{place}.{part}.{field}"), f"{place}.{part}.{field}"),
+        for item in _container_amounts(container, f"{where}[{position}].resources"):
+            yield position, item
+
+
+def _container_amounts(container: object, place: str) -> Iterable[tuple[str, tuple[Fraction, str]]]:
+    """(resource, (amount, field path)) for each GPU resource one container asks for."""
+    resources = (container.get("resources") or {}) if isinstance(container, Mapping) else None
+    if not isinstance(resources, Mapping):
+        raise InvalidInput(place, "must be a mapping")
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    for part, amounts in (("limits", limits), ("requests", requests)):
+        if not isinstance(amounts, Mapping) or not all(isinstance(k, str) for k in amounts):
+            raise InvalidInput(f"{place}.{part}", "must map resource names to quantities")
+    for name in sorted({*limits, *requests}):
+        if not _is_gpu_resource(name):
+            continue
+        limit, request = limits.get(name), requests.get(name)
+        field = name if len(name) <= 80 else f"{name[:80]}…"  # a path, never 100 KB
+        if (
+            limit is not None
+            and request is not None
+            and parse_quantity(limit, where=f"{place}.limits.{field}")
+            != parse_quantity(request, where=f"{place}.requests.{field}")
+        ):
+            raise InvalidInput(
+                place,
+                f"{field}: requests ({str(request):.40}) and limits ({str(limit):.40}) differ",
             )
+        text = limit if limit is not None else request
+        part = "limits" if limit is not None else "requests"
+        yield (
+            name,
+            (parse_quantity(text, where=f"{place}.{part}.{field}"), f"{place}.{part}.{field}"),
+        )
 
 
 def _is_gpu_resource(name: str) -> bool:

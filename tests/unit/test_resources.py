@@ -370,3 +370,27 @@ def test_law_any_pod_shaped_input_is_read_or_refused_with_invalid_input(raw):
     for read in (parse_pod_request, pod_cpu_milli, lambda p: parse_demand(p, group_label="g")):
         with contextlib.suppress(InvalidInput):
             read(raw)
+
+
+def _c(slots: int, memory: int, *, sidecar: bool = False) -> dict[str, object]:
+    limits = {"nvidia.com/gpu.shared": str(slots), "gpupart.io/gpu-memory": str(memory)}
+    container: dict[str, object] = {"name": "c", "resources": {"limits": limits}}
+    if sidecar:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+@pytest.mark.parametrize(
+    ("init", "app", "slots", "memory"),
+    [
+        ([_c(1, 25000)], [_c(1, 20000)], 1, 25000),  # an init container runs alone
+        ([_c(1, 10000, sidecar=True)], [_c(1, 20000)], 2, 30000),  # a sidecar runs beside
+        # An ordinary init container after a sidecar runs with it: 10000 + 25000.
+        ([_c(1, 10000, sidecar=True), _c(1, 25000)], [_c(1, 20000)], 2, 35000),
+    ],
+)
+def test_pod_request_counts_sidecars_beside_the_app_as_kube_scheduler_does(
+    init: list[dict[str, object]], app: list[dict[str, object]], slots: int, memory: int
+) -> None:
+    request = parse_pod_request({"spec": {"initContainers": init, "containers": app}})
+    assert (request.shared, request.memory_mib) == (slots, memory)
