@@ -6,13 +6,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
-from .cluster import BUILD_SCRIPT, ControlPlane, bin_dir_from_env, missing_binaries
+from .cluster import BUILD_SCRIPT, REPO, ControlPlane, bin_dir_from_env, missing_binaries
+from .stack import Stack
 
 # The control plane of this session, once started, so the report hook can reach its logs.
 _ACTIVE: list[ControlPlane] = []
@@ -93,3 +96,35 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
     report = outcome.get_result()
     if report.failed and _ACTIVE and "k8s_control_plane" in getattr(item, "fixturenames", ()):
         report.sections.append(("control plane log tails", _ACTIVE[-1].log_tails()))
+
+
+@pytest.fixture(scope="module")
+def stack(
+    k8s_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Generator[Stack, None, None]:
+    """gpupart operator, extender and gpupart-scheduler for one test module; nodes are the
+    module's to start (`Stack.start_real_node`)."""
+    cp = k8s_control_plane
+    cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
+    api = cp.api_client()
+    stack = Stack(cp, api, tmp_path_factory.mktemp("stack"))
+    try:
+        stack.start_operator()
+        stack.start_scheduler(stack.start_extender())
+        yield stack
+    except BaseException:
+        print(stack.tails())
+        raise
+    finally:
+        stack.stop()
+        api.close()
+
+
+@pytest.fixture
+def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
+    """A fresh namespace; its pods are deleted afterwards (no namespace controller runs here)."""
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(k8s_control_plane.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)

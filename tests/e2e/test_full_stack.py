@@ -9,8 +9,6 @@ container got is what the kubelet handed the runtime. Every wait has a deadline.
 from __future__ import annotations
 
 import contextlib
-import uuid
-from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -28,7 +26,7 @@ from gpupart.core.wire import (
     decode_report,
 )
 
-from .cluster import REPO, ControlPlane, wait_for
+from .cluster import wait_for
 from .kubelet import EXIT_ENV
 from .stack import Stack
 
@@ -40,37 +38,6 @@ MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
 GROUP, VERSION, PLURAL = "gpupart.io", "v1alpha1", "gpupartitions"
 SCHEDULER = "gpupart-scheduler"
-
-
-@pytest.fixture(scope="module")
-def stack(
-    k8s_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Generator[Stack, None, None]:
-    cp = k8s_control_plane
-    cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
-    api = cp.api_client()
-    stack = Stack(cp, api, tmp_path_factory.mktemp("stack"))
-    try:
-        stack.start_operator()
-        url = stack.start_extender()
-        stack.start_scheduler(url)
-        yield stack
-    except BaseException:
-        print(stack.tails())
-        raise
-    finally:
-        stack.stop()
-        api.close()
-
-
-@pytest.fixture
-def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
-    name = f"stack-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(k8s_control_plane.api_client())
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    # No namespace controller runs here: delete the pods, leave the empty namespace.
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 def nodes_for(

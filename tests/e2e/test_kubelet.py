@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import time
 import urllib.request
-import uuid
-from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -38,7 +36,7 @@ from gpupart.core.wire import (
     decode_report,
 )
 
-from .cluster import REPO, ControlPlane, wait_for
+from .cluster import wait_for
 from .kubelet import EXIT_ENV, KubeletNode
 from .stack import Stack
 
@@ -50,35 +48,6 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 SHARED, MEMORY, COMPUTE = "nvidia.com/gpu.shared", "gpupart.io/gpu-memory", "gpupart.io/gpu-compute"
 MIG_1G, MIG_2G, MIG_3G = (f"nvidia.com/mig-{p}" for p in ("1g.10gb", "2g.20gb", "3g.40gb"))
 CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
-
-
-@pytest.fixture(scope="module")
-def stack(
-    k8s_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Generator[Stack, None, None]:
-    cp = k8s_control_plane
-    cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
-    api = cp.api_client()
-    stack = Stack(cp, api, tmp_path_factory.mktemp("kubelet-stack"))
-    try:
-        stack.start_operator()
-        stack.start_scheduler(stack.start_extender())
-        yield stack
-    except BaseException:
-        print(stack.tails())
-        raise
-    finally:
-        stack.stop()
-        api.close()
-
-
-@pytest.fixture
-def namespace(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
-    name = f"kubelet-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(k8s_control_plane.api_client())
-    core.create_namespace({"metadata": {"name": name}})
-    yield name
-    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 class Node:
