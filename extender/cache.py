@@ -456,8 +456,6 @@ class ClusterCache:
         old = self._nominated.get(uid)
         entry = None
         if obj is not None and uid not in self._assumed and uid not in self._pods:
-            if old is not None and old[1] is obj:
-                return
             entry = read_nomination(obj)
             if entry is not None:
                 entry = read_nomination(obj, self._proposed_gpu(uid, entry.node))

@@ -177,7 +177,10 @@ def _on_gpu(
     reserve = math.ceil(config.reserve_fraction * request.memory_mib)
     if request.memory_mib + reserve > gpu.memory_mib:
         reserve = 0  # the GPU cannot hold the margin even empty: the bare request
-    memory = max(0, request.memory_mib + reserve - gpu.free_memory_mib) if request.memory_mib else 0
+    # Signed: a GPU can be over-committed for a while (victims terminating while a nominated
+    # pod holds its reservation), and then more than the request has to go.
+    free = gpu.memory_mib - gpu.used_memory_mib
+    memory = max(0, request.memory_mib + reserve - free) if request.memory_mib else 0
     if node_room is not None and request.memory_mib:
         # Pods whose GPU is unknown use memory somewhere on the node: freed here, counted there.
         memory = max(memory, request.memory_mib - node_room)
