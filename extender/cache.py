@@ -409,18 +409,18 @@ class ClusterCache:
                 keys: set[str] = set(fresh)
             elif kind == POD:
                 seen: dict[str, PodEntry | None] = {}
-                objects: dict[str, Mapping[str, Any]] = {}
+                listed_by_uid: dict[str, Mapping[str, Any]] = {}
                 for o in listed:
                     uid = str(_meta(o).get("uid") or "") or _key(o)
                     seen[uid] = self._read_pod(uid, o)
-                    objects[uid] = o
+                    listed_by_uid[uid] = o
                 for uid in set(self._pods) - set(seen):
                     self._set_pod(uid, None)
                 for uid in set(self._nominated) - set(seen):
                     self._set_nominated(uid, None)
                 for uid, entry in seen.items():
                     self._set_pod(uid, entry)
-                    self._set_nominated(uid, objects[uid])
+                    self._set_nominated(uid, listed_by_uid[uid])
                 keys = set(seen)
             else:
                 self._budgets = {}
