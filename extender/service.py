@@ -786,10 +786,10 @@ class ExtenderService:
             return offered  # not a GPU pod: nothing of ours to check
         # Lower-priority pods nominated here lose their nomination when this pod preempts
         # (kube-scheduler clears it); the pod's own reservation is its own.
-        gone = {uid} | {
+        gone = {
             e.uid
             for e in self.cache.nominated_on(node)
-            if e.placed.tenant.priority < demand.priority
+            if e.uid == uid or e.placed.tenant.priority < demand.priority
         }
         if request.mig or request.whole_gpus:
             after = self.cache.view_excluding(node, gone | set(offered.uids))

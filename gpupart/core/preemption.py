@@ -97,6 +97,8 @@ def parse_budget(obj: Mapping[str, Any]) -> Budget:
 def violations(victims: Iterable[Tenant], budgets: Sequence[Budget]) -> int:
     """How many victims, evicted in this order, take a budget below zero (kube-scheduler's
     `filterPodsWithPDBViolation`: each victim uses one disruption of every budget covering it)."""
+    if not budgets:
+        return 0
     left = [b.allowed for b in budgets]
     count = 0
     for tenant in victims:
