@@ -360,6 +360,24 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
             interval=0.5,
         )
 
+        # A budget the extender's watch picks up (the preempt verb counts its violations); it
+        # covers a pod kube-scheduler is never offered here.
+        client.PolicyV1Api(k8s_api).create_namespaced_pod_disruption_budget(
+            ns,
+            {
+                "metadata": {"name": "top"},
+                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "b-top-0"}}},
+            },
+        )
+        wait_for(
+            lambda: (
+                _metric(extender_url, 'gpupart_extender_cache_objects{kind="budgets"}') >= 1 or None
+            ),
+            30,
+            "the extender's cache to list the PodDisruptionBudget",
+            interval=0.5,
+        )
+
         # More memory than any GPU has: no eviction helps, so nothing is evicted.
         misfit = _pod(
             "misfit", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "50000"}, "misfit"
