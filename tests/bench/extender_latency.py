@@ -40,6 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +369,10 @@ def go_client(binary: Path, url: str, names: list[str], pods: int) -> list[float
     return timings
 
 
-def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
+@contextmanager
+def extender_process(nodes: int, *, floor: bool = False) -> Iterator[int]:
+    """The extender (or the floor) serving the synthetic cluster of `nodes` in a child process;
+    yields its port."""
     port_file = Path(f"/tmp/gpupart-bench-port-{nodes}-{time.time_ns()}")
     serve_args = ["--serve", str(nodes), "--port-file", str(port_file)]
     child = subprocess.Popen(
@@ -379,7 +384,15 @@ def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) 
             if child.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the extender process did not start")
             time.sleep(0.1)
-        port = int(port_file.read_text())
+        yield int(port_file.read_text())
+    finally:
+        child.terminate()
+        child.wait(10)
+        port_file.unlink(missing_ok=True)
+
+
+def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
+    with extender_process(nodes, floor=floor) as port:
         url = f"http://127.0.0.1:{port}"
         for _attempt in range(300):
             try:
@@ -410,25 +423,12 @@ def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) 
             f"server_p50_ms_{nodes}": round(server_p50, 2),
             f"server_p99_ms_{nodes}": round(server_p99, 2),
         }
-    finally:
-        child.terminate()
-        child.wait(10)
-        port_file.unlink(missing_ok=True)
 
 
 def measure_preempt(requests: int) -> dict[str, float]:
     """Milliseconds of one preempt call over HTTP: 100 candidate nodes, 20 victims each."""
-    port_file = Path(f"/tmp/gpupart-bench-port-preempt-{time.time_ns()}")
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(PREEMPT_NODES), "--port-file", str(port_file)]
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not port_file.exists() or not port_file.read_text():
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the extender process did not start")
-            time.sleep(0.1)
-        http = Http(int(port_file.read_text()))
+    with extender_process(PREEMPT_NODES) as port:
+        http = Http(port)
         _, pods = preempt_cluster()
         victims = {
             f"node-{n:05d}": {
@@ -459,10 +459,6 @@ def measure_preempt(requests: int) -> dict[str, float]:
             f"p99 {p99:.2f} ms, first {timings[0]:.1f} ms; victims kept per node {sizes}"
         )
         return {"preempt_p50_ms": round(p50, 2), "preempt_p99_ms": round(p99, 2)}
-    finally:
-        child.terminate()
-        child.wait(10)
-        port_file.unlink(missing_ok=True)
 
 
 def main() -> int:
