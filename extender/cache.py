@@ -604,9 +604,7 @@ class ClusterCache:
     def pods_on(self, node: str) -> list[PodEntry]:
         """The pods bound (or assumed) on `node` that the cache counts."""
         with self._lock:
-            found = list(self._by_node.get(node, {}).values())
-            found += [a.entry for a in self._assumed_on.get(node, {}).values()]
-            return found
+            return self._bound(node)
 
     def budgets(self) -> list[Budget]:
         with self._lock:
@@ -616,12 +614,13 @@ class ClusterCache:
         """The node's view without the pods `uids` (bound, assumed or nominated): what it would
         be with them gone. Not kept; None for a node the cache has not seen."""
         skip = set(uids)
-        if not skip:
-            return self.view(name)
         with self._lock:
             if name not in self._nodes:
                 return None
-            return self._assemble(name, [e for e in self._entries(name) if e.uid not in skip])
+            entries = self._entries(name)
+            if not any(e.uid in skip for e in entries):
+                return self.view(name)  # none of them here: the kept view (a bind, mostly)
+            return self._assemble(name, [e for e in entries if e.uid not in skip])
 
     # -- shared-GPU admission, one pod per node at a time --
 
@@ -660,11 +659,14 @@ class ClusterCache:
             view = self._views[name] = self._assemble(name, self._entries(name))
             return view
 
-    def _entries(self, name: str) -> list[PodEntry]:
+    def _bound(self, name: str) -> list[PodEntry]:
         found = list(self._by_node.get(name, {}).values())
         found += [a.entry for a in self._assumed_on.get(name, {}).values()]
-        found += self._nominated_on.get(name, {}).values()
         return found
+
+    def _entries(self, name: str) -> list[PodEntry]:
+        """Everything the node's view counts: bound, assumed and nominated pods."""
+        return [*self._bound(name), *self._nominated_on.get(name, {}).values()]
 
     def _assemble(self, name: str, entries: Iterable[PodEntry]) -> NodeView:
         entry = self._nodes[name]
