@@ -28,9 +28,11 @@ from .models import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
     HostPriority,
 )
-from .service import ExtenderService, FilterOutcome, explain
+from .service import ExtenderService, FilterOutcome, NodeVictims, explain
 from .settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,39 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             metrics.decisions.labels("prioritize", "error").inc()
             return JSONResponse({"Error": explain(error)}, status_code=400)
         metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
+        return Response(text, media_type=_JSON)
+
+    @app.post(
+        f"{prefix}/preempt",
+        response_model=ExtenderPreemptionResult,
+        summary="Victims on one GPU per candidate node; nodes where none help are left out",
+        responses={400: {"description": "not a pod we can read"}},
+        openapi_extra=_json_body(ExtenderPreemptionArgs),
+    )
+    async def preempt(request: Request) -> Response:
+        started = time.perf_counter()
+        args = await _parse(request, ExtenderPreemptionArgs)
+        try:
+            kept = service.preempt(args.Pod, _candidates(args))
+        except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
+            # No Error field in the result: a 400 fails this preemption attempt, and
+            # kube-scheduler tries again on the pod's next cycle.
+            if not isinstance(error, GpupartError):
+                log.exception("Failed to preempt")
+            metrics.decisions.labels("preempt", "error").inc()
+            return JSONResponse({"Error": explain(error)}, status_code=400)
+        text = json.dumps(
+            {
+                "NodeNameToMetaVictims": {
+                    node: {
+                        "Pods": [{"UID": uid} for uid in victims.uids],
+                        "NumPDBViolations": victims.violations,
+                    }
+                    for node, victims in kept.items()
+                }
+            }
+        )
+        metrics.latency.labels("preempt").observe(time.perf_counter() - started)
         return Response(text, media_type=_JSON)
 
     @app.post(
@@ -257,6 +292,27 @@ def _json_body(model: type[BaseModel]) -> dict[str, Any]:
 
     content = {"application/json": {"schema": inline(schema)}}
     return {"requestBody": {"required": True, "content": content}}
+
+
+def _candidates(args: ExtenderPreemptionArgs) -> dict[str, NodeVictims]:
+    """Victims per node from NodeNameToMetaVictims (nodeCacheCapable) or NodeNameToVictims."""
+    if args.NodeNameToMetaVictims is not None:
+        return {
+            node: NodeVictims(
+                tuple(p.UID for p in v.Pods or ()) if v else (), v.NumPDBViolations if v else 0
+            )
+            for node, v in args.NodeNameToMetaVictims.items()
+        }
+    found = {}
+    for node, victims in (args.NodeNameToVictims or {}).items():
+        uids = []
+        for pod in (victims.Pods if victims else None) or ():
+            meta = pod.get("metadata") if isinstance(pod, dict) else None
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+            if isinstance(uid, str) and uid:
+                uids.append(uid)
+        found[node] = NodeVictims(tuple(uids), victims.NumPDBViolations if victims else 0)
+    return found
 
 
 def _names(args: ExtenderArgs) -> tuple[list[str], list[dict[str, Any]]]:

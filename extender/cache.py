@@ -8,6 +8,12 @@ An object the cache cannot read is never fatal: a Pod is skipped, a Node kept wi
 its reason, and both are listed in `unreadable()` (logged once per object and resourceVersion) for
 the metrics and `diagnose`; the watch goes on with the other objects.
 
+Preemption (docs/adr-005-preemption.md): PodDisruptionBudgets are kept for the preempt verb's
+violation count, and a pending pod nominated to a node (`status.nominatedNodeName`, set by
+kube-scheduler after it evicted victims for it) holds its demand there, on the GPU the preempt
+verb chose, until it binds or the nomination is cleared: a pod arriving in between cannot take
+the room its victims free. The nominated pod itself is evaluated without its own reservation.
+
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
@@ -30,18 +36,17 @@ from typing import Any
 
 from gpupart.core.admission import admission_complete, shared_containers
 from gpupart.core.errors import GpupartError
+from gpupart.core.preemption import Budget, parse_budget
 from gpupart.core.resources import parse_pod_request
 from gpupart.core.scheduling import (
     NodeView,
     PlacedPod,
     Shape,
-    Tenant,
     anonymous,
     assemble_node,
     demand_shape,
     node_cpu_milli,
     pod_cpu_milli,
-    pod_key,
     tenant_of,
 )
 from gpupart.core.wire import (
@@ -49,6 +54,7 @@ from gpupart.core.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     InventoryGpu,
+    PodAssignment,
     decode_allocation,
     decode_assignment,
     decode_inventory,
@@ -58,6 +64,7 @@ log = logging.getLogger(__name__)
 
 NODE = "Node"
 POD = "Pod"
+PDB = "PodDisruptionBudget"
 WATCH_FAILING_AFTER = 3
 """Consecutive failures of one kind's list or watch after which the extender is not ready."""
 _LOG_SIZE = 100_000
@@ -194,9 +201,9 @@ def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
         and meta.get("deletionTimestamp") is None
         and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
     )
-    # A CPU-only pod is no GPU tenant: its name and namespace are all it needs (no labels).
-    namespace = str(meta.get("namespace") or "default")
-    tenant = Tenant(pod_key(pod), namespace) if request.empty else tenant_of(pod, request)
+    # A CPU-only pod is no GPU tenant of the view; its labels and priority are kept for the
+    # preempt verb (kube-scheduler may name it as a victim, and PDBs may cover it).
+    tenant = tenant_of(pod, request)
     return PodEntry(
         str(meta.get("uid") or tenant.pod),
         tenant.pod,
@@ -204,6 +211,41 @@ def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
         PlacedPod(tenant, request, assignment, cpu),
         awaiting,
     )
+
+
+def read_nomination(pod: Mapping[str, Any], gpu: tuple[int, str] | None = None) -> PodEntry | None:
+    """The reservation of a pending pod nominated to a node (`status.nominatedNodeName`), on
+    `gpu` (index, UUID: the GPU the preempt verb chose there) or on no GPU in particular; None
+    for pods that are bound, finished, deleting, not nominated or ask for no GPU. Never raises:
+    a pod whose request cannot be read reserves nothing (filter refuses it anyway)."""
+    try:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        node = status.get("nominatedNodeName")
+        if (
+            not node
+            or spec.get("nodeName")
+            or status.get("phase") in _DONE_PHASES
+            or meta.get("deletionTimestamp") is not None
+        ):
+            return None
+        request = parse_pod_request(pod)
+        if request.empty:
+            return None
+        assignment = None
+        if gpu is not None and request.shared:
+            index, uuid = gpu
+            assignment = PodAssignment(
+                str(node), index, uuid, request.memory_mib, request.compute_percent
+            )
+        tenant = tenant_of(pod, request)
+        uid = str(meta.get("uid") or tenant.pod)
+        return PodEntry(
+            uid, tenant.pod, str(node), PlacedPod(tenant, request, assignment, pod_cpu_milli(pod))
+        )
+    except Exception:  # noqa: BLE001 - one pod's problem; it reserves nothing
+        return None
 
 
 def _served(pod: Mapping[str, Any], record: object) -> bool:
@@ -236,6 +278,12 @@ class ClusterCache:
         self._assumed: dict[str, Assumed] = {}
         self._assumed_on: dict[str, dict[str, Assumed]] = {}
         """The same assumed pods by node: a view reads its node's only."""
+        self._nominated: dict[str, tuple[PodEntry, Mapping[str, Any]]] = {}
+        """Pending pods nominated to a node: their reservation, and the object it was read from."""
+        self._nominated_on: dict[str, dict[str, PodEntry]] = {}
+        self._proposals: dict[str, dict[str, tuple[int, float]]] = {}
+        """Per pod uid, per node: the GPU the preempt verb freed for it there, until when."""
+        self._budgets: dict[str, Budget] = {}
         self._views: dict[str, NodeView] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
@@ -291,8 +339,25 @@ class ClusterCache:
             if event == "DELETED":
                 self._readable(POD, uid)
                 self._set_pod(uid, None)
+                self._set_nominated(uid, None)
             else:
                 self._set_pod(uid, self._read_pod(uid, obj))
+                self._set_nominated(uid, obj)
+        elif kind == PDB:
+            self._apply_budget(event, obj)
+
+    def _apply_budget(self, event: str, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        if event == "DELETED":
+            self._budgets.pop(key, None)
+            self._readable(PDB, key)
+            return
+        try:
+            self._budgets[key] = parse_budget(obj)
+            self._readable(PDB, key)
+        except Exception as error:  # noqa: BLE001 - one budget's problem; it is not counted
+            self._budgets.pop(key, None)
+            self._unreadable_seen(PDB, key, key, obj, _problem(error))
 
     def _read_node(self, name: str, obj: Mapping[str, Any]) -> NodeEntry:
         entry = read_node(obj, self._nodes.get(name))
@@ -342,16 +407,27 @@ class ClusterCache:
                         self._touch(name)
                 self._nodes = fresh
                 keys: set[str] = set(fresh)
-            else:
+            elif kind == POD:
                 seen: dict[str, PodEntry | None] = {}
+                listed_by_uid: dict[str, Mapping[str, Any]] = {}
                 for o in listed:
                     uid = str(_meta(o).get("uid") or "") or _key(o)
                     seen[uid] = self._read_pod(uid, o)
+                    listed_by_uid[uid] = o
                 for uid in set(self._pods) - set(seen):
                     self._set_pod(uid, None)
+                for uid in set(self._nominated) - set(seen):
+                    self._set_nominated(uid, None)
                 for uid, entry in seen.items():
                     self._set_pod(uid, entry)
+                    self._set_nominated(uid, listed_by_uid[uid])
                 keys = set(seen)
+            else:
+                self._budgets = {}
+                keys = set()
+                for o in listed:
+                    self._apply_budget("ADDED", o)
+                    keys.add(_key(o))
             for gone in [k for k in self._unreadable if k[0] == kind and k[1] not in keys]:
                 del self._unreadable[gone]
             self.synced[kind] = True
@@ -374,6 +450,35 @@ class ClusterCache:
             self._pods[uid] = entry
             self._by_node.setdefault(entry.node, {})[uid] = entry
             self._touch(entry.node)
+
+    def _set_nominated(self, uid: str, obj: Mapping[str, Any] | None) -> None:
+        """Keep, move or drop the reservation of a pending pod nominated to a node."""
+        old = self._nominated.get(uid)
+        entry = None
+        if obj is not None and uid not in self._assumed and uid not in self._pods:
+            entry = read_nomination(obj)
+            if entry is not None:
+                entry = read_nomination(obj, self._proposed_gpu(uid, entry.node))
+        if old is not None and old[0] == entry:
+            return
+        if old is not None:
+            del self._nominated[uid]
+            on_node = self._nominated_on[old[0].node]
+            del on_node[uid]
+            if not on_node:
+                del self._nominated_on[old[0].node]
+            self._touch(old[0].node)
+        if entry is not None and obj is not None:
+            self._nominated[uid] = (entry, obj)
+            self._nominated_on.setdefault(entry.node, {})[uid] = entry
+            self._touch(entry.node)
+
+    def _proposed_gpu(self, uid: str, node: str) -> tuple[int, str] | None:
+        proposal = self._proposals.get(uid, {}).get(node)
+        inventory = (self._nodes.get(node) or NodeEntry(None, "")).inventory
+        if proposal is None or inventory is None:
+            return None
+        return next(((g.index, g.uuid) for g in inventory if g.index == proposal[0]), None)
 
     def _touch(self, node: str) -> None:
         self._clock += 1
@@ -434,6 +539,7 @@ class ClusterCache:
     def assume(self, entry: PodEntry, *, expires: float) -> None:
         with self._lock:
             self._drop_assumed(entry.uid)
+            self._set_nominated(entry.uid, None)  # bound now: the reservation has served
             assumed = self._assumed[entry.uid] = Assumed(entry, expires)
             self._assumed_on.setdefault(entry.node, {})[entry.uid] = assumed
             self._touch(entry.node)
@@ -457,12 +563,64 @@ class ClusterCache:
         return True
 
     def expire(self, now: float) -> int:
-        """Drop assumed pods whose TTL has passed; returns how many."""
+        """Drop assumed pods and preemption proposals whose TTL has passed; returns how many
+        assumed pods went."""
         with self._lock:
+            for uid, proposals in list(self._proposals.items()):
+                for node in [n for n, (_, until) in proposals.items() if until <= now]:
+                    del proposals[node]
+                if not proposals:
+                    del self._proposals[uid]
             gone = [uid for uid, a in self._assumed.items() if a.expires <= now]
             for uid in gone:
                 self.forget(uid)
             return len(gone)
+
+    # -- preemption --
+
+    def propose(self, uid: str, node: str, gpu: int, *, expires: float) -> None:
+        """The preempt verb freed GPU `gpu` of `node` for pod `uid`: if kube-scheduler nominates
+        the pod there, its reservation goes on that GPU."""
+        with self._lock:
+            self._proposals.setdefault(uid, {})[node] = (gpu, expires)
+            held = self._nominated.get(uid)
+            if held is not None and held[0].node == node:
+                obj = held[1]
+                self._set_nominated(uid, None)
+                self._set_nominated(uid, obj)
+                self._refresh()
+                self._changed.notify_all()
+
+    def nomination(self, uid: str) -> PodEntry | None:
+        """The reservation pod `uid` holds as a nominated pod, if any."""
+        with self._lock:
+            held = self._nominated.get(uid)
+            return held[0] if held is not None else None
+
+    def nominated_on(self, node: str) -> list[PodEntry]:
+        with self._lock:
+            return list(self._nominated_on.get(node, {}).values())
+
+    def pods_on(self, node: str) -> list[PodEntry]:
+        """The pods bound (or assumed) on `node` that the cache counts."""
+        with self._lock:
+            return self._bound(node)
+
+    def budgets(self) -> list[Budget]:
+        with self._lock:
+            return [self._budgets[k] for k in sorted(self._budgets)]
+
+    def view_excluding(self, name: str, uids: Iterable[str]) -> NodeView | None:
+        """The node's view without the pods `uids` (bound, assumed or nominated): what it would
+        be with them gone. Not kept; None for a node the cache has not seen."""
+        skip = set(uids)
+        with self._lock:
+            if name not in self._nodes:
+                return None
+            entries = self._entries(name)
+            if not any(e.uid in skip for e in entries):
+                return self.view(name)  # none of them here: the kept view (a bind, mostly)
+            return self._assemble(name, [e for e in entries if e.uid not in skip])
 
     # -- shared-GPU admission, one pod per node at a time --
 
@@ -496,26 +654,36 @@ class ClusterCache:
         if view is not None:
             return view
         with self._lock:
-            entry = self._nodes.get(name)
-            if entry is None:
+            if name not in self._nodes:
                 return None
-            placed = [p.placed for p in self._by_node.get(name, {}).values()]
-            placed += [a.entry.placed for a in self._assumed_on.get(name, {}).values()]
-            version = self._versions.get(name, 0)
-            try:
-                view = assemble_node(
-                    name,
-                    entry.inventory,
-                    placed,
-                    cpu_milli=entry.cpu_milli,
-                    problem=entry.problem,
-                    version=version,
-                )
-            except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
-                problem = f"cannot be evaluated: {_problem(error)}"
-                view = assemble_node(name, None, (), problem=problem, version=version)
-            self._views[name] = view
+            view = self._views[name] = self._assemble(name, self._entries(name))
             return view
+
+    def _bound(self, name: str) -> list[PodEntry]:
+        found = list(self._by_node.get(name, {}).values())
+        found += [a.entry for a in self._assumed_on.get(name, {}).values()]
+        return found
+
+    def _entries(self, name: str) -> list[PodEntry]:
+        """Everything the node's view counts: bound, assumed and nominated pods."""
+        return [*self._bound(name), *self._nominated_on.get(name, {}).values()]
+
+    def _assemble(self, name: str, entries: Iterable[PodEntry]) -> NodeView:
+        entry = self._nodes[name]
+        placed = [e.placed for e in entries]
+        version = self._versions.get(name, 0)
+        try:
+            return assemble_node(
+                name,
+                entry.inventory,
+                placed,
+                cpu_milli=entry.cpu_milli,
+                problem=entry.problem,
+                version=version,
+            )
+        except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
+            problem = f"cannot be evaluated: {_problem(error)}"
+            return assemble_node(name, None, (), problem=problem, version=version)
 
     def signatures(self) -> Mapping[str, tuple[int, int]]:
         """Node name -> (version, state id), current for every known node; read under `lock()`.
@@ -578,12 +746,14 @@ class ClusterCache:
                 "nodes": len(self._nodes),
                 "pods": len(self._pods),
                 "assumed": len(self._assumed),
+                "nominated": len(self._nominated),
+                "budgets": len(self._budgets),
             }
 
     def unreadable_counts(self) -> dict[str, int]:
         with self._lock:
             found = Counter(kind for kind, _ in self._unreadable)
-            return {NODE: found[NODE], POD: found[POD]}
+            return {NODE: found[NODE], POD: found[POD], PDB: found[PDB]}
 
     def observed_mix(self) -> Counter[Shape]:
         """How many bound GPU pods have each (GPU count, milli per GPU, CPU): the policy's mix.

@@ -1,4 +1,4 @@
-"""The extender's Kubernetes I/O: list+watch Nodes and Pods into the cache, and the bind writes.
+"""The extender's Kubernetes I/O: list+watch Nodes, Pods and PodDisruptionBudgets into the cache, and the bind writes.
 
 The watch keeps raw JSON (no client-model deserialisation: at thousands of pods that costs more
 than everything else) and resumes from the last resourceVersion; on 410 Gone or any break it
@@ -21,7 +21,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from gpupart.kubeconfig import describe_api_error, load_configuration
 
-from .cache import NODE, POD, ClusterCache
+from .cache import NODE, PDB, POD, ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Watcher:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
         self.cache = cache
         self.timeout = timeout_seconds
         self.sleep = sleep
@@ -103,6 +104,8 @@ class Watcher:
         for kind, lister in (
             (NODE, self.core.list_node),
             (POD, self.core.list_pod_for_all_namespaces),
+            # For the preempt verb's PDB violation count (kube-scheduler's own rule).
+            (PDB, self.policy.list_pod_disruption_budget_for_all_namespaces),
         ):
             thread = threading.Thread(
                 target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True

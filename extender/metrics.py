@@ -30,6 +30,22 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "gpupart_extender_preemption_requests_total",
+            "Preempt calls answered (kube-scheduler's preemption asking which victims free a GPU)",
+            registry=self.registry,
+        )
+        self.victims = Counter(
+            "gpupart_extender_preemption_victims_total",
+            "Victims proposed in preempt answers, summed over the candidate nodes kept",
+            registry=self.registry,
+        )
+        self.dropped = Counter(
+            "gpupart_extender_preemption_nodes_dropped_total",
+            "Candidate nodes dropped from preempt answers: no set of lower-priority pods on one "
+            "GPU lets the pod fit, or the victims shown free no slice of its profile",
+            registry=self.registry,
+        )
         self.cache = Gauge(
             "gpupart_extender_cache_objects",
             "Objects in the watch cache",

@@ -128,6 +128,65 @@ class ExtenderBindingResult(BaseModel):
     Error: str = ""
 
 
+MAX_VICTIMS = 10_000
+"""Victims per node in a preempt request: far above the pods a node can run."""
+
+
+class MetaPod(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    UID: str = Field(validation_alias=AliasChoices("UID", "uid"), max_length=128)
+
+
+class MetaVictims(BaseModel):
+    """Victims named by UID (nodeCacheCapable)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    Pods: list[MetaPod] | None = Field(
+        default=None, validation_alias=AliasChoices("Pods", "pods"), max_length=MAX_VICTIMS
+    )
+    NumPDBViolations: int = Field(
+        default=0, validation_alias=AliasChoices("NumPDBViolations", "numPDBViolations")
+    )
+
+
+class Victims(BaseModel):
+    """Victims as full Pods (nodeCacheCapable false); pods stay raw Kubernetes JSON."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    Pods: list[dict[str, Any]] | None = Field(
+        default=None, validation_alias=AliasChoices("Pods", "pods"), max_length=MAX_VICTIMS
+    )
+    NumPDBViolations: int = Field(
+        default=0, validation_alias=AliasChoices("NumPDBViolations", "numPDBViolations")
+    )
+
+
+class ExtenderPreemptionArgs(BaseModel):
+    """Body of preempt: the pod, and per candidate node the victims kube-scheduler's dry run
+    chose (by UID when nodeCacheCapable, else as full Pods)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    Pod: dict[str, Any] = Field(
+        validation_alias=AliasChoices("Pod", "pod"), json_schema_extra=POD_SCHEMA
+    )
+    NodeNameToVictims: dict[str, Victims | None] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("NodeNameToVictims", "nodeNameToVictims"),
+        max_length=MAX_NODE_NAMES,
+    )
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("NodeNameToMetaVictims", "nodeNameToMetaVictims"),
+        max_length=MAX_NODE_NAMES,
+    )
+
+
+class ExtenderPreemptionResult(BaseModel):
+    """Always the MetaVictims form: kube-scheduler finds each UID among the node's pods."""
+
+    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+
+
 class DiagnosisResult(BaseModel):
     """Body of `POST <prefix>/diagnose` (gpupart's own verb, not kube-scheduler's): per node, the
     score (0-10) where the pod fits and the full reason where it does not."""

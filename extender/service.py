@@ -1,4 +1,4 @@
-"""Filter, prioritize and bind on domain types: the cache, the core's terms, holds and binding.
+"""Filter, prioritize, preempt and bind on domain types: the cache, the core's terms, holds and binding.
 
 HTTP-free: `app.py` parses the wire models and calls these methods. Every core error is turned
 into extender words here, in `explain`, and nowhere else.
@@ -20,6 +20,7 @@ from operator import attrgetter, is_not
 from typing import Any, Protocol
 
 from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.preemption import Budget, choose_victims, order_victims, violations
 from gpupart.core.scheduling import (
     Demand,
     FailureKind,
@@ -73,6 +74,15 @@ class FilterOutcome:
     error: str = ""
     encoded: tuple[str, str, str] | None = None
     """`passed`, `failed` and `unresolvable` as JSON text, joined from memoised pieces."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVictims:
+    """Victims on one candidate node (pod UIDs, highest priority first) and the PDB violations
+    their eviction makes: a node of ExtenderPreemptionArgs or ExtenderPreemptionResult."""
+
+    uids: tuple[str, ...]
+    violations: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +463,7 @@ class ExtenderService:
         now: float,
         *,
         survivors: bool = False,
+        own: Mapping[str, NodeView] | None = None,
     ) -> tuple[_Batch, bool, _ShapeMemo]:
         """Answers per node name, memoised per node state and pod shape (see `_ShapeMemo`).
 
@@ -460,7 +471,8 @@ class ExtenderService:
         prioritize list may be what filter let through), and the shape's memo. A repeated
         list is patched where the cache changed since (see `_Batch`); a new list costs a few
         dict lookups per node. A node is evaluated only when no node in the same state was
-        evaluated for this pod shape since the model last changed.
+        evaluated for this pod shape since the model last changed. `own`: views of nodes where
+        the pod holds a reservation (nominated), without it: answered afresh, never kept.
         """
         names = names if isinstance(names, list) else list(names)
         shape = dataclasses.replace(demand, pod="")
@@ -473,7 +485,7 @@ class ExtenderService:
             if memo is None:
                 memo = self._memo[shape] = _ShapeMemo()
             sigs = self.cache.signatures()
-            if not given:
+            if not given and not own:
                 found = self._kept(names, memo, sigs, demand, model, survivors=survivors)
                 if found is not None:
                     return (*found, memo)
@@ -493,8 +505,12 @@ class ExtenderService:
                     out[n] = _answer(name, None, verdict)
                 else:
                     out[n] = self._answer(name, sigs, demand, memo, model)
+            for n, name in enumerate(names):
+                if own and name in own:  # the pod's own reservation does not block it
+                    verdict = evaluate(own[name], demand, config=self.scoring, model=model)
+                    out[n] = _answer(name, None, verdict)
             batch = _Batch.of(names, out, self.cache.clock)
-            if not given:
+            if not given and not own:
                 batch.index = dict(zip(names, range(len(names)), strict=True))
                 if len(batch.index) == len(names):  # a list naming a node twice is not kept
                     self._keep(memo, batch)
@@ -618,7 +634,9 @@ class ExtenderService:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
         given = _views_from_objects(nodes)
-        batch, _, memo = self._answers(names, demand, given, now)
+        own = self._own_views(pod)
+        batch, _, memo = self._answers(names, demand, given, now, own=own)
+        given = {**given, **own}
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -679,7 +697,7 @@ class ExtenderService:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
         batch, passed_only, _ = self._answers(
-            names, demand, _views_from_objects(nodes), now, survivors=True
+            names, demand, _views_from_objects(nodes), now, survivors=True, own=self._own_views(pod)
         )
         self.metrics.decisions.labels("prioritize", "ok").inc()
         return batch, passed_only
@@ -710,6 +728,112 @@ class ExtenderService:
         unreadable = {f"{u.kind} {u.name}": u.problem for u in self.cache.unreadable()}
         return Diagnosis(demand.pod, scores, failed, unresolvable, unreadable)
 
+    def preempt(
+        self, pod: Mapping[str, Any], candidates: Mapping[str, NodeVictims]
+    ) -> dict[str, NodeVictims]:
+        """Per candidate node of kube-scheduler's preemption, the victims that let the pod fit
+        there; nodes where none do are left out. InvalidInput (a pod we cannot read) goes to
+        the caller.
+
+        Shared-GPU pods: the cheapest set of lower-priority pods on one GPU (`choose_victims`),
+        plus the victims kube-scheduler chose that hold no shared GPU (it needed them for what
+        it counts in-tree); its victims on other GPUs are dropped, they free nothing for us.
+        Where the GPU already fits, kube-scheduler's victims stand. MIG and whole-GPU pods:
+        kube-scheduler's victims stand if their removal frees what the pod asks, else the node
+        goes. The freed GPU is proposed to the cache: if the pod is nominated to that node, its
+        reservation goes there.
+        """
+        now = self.clock()
+        self._housekeeping(now)
+        demand = self._demand(pod)
+        self.metrics.preemptions.inc()
+        uid = _uid(pod)
+        budgets = self.cache.budgets()
+        model = self.model(now)
+        kept: dict[str, NodeVictims] = {}
+        for node, offered in candidates.items():
+            answer = self._victims_on(node, offered, demand, uid, budgets, model, now)
+            if answer is None:
+                self.metrics.dropped.inc()
+            else:
+                kept[node] = answer
+                self.metrics.victims.inc(len(answer.uids))
+        self.metrics.decisions.labels("preempt", "ok" if kept else "unschedulable").inc()
+        log.info(
+            "Answered preemption",
+            extra={
+                "kv": {
+                    "pod": demand.pod,
+                    "candidates": len(candidates),
+                    "kept": {n: list(v.uids) for n, v in list(kept.items())[:3]},
+                }
+            },
+        )
+        return kept
+
+    def _victims_on(
+        self,
+        node: str,
+        offered: NodeVictims,
+        demand: Demand,
+        uid: str,
+        budgets: Sequence[Budget],
+        model: FragmentationModel,
+        now: float,
+    ) -> NodeVictims | None:
+        request = demand.request
+        if not (request.mig or request.whole_gpus or request.shared):
+            return offered  # not a GPU pod: nothing of ours to check
+        # Lower-priority pods nominated here lose their nomination when this pod preempts
+        # (kube-scheduler clears it); the pod's own reservation is its own.
+        gone = {
+            e.uid
+            for e in self.cache.nominated_on(node)
+            if e.uid == uid or e.placed.tenant.priority < demand.priority
+        }
+        if request.mig or request.whole_gpus:
+            after = self.cache.view_excluding(node, gone | set(offered.uids))
+            if after is None:
+                return None
+            verdict = evaluate(after, demand, config=self.scoring, model=model)
+            return offered if isinstance(verdict, Fit) else None
+        view = self.cache.view_excluding(node, gone)
+        if view is None:
+            return None
+        if isinstance(evaluate(view, demand, config=self.scoring, model=model), Fit):
+            return offered  # the GPU has room: kube-scheduler's victims are for its own counts
+        entries = {e.uid: e for e in self.cache.pods_on(node)}
+        evictable = frozenset(
+            e.key
+            for e in entries.values()
+            if e.placed.request.shared and e.placed.tenant.priority < demand.priority
+        )
+        chosen = choose_victims(
+            view, demand, evictable=evictable, budgets=budgets, config=self.scoring
+        )
+        if chosen is None:
+            return None
+        by_key = {e.key: e for e in entries.values()}
+        theirs = [
+            u for u in offered.uids if not (u in entries and entries[u].placed.request.shared)
+        ]
+        known = [entries[u].placed.tenant for u in theirs if u in entries]
+        ordered = order_victims([*chosen.pods, *known])
+        uids = tuple(by_key[t.pod].uid for t in ordered) + tuple(
+            u for u in theirs if u not in entries
+        )
+        self.cache.propose(uid, node, chosen.gpu, expires=now + self.ttl)
+        return NodeVictims(uids, violations(ordered, budgets))
+
+    def _own_views(self, pod: Mapping[str, Any]) -> dict[str, NodeView]:
+        """The node where the pod holds a reservation (nominated), viewed without it."""
+        uid = _uid(pod)
+        held = self.cache.nomination(uid)
+        if held is None:
+            return {}
+        view = self.cache.view_excluding(held.node, [uid])
+        return {} if view is None else {held.node: view}
+
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
         """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""
         now = self.clock()
@@ -730,7 +854,8 @@ class ExtenderService:
                 if waiting:
                     self.metrics.decisions.labels("bind", "error").inc()
                     return waiting
-            view = self.cache.view(node)
+            # A pod nominated here after preemption is not kept out by its own reservation.
+            view = self.cache.view_excluding(node, [key])
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
                 return f"node {node} is not known to the gpupart extender"

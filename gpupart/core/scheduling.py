@@ -409,13 +409,26 @@ def _anti_affinity_terms(affinity: object, namespace: str) -> tuple[AntiAffinity
 def _term(raw: object, namespace: str, required: bool, where: str) -> AntiAffinityTerm:
     if not isinstance(raw, Mapping):
         raise InvalidInput(where, "must be a PodAffinityTerm object")
-    selector = raw.get("labelSelector") or {}
+    selector = parse_label_selector(raw.get("labelSelector") or {}, f"{where}.labelSelector")
+    namespaces = raw.get("namespaces") or []
+    if not isinstance(namespaces, list):
+        raise InvalidInput(f"{where}.namespaces", "must be a list")
+    if raw.get("namespaceSelector") == {}:
+        namespaces = ["*"]  # an empty namespaceSelector selects every namespace
+    return AntiAffinityTerm(selector, tuple(str(n) for n in namespaces) or (namespace,), required)
+
+
+def parse_label_selector(selector: object, where: str) -> NodeSelector:
+    """A metav1.LabelSelector (matchLabels, matchExpressions); InvalidInput names the field."""
     if not isinstance(selector, Mapping):
-        raise InvalidInput(f"{where}.labelSelector", "must be an object")
-    match_labels = _labels(selector.get("matchLabels"), f"{where}.labelSelector.matchLabels")
+        raise InvalidInput(where, "must be an object")
+    match_labels = _labels(selector.get("matchLabels"), f"{where}.matchLabels")
+    raw_expressions = selector.get("matchExpressions") or []
+    if not isinstance(raw_expressions, list):
+        raise InvalidInput(f"{where}.matchExpressions", "must be a list")
     expressions = []
-    for m, expr in enumerate(selector.get("matchExpressions") or []):
-        place = f"{where}.labelSelector.matchExpressions[{m}]"
+    for m, expr in enumerate(raw_expressions):
+        place = f"{where}.matchExpressions[{m}]"
         if not isinstance(expr, Mapping):
             raise InvalidInput(place, "must be an object")
         operator = expr.get("operator")
@@ -425,16 +438,7 @@ def _term(raw: object, namespace: str, required: bool, where: str) -> AntiAffini
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise InvalidInput(f"{place}.values", "must be a list of strings")
         expressions.append(LabelRequirement(str(expr.get("key", "")), operator, tuple(values)))
-    namespaces = raw.get("namespaces") or []
-    if not isinstance(namespaces, list):
-        raise InvalidInput(f"{where}.namespaces", "must be a list")
-    if raw.get("namespaceSelector") == {}:
-        namespaces = ["*"]  # an empty namespaceSelector selects every namespace
-    return AntiAffinityTerm(
-        NodeSelector(tuple(sorted(match_labels.items())), tuple(expressions)),
-        tuple(str(n) for n in namespaces) or (namespace,),
-        required,
-    )
+    return NodeSelector(tuple(sorted(match_labels.items())), tuple(expressions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -778,6 +782,11 @@ def _matches(tenant: Tenant, demand: Demand, group_label: str, *, required_only:
     if not required_only and demand.group and tenant.label(group_label) == demand.group:
         return True
     return any(term.matches(tenant) for term in demand.terms if term.required or not required_only)
+
+
+def must_avoid(tenant: Tenant, demand: Demand, group_label: str) -> bool:
+    """Whether a required podAntiAffinity term of the pod matches `tenant` (no shared GPU)."""
+    return _matches(tenant, demand, group_label, required_only=True)
 
 
 def _node_conflict(tenants: Iterable[Tenant], demand: Demand, group_label: str) -> bool:

@@ -17,6 +17,12 @@ included, the client's JSON and the loopback not), timed around the app inside t
 (the extender API's Go types, encoding/json, net/http; built once, see goclients.py), so the
 figures include what decoding the replies costs kube-scheduler itself.
 
+Preempt: one preempt call (nodeCacheCapable form) for a high-priority shared-GPU pod with 100
+candidate nodes and 20 victims each (kube-scheduler's dry run names every pod of the node),
+on a cluster of 8-GPU MPS nodes with 20 lower-priority pods each; the extender picks the pods
+of one GPU per node. Timed from the client as the pairs are: "preempt_p50_ms", "preempt_p99_ms".
+`--preempt-only` runs just that.
+
 --floor also runs each size against a server that decides nothing: the same uvicorn setup
 replaying, per pod shape, the reply bytes the real extender gave once ("floor_p50_ms_N",
 "floor_p99_ms_N": what HTTP and the client's JSON cost at these sizes).
@@ -34,6 +40,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +170,52 @@ def timed(app: ASGIApp) -> ASGIApp:
     return wrapper
 
 
+PREEMPT_NODES = 100
+PREEMPT_VICTIMS = 20
+PREEMPTOR = {
+    "metadata": {"name": "urgent", "namespace": "bench", "uid": "u-urgent"},
+    "spec": {
+        "priority": 1000,
+        "containers": [
+            {
+                "resources": {
+                    "limits": {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "60000"}
+                }
+            }
+        ],
+    },
+}
+"""60000 MiB with the 15 % reserve: 69000 free on one GPU, two of its pods have to go."""
+
+
+def preempt_cluster(seed: int = 3) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """PREEMPT_NODES MPS nodes of 8 GPUs; PREEMPT_VICTIMS pods of 25000 MiB on each, 2-3 a GPU,
+    of random priority below the preemptor's."""
+    rng = random.Random(seed)
+    node_objs, pods = [], []
+    for n in range(PREEMPT_NODES):
+        name = f"node-{n:05d}"
+        gpus = [InventoryGpu(i, f"GPU-{n}-{i}", "H100", MIB, Mode.MPS, (), 16) for i in range(GPUS)]
+        for k in range(PREEMPT_VICTIMS):
+            i = k % GPUS
+            a = encode_assignment(PodAssignment(name, i, f"GPU-{n}-{i}", 25000))
+            pod = _pod(
+                f"v-{n}-{k}",
+                name,
+                {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "25000"},
+                rng.choice("abcdef"),
+                a,
+            )
+            pod["spec"]["priority"] = rng.randrange(0, 1000)
+            pods.append(pod)
+        annotations = {INVENTORY_ANNOTATION: encode_inventory(Inventory(tuple(gpus)))}
+        node_objs.append({"metadata": {"name": name, "annotations": annotations}})
+    return node_objs, pods
+
+
 def serve(nodes: int, port_file: Path, *, floor: bool) -> None:
     cache = ClusterCache()
-    node_objs, pods = cluster(nodes)
+    node_objs, pods = preempt_cluster() if nodes == PREEMPT_NODES else cluster(nodes)
     cache.replace(NODE, node_objs)
     cache.replace(POD, pods)
     settings = ExtenderSettings(log_level="WARNING")
@@ -318,7 +369,10 @@ def go_client(binary: Path, url: str, names: list[str], pods: int) -> list[float
     return timings
 
 
-def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
+@contextmanager
+def extender_process(nodes: int, *, floor: bool = False) -> Iterator[int]:
+    """The extender (or the floor) serving the synthetic cluster of `nodes` in a child process;
+    yields its port."""
     port_file = Path(f"/tmp/gpupart-bench-port-{nodes}-{time.time_ns()}")
     serve_args = ["--serve", str(nodes), "--port-file", str(port_file)]
     child = subprocess.Popen(
@@ -330,7 +384,15 @@ def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) 
             if child.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the extender process did not start")
             time.sleep(0.1)
-        port = int(port_file.read_text())
+        yield int(port_file.read_text())
+    finally:
+        child.terminate()
+        child.wait(10)
+        port_file.unlink(missing_ok=True)
+
+
+def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
+    with extender_process(nodes, floor=floor) as port:
         url = f"http://127.0.0.1:{port}"
         for _attempt in range(300):
             try:
@@ -361,10 +423,42 @@ def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) 
             f"server_p50_ms_{nodes}": round(server_p50, 2),
             f"server_p99_ms_{nodes}": round(server_p99, 2),
         }
-    finally:
-        child.terminate()
-        child.wait(10)
-        port_file.unlink(missing_ok=True)
+
+
+def measure_preempt(requests: int) -> dict[str, float]:
+    """Milliseconds of one preempt call over HTTP: 100 candidate nodes, 20 victims each."""
+    with extender_process(PREEMPT_NODES) as port:
+        http = Http(port)
+        _, pods = preempt_cluster()
+        victims = {
+            f"node-{n:05d}": {
+                "Pods": [
+                    {"UID": p["metadata"]["uid"]}
+                    for p in pods
+                    if p["spec"]["nodeName"] == f"node-{n:05d}"
+                ],
+                "NumPDBViolations": 0,
+            }
+            for n in range(PREEMPT_NODES)
+        }
+        body = {"Pod": PREEMPTOR, "NodeNameToMetaVictims": victims}
+        timings = []
+        try:
+            for _ in range(requests + 1):
+                started = time.perf_counter()
+                out = http.post("/gpupart/preempt", body)
+                timings.append((time.perf_counter() - started) * 1000)
+        finally:
+            http.close()
+        kept = out["NodeNameToMetaVictims"]
+        assert len(kept) == PREEMPT_NODES, f"{len(kept)} nodes kept"
+        sizes = sorted({len(v["Pods"]) for v in kept.values()})
+        p50, p99 = _percentiles(timings[1:])
+        print(
+            f"preempt, {PREEMPT_NODES} nodes x {PREEMPT_VICTIMS} victims: p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms, first {timings[0]:.1f} ms; victims kept per node {sizes}"
+        )
+        return {"preempt_p50_ms": round(p50, 2), "preempt_p99_ms": round(p99, 2)}
 
 
 def main() -> int:
@@ -381,6 +475,9 @@ def main() -> int:
         action="store_true",
         help="also time a server that replays the real replies without deciding anything",
     )
+    parser.add_argument(
+        "--preempt-only", action="store_true", help="only the preempt figure (100 nodes)"
+    )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -389,7 +486,8 @@ def main() -> int:
         return 0
     go = goclients.build("schedulerclient") if args.client == "go" else None
     figures: dict[str, float | str] = {"client": "python" if go is None else "go"}
-    for nodes in (1000, 5000):
+    figures.update(measure_preempt(args.requests))
+    for nodes in () if args.preempt_only else (1000, 5000):
         figures.update(measure(nodes, args.requests, go))
         if args.floor:
             figures.update(measure(nodes, args.requests, go, floor=True))

@@ -140,6 +140,8 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         ("", "pods", "watch"),
         ("", "pods", "patch"),
         ("", "pods/binding", "create"),
+        ("policy", "poddisruptionbudgets", "list"),  # the preempt verb's PDB count
+        ("policy", "poddisruptionbudgets", "watch"),
     }
     operator = rules_of(objects, "operator")
     assert ("gpupart.io", "gpupartitions/status", "patch") in operator

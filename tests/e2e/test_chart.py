@@ -92,8 +92,20 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
         ),
         (
             "extender",
-            ["watch nodes", "watch pods", "patch pods", "create pods --subresource=binding"],
-            ["patch nodes", "delete pods", "get secrets", "create pods"],
+            [
+                "watch nodes",
+                "watch pods",
+                "patch pods",
+                "create pods --subresource=binding",
+                "watch poddisruptionbudgets.policy",
+            ],
+            [
+                "patch nodes",
+                "delete pods",
+                "get secrets",
+                "create pods",
+                "patch poddisruptionbudgets.policy",
+            ],
         ),
         (
             "operator",

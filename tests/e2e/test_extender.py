@@ -11,6 +11,7 @@ import asyncio
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Generator
 from typing import Any
 
@@ -26,7 +27,9 @@ from gpupart.core.wire import (
     Inventory,
     InventoryGpu,
     MigDevice,
+    PodAssignment,
     decode_assignment,
+    encode_assignment,
     encode_inventory,
 )
 from gpupart_extender.app import create_app
@@ -279,3 +282,158 @@ def test_the_binder_writes_node_and_annotations_in_one_binding_and_reports_refus
         assert bound.metadata.annotations[ASSIGNMENT_ANNOTATION] == "x"
     finally:
         core.delete_namespace(ns)
+
+
+PRIORITIES = {"e2e-low": 0, "e2e-mid": 500, "e2e-high": 1000, "e2e-top": 2000}
+
+
+def _bound_pod(name: str, node: str, gpu: int, memory: int, priority_class: str) -> dict[str, Any]:
+    """A shared-GPU pod already running on `node`'s GPU `gpu`, as the extender binds one."""
+    manifest = _pod(
+        name, {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": str(memory)}, name
+    )
+    manifest["spec"]["nodeName"] = node
+    manifest["spec"]["priorityClassName"] = priority_class
+    assignment = PodAssignment(node, gpu, f"GPU-{node}-{gpu}", memory)
+    manifest["metadata"]["annotations"] = {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}
+    return manifest
+
+
+def _metric(extender_url: str, name: str) -> float:
+    """A counter of the extender's /metrics (served next to its verbs' prefix)."""
+    base = extender_url.rsplit("/", 1)[0]
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+@pytest.mark.usefixtures("gpupart_scheduler")
+def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_helps_a_misfit(
+    k8s_api: Any, extender_url: str
+) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    scheduling = client.SchedulingV1Api(k8s_api)
+    run = f"pre{int(time.time()) % 100000}"
+    ns = f"e2e-{run}"
+    core.create_namespace({"metadata": {"name": ns}})
+    for name, value in PRIORITIES.items():
+        if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
+            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    a, b = f"{run}-a", f"{run}-b"
+    # Two MPS GPUs of 40000 MiB and 2 client slots each: 4 slots per node, as the device
+    # plugin advertises them; no serialAdmission, so binds are not gated on admission.
+    create_nodes(
+        k8s_api,
+        [
+            _node(
+                n,
+                [InventoryGpu(g, f"GPU-{n}-{g}", H100, 40000, Mode.MPS, (), 2) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 4},
+            )
+            for n in (a, b)
+        ],
+    )
+    # Every GPU full (memory and slots) with 20000 MiB pods. Freeing 40000 MiB on one GPU with
+    # pods of lower priority than 1000 only: a's GPU 0 (both pods priority 0) or b's GPU 0
+    # (priority 500 and 0); a's GPU 1 and b's GPU 1 hold a pod of priority 1000 and 2000.
+    running = {
+        "a-low-0": (a, 0, "e2e-low"),
+        "a-low-1": (a, 0, "e2e-low"),
+        "a-high-0": (a, 1, "e2e-high"),
+        "a-low-2": (a, 1, "e2e-low"),
+        "b-mid-0": (b, 0, "e2e-mid"),
+        "b-low-0": (b, 0, "e2e-low"),
+        "b-top-0": (b, 1, "e2e-top"),
+        "b-low-1": (b, 1, "e2e-low"),
+    }
+    try:
+        for name, (node_name, gpu, cls) in running.items():
+            core.create_namespaced_pod(ns, _bound_pod(name, node_name, gpu, 20000, cls))
+        wait_for(
+            lambda: (
+                all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
+            ),
+            60,
+            "the low-priority pods running",
+            interval=0.5,
+        )
+
+        # A budget the extender's watch picks up (the preempt verb counts its violations); it
+        # covers a pod kube-scheduler is never offered here.
+        client.PolicyV1Api(k8s_api).create_namespaced_pod_disruption_budget(
+            ns,
+            {
+                "metadata": {"name": "top"},
+                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "b-top-0"}}},
+            },
+        )
+        wait_for(
+            lambda: (
+                _metric(extender_url, 'gpupart_extender_cache_objects{kind="budgets"}') >= 1 or None
+            ),
+            30,
+            "the extender's cache to list the PodDisruptionBudget",
+            interval=0.5,
+        )
+
+        # More memory than any GPU has: no eviction helps, so nothing is evicted.
+        misfit = _pod(
+            "misfit", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "50000"}, "misfit"
+        )
+        misfit["spec"]["priorityClassName"] = "e2e-high"
+        core.create_namespaced_pod(ns, misfit)
+
+        def misfit_reason() -> str | None:
+            for e in core.list_namespaced_event(ns).items:
+                if (
+                    e.reason == "FailedScheduling"
+                    and e.involved_object.name == "misfit"
+                    and "nodes are available" in e.message
+                ):
+                    return str(e.message)
+            return None
+
+        message = wait_for(misfit_reason, 60, "the misfit's FailedScheduling event", interval=1)
+        # Both nodes are full in-tree (client slots), so kube-scheduler's dry run finds a victim
+        # on each; the preempt verb drops both (no GPU holds 50000 MiB): nothing is evicted,
+        # where without the verb a pod would go for a slot that frees no memory.
+        assert "preemption: no candidate node for preemption" in message, message
+        dropped = _metric(extender_url, "gpupart_extender_preemption_nodes_dropped_total")
+        assert dropped >= 2, dropped
+        assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
+            *running,
+            "misfit",
+        }
+
+        infer = _pod(
+            "infer", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "infer"
+        )
+        infer["spec"]["priorityClassName"] = "e2e-high"
+        core.create_namespaced_pod(ns, infer)
+
+        def bound() -> Any:
+            p = core.read_namespaced_pod("infer", ns)
+            return p if p.spec.node_name else None
+
+        placed = wait_for(bound, 90, "the high-priority pod bound after preemption", interval=0.5)
+        assert placed.spec.node_name == a
+        assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
+        assert (assignment.node, assignment.gpu, assignment.memory_mib) == (a, 0, 40000)
+        left = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+        # Exactly the two pods on the GPU it landed on went; the misfit is still Pending.
+        assert left == set(running) - {"a-low-0", "a-low-1"} | {"infer", "misfit"}, left
+        still = core.read_namespaced_pod("misfit", ns)
+        assert still.spec.node_name is None and not still.status.nominated_node_name
+        preempted = {
+            e.involved_object.name
+            for e in core.list_namespaced_event(ns).items
+            if e.reason == "Preempted"
+        }
+        assert preempted == {"a-low-0", "a-low-1"}, preempted
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
+        for n in (a, b):
+            core.delete_node(n)

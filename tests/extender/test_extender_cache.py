@@ -95,7 +95,13 @@ def test_relist_drops_what_is_gone() -> None:
     c = ClusterCache()
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
-    assert c.ready and c.counts() == {"nodes": 2, "pods": 2, "assumed": 0}
+    assert c.ready and c.counts() == {
+        "nodes": 2,
+        "pods": 2,
+        "assumed": 0,
+        "nominated": 0,
+        "budgets": 0,
+    }
     c.replace(NODE, [node("n1", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1")])
     assert c.node_names() == ["n1"] and c.counts()["pods"] == 1

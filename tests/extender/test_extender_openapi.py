@@ -3,16 +3,19 @@
 The Pod's OpenAPI marks every place a quantity is read (format `quantity`); the strategy for
 that format draws Kubernetes quantities, absurd ones (`1E`, `1e99999999`, 100,000 digits) and
 any text, so generated pods reach the quantity parser with what a hostile user could write.
+Every verb is covered, preempt included (node1's GPU holds a low-priority pod, for bodies that
+happen to name it; most generated node names are unknown and dropped).
 """
 
 from __future__ import annotations
 
 import schemathesis
-from extender_objects import FakeBinder, node, shared_gpu
+from extender_objects import FakeBinder, node, pod, shared, shared_gpu
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from poison import ABSURD_QUANTITIES
 
+from gpupart.core.wire import PodAssignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
@@ -23,7 +26,14 @@ from gpupart_extender.settings import ExtenderSettings
 def _app() -> object:
     cache = ClusterCache()
     cache.replace(NODE, [node("node1", [shared_gpu(0)])])
-    cache.replace(POD, [])
+    low = pod(
+        "low",
+        shared(memory=40000),
+        node="node1",
+        priority=0,
+        assignment=PodAssignment("node1", 0, "GPU-0000", 40000),
+    )
+    cache.replace(POD, [low])
     config = ExtenderSettings()
     service = ExtenderService(cache, config.scoring(), binder=FakeBinder(), metrics=Metrics())
     return create_app(config, service)

@@ -24,7 +24,7 @@ from poison import ABSURD_QUANTITIES, HUGE, LONG
 
 from gpupart.core.wire import INVENTORY_ANNOTATION, PodAssignment
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, POD, ClusterCache, read_pod
+from gpupart_extender.cache import NODE, PDB, POD, ClusterCache, read_pod
 from gpupart_extender.kube import Watcher
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
@@ -160,7 +160,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
         assert http.get("/readyz").status_code == 200
         watcher.start()
         try:
-            for _ in range(8):  # both kinds, past WATCH_FAILING_AFTER each
+            for _ in range(12):  # Node, Pod and PodDisruptionBudget: past WATCH_FAILING_AFTER
                 assert attempts.acquire(timeout=30)
         finally:
             watcher.stop()
@@ -171,6 +171,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
             thread.join(30)
         cache.watch_ok(NODE)
         cache.watch_ok(POD)
+        cache.watch_ok(PDB)
         assert http.get("/readyz").status_code == 200
 
 
