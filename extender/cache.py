@@ -281,7 +281,7 @@ class ClusterCache:
         self._nominated: dict[str, tuple[PodEntry, Mapping[str, Any]]] = {}
         """Pending pods nominated to a node: their reservation, and the object it was read from."""
         self._nominated_on: dict[str, dict[str, PodEntry]] = {}
-        self._proposals: dict[str, dict[str, tuple[int, float]]] = {}
+        self._proposals: dict[str, dict[str, tuple[int, float, tuple[str, ...]]]] = {}
         """Per pod uid, per node: the GPU the preempt verb freed for it there, until when."""
         self._budgets: dict[str, Budget] = {}
         self._views: dict[str, NodeView] = {}
@@ -567,7 +567,7 @@ class ClusterCache:
         assumed pods went."""
         with self._lock:
             for uid, proposals in list(self._proposals.items()):
-                for node in [n for n, (_, until) in proposals.items() if until <= now]:
+                for node in [n for n, (_, until, _v) in proposals.items() if until <= now]:
                     del proposals[node]
                 if not proposals:
                     del self._proposals[uid]
@@ -578,11 +578,13 @@ class ClusterCache:
 
     # -- preemption --
 
-    def propose(self, uid: str, node: str, gpu: int, *, expires: float) -> None:
-        """The preempt verb freed GPU `gpu` of `node` for pod `uid`: if kube-scheduler nominates
-        the pod there, its reservation goes on that GPU."""
+    def propose(
+        self, uid: str, node: str, gpu: int, victims: Iterable[str], *, expires: float
+    ) -> None:
+        """The preempt verb freed GPU `gpu` of `node` for pod `uid` by evicting `victims`: if
+        kube-scheduler nominates the pod there, its reservation goes on that GPU."""
         with self._lock:
-            self._proposals.setdefault(uid, {})[node] = (gpu, expires)
+            self._proposals.setdefault(uid, {})[node] = (gpu, expires, tuple(victims))
             held = self._nominated.get(uid)
             if held is not None and held[0].node == node:
                 obj = held[1]
@@ -590,6 +592,14 @@ class ClusterCache:
                 self._set_nominated(uid, obj)
                 self._refresh()
                 self._changed.notify_all()
+
+    def evicted_for(self, uid: str, node: str) -> tuple[str, ...]:
+        """The victims the preempt verb chose for pod `uid` on `node` (kube-scheduler evicts
+        them once it nominates the pod there); the pod's own evaluation counts them gone even
+        before the watch shows them deleted."""
+        with self._lock:
+            proposal = self._proposals.get(uid, {}).get(node)
+            return proposal[2] if proposal is not None else ()
 
     def nomination(self, uid: str) -> PodEntry | None:
         """The reservation pod `uid` holds as a nominated pod, if any."""

@@ -822,7 +822,7 @@ class ExtenderService:
         uids = tuple(by_key[t.pod].uid for t in ordered) + tuple(
             u for u in theirs if u not in entries
         )
-        self.cache.propose(uid, node, chosen.gpu, expires=now + self.ttl)
+        self.cache.propose(uid, node, chosen.gpu, uids, expires=now + self.ttl)
         return NodeVictims(uids, violations(ordered, budgets))
 
     def _own_views(self, pod: Mapping[str, Any]) -> dict[str, NodeView]:
@@ -831,7 +831,11 @@ class ExtenderService:
         held = self.cache.nomination(uid)
         if held is None:
             return {}
-        view = self.cache.view_excluding(held.node, [uid])
+        # Its victims there are on their way out: filter and prioritize count them gone, so a
+        # watch that shows them deleted a little later than kube-scheduler's does not make it
+        # preempt again elsewhere (bind still counts them until they are gone).
+        gone = [uid, *self.cache.evicted_for(uid, held.node)]
+        view = self.cache.view_excluding(held.node, gone)
         return {} if view is None else {held.node: view}
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
@@ -855,6 +859,8 @@ class ExtenderService:
                     self.metrics.decisions.labels("bind", "error").inc()
                     return waiting
             # A pod nominated here after preemption is not kept out by its own reservation.
+            # Its victims still count until they are gone: bind never over-commits a GPU (filter
+            # passes without them, so a victim slow to go is a bind retry, not a new preemption).
             view = self.cache.view_excluding(node, [key])
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
