@@ -114,6 +114,13 @@ def gpupart_scheduler(
 
 
 def _node(name: str, gpus: list[InventoryGpu], extended: dict[str, int]) -> dict[str, Any]:
+    """A kwok Node with the inventory a node agent writes and the capacity it advertises."""
+    shared = [g for g in gpus if g.mode in (Mode.MPS, Mode.TIME_SLICING)]
+    extended = {
+        **extended,
+        "gpupart.io/gpu-memory": sum(g.memory_mib for g in shared),
+        "gpupart.io/gpu-compute": 100 * len(shared),
+    }
     manifest = gpu_node(name, extended, {"gpupart.io/e2e": "extender"})
     manifest["metadata"]["annotations"][INVENTORY_ANNOTATION] = encode_inventory(
         Inventory(tuple(gpus))
