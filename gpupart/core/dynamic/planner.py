@@ -40,6 +40,9 @@ from gpupart.core.planning import (
 
 REPACK_BUDGET = 2_000
 """Most GPU evaluations one node's repack search may make before it gives up."""
+OPS_WEIGHT = 1.0
+"""What one instance operation costs against one memory slice of expected fragmentation: an
+idle instance is reused as is only when that does not strand more than a slice elsewhere."""
 REASON_GPUS = 3
 """How many GPUs an unserved pod's reason names (it counts the rest)."""
 
@@ -103,6 +106,10 @@ class _Option:
     @property
     def ops(self) -> int:
         return len(self.created) + len(self.destroyed)
+
+    @property
+    def cost(self) -> float:
+        return OPS_WEIGHT * self.ops + self.frag
 
 
 _Key = tuple[
@@ -181,7 +188,7 @@ class _Solver:
             return _Option(layout, (), (), self.frag(model, layout))
         best: _Option | None = None
         for drop in range(len(old) + 1):
-            if best is not None and drop >= best.ops:
+            if best is not None and OPS_WEIGHT * drop >= best.cost:
                 break
             for dropped in combinations(old, drop):
                 kept = (*fixed, *young, *(i for i in old if i not in dropped))
@@ -202,7 +209,7 @@ class _Solver:
                     continue
                 created = tuple(i for i in found if i not in kept)
                 option = _Option(found, created, tuple(dropped), self.frag(model, found))
-                if best is None or (option.ops, option.frag) < (best.ops, best.frag):
+                if best is None or (option.cost, option.ops) < (best.cost, best.ops):
                     best = option
         return best
 
@@ -253,7 +260,7 @@ def _size(profile: str) -> tuple[int, int, str]:
 def _serve(solver: _Solver, nodes: Mapping[str, list[_Work]], request: Demand) -> bool:
     """Claim GPUs for every instance of `request` on the best node; False when no node can."""
     profiles = sorted(request.profiles, key=_size)
-    best: tuple[tuple[int, float, str], list[_Work]] | None = None
+    best: tuple[tuple[float, int, str], list[_Work]] | None = None
     for name, node in nodes.items():
         found = _greedy(solver, node, profiles)
         if found is not None and (best is None or (*found[0], name) < best[0]):
@@ -274,31 +281,31 @@ def _current(solver: _Solver, work: _Work) -> _Option:
 
 def _greedy(
     solver: _Solver, node: list[_Work], profiles: list[str]
-) -> tuple[tuple[int, float], list[_Work]] | None:
+) -> tuple[tuple[float, int], list[_Work]] | None:
     """For each instance in turn, the GPU of `node` where adding it costs least, and the total
-    cost (operations, fragmentation added); None when one instance fits nowhere."""
+    cost (weighted cost, operations); None when one instance fits nowhere."""
     extra: dict[int, list[str]] = {}
     chosen: list[_Work] = []
-    ops, frag = 0, 0.0
+    cost, ops = 0.0, 0
     for profile in profiles:
-        best: tuple[tuple[int, float, int], _Work] | None = None
+        best: tuple[tuple[float, int, int], _Work] | None = None
         for position, work in enumerate(node):
             base = [p for _, p in work.claims] + extra.get(position, [])
             before = solver.option(work.key, _claims_key(base))
             after = solver.option(work.key, _claims_key([*base, profile]))
             if before is None or after is None:
                 continue
-            cost = (after.ops - before.ops, after.frag - before.frag, position)
-            if best is None or cost < best[0]:
-                best = (cost, work)
+            key = (after.cost - before.cost, after.ops - before.ops, position)
+            if best is None or key < best[0]:
+                best = (key, work)
         if best is None:
             return None
-        (delta_ops, delta_frag, position), work = best
+        (delta_cost, delta_ops, position), work = best
         extra.setdefault(position, []).append(profile)
         chosen.append(work)
+        cost += delta_cost
         ops += delta_ops
-        frag += delta_frag
-    return (ops, frag), chosen
+    return (cost, ops), chosen
 
 
 def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: list[str]) -> bool:

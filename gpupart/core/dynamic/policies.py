@@ -24,14 +24,16 @@ from functools import cache
 from itertools import permutations
 
 from gpupart.core.catalogue import GpuModel, MigProfile
-from gpupart.core.dynamic.model import Demand, DynamicMig, Gpu, Instance, Use
+from gpupart.core.dynamic.model import DEFAULT_DYNAMIC, Demand, DynamicMig, Gpu, Instance, Use
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.dynamic.simulation import (
+    DEFAULT_LATENCIES,
     Change,
     Cluster,
     Decision,
     GpuKey,
     Latencies,
+    SimInstance,
     SimNode,
     SimPod,
     SimResult,
@@ -81,15 +83,17 @@ class Ours:
     name = "gpupart"
     binds_free = False
 
-    def __init__(self, policy: DynamicMig = DynamicMig()) -> None:
+    def __init__(self, policy: DynamicMig = DEFAULT_DYNAMIC) -> None:
         self.policy = policy
 
     def initial(self, node: SimNode) -> Layout:
+        del node  # instances are created on demand
         return ()
 
     def departed(
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
+        del cluster, now, freed  # instances stay idle for reuse
         return Decision()
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
@@ -148,11 +152,13 @@ class Static:
         return layout if layout is not None else ()
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
+        del cluster, now  # the layout never changes
         return Decision()
 
     def departed(
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
+        del cluster, now, freed
         return Decision()
 
 
@@ -206,11 +212,12 @@ class Nos:
     def departed(
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
+        del cluster, now, freed  # freed devices stay; the next batch may re-geometry them
         return Decision()
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
         lacking_pods = [
-            p.pod for p in cluster.pending.values() if not self._served_by_free(cluster, p.pod, now)
+            p.pod for p in cluster.pending.values() if not self._served_by_free(cluster, p.pod)
         ]
         if not lacking_pods:
             self.batch_start = None
@@ -236,10 +243,10 @@ class Nos:
             wake = min(self.batch_start + NOS_BATCH_TIMEOUT_S, self.last_added + NOS_BATCH_IDLE_S)
             return Decision(wake=wake)
         self.batch_start = None
-        changes = self._plan(cluster, lacking_pods, now)
+        changes = self._plan(cluster, lacking_pods)
         return Decision(changes, wake=None if changes else now + NOS_BATCH_TIMEOUT_S)
 
-    def _served_by_free(self, cluster: Cluster, pod: SimPod, now: float) -> bool:
+    def _served_by_free(self, cluster: Cluster, pod: SimPod) -> bool:
         free: dict[str, int] = {}
         for gpu in cluster.gpus.values():
             for state in gpu.values():
@@ -247,7 +254,7 @@ class Nos:
                     free[state.instance.profile] = free.get(state.instance.profile, 0) + 1
         return all(free.get(p, 0) >= pod.profiles.count(p) for p in set(pod.profiles))
 
-    def _plan(self, cluster: Cluster, pods: list[SimPod], now: float) -> tuple[Change, ...]:
+    def _plan(self, cluster: Cluster, pods: list[SimPod]) -> tuple[Change, ...]:
         pods = sorted(pods, key=lambda p: (-p.priority, min(_slices_of(p.profiles)), p.name))
         lacking: dict[str, int] = {}
         for pod in pods:
@@ -292,7 +299,11 @@ class Nos:
         return tuple(changes)
 
     def _apply_geometry(
-        self, model: GpuModel, key: GpuKey, gpu: dict, geometry: dict[str, int]
+        self,
+        model: GpuModel,
+        key: GpuKey,
+        gpu: dict[MigInstance, SimInstance],
+        geometry: dict[str, int],
     ) -> tuple[Change | None, dict[str, int]]:
         """The agent: keep used devices, destroy and recreate free ones, create without placements."""
         used = sorted(i for i, s in gpu.items() if s.pod)
@@ -356,17 +367,20 @@ class PerPod:
         self.name = name
 
     def initial(self, node: SimNode) -> Layout:
+        del node  # MIG on, no instance: each pod's instance is created for it
         return ()
 
     def departed(
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
+        del cluster, now
         by_gpu: dict[GpuKey, list[Step]] = {}
         for key, instance in freed:
             by_gpu.setdefault(key, []).extend(_destroy(key[1], instance))
         return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
+        del now  # per pod, at once: no batching
         changes: list[Change] = []
         taken: dict[GpuKey, list[MigInstance]] = {k: list(g) for k, g in cluster.gpus.items()}
         waiting = sorted(
@@ -437,10 +451,11 @@ def run_policy(
     nodes: Sequence[SimNode],
     pods: Sequence[SimPod],
     *,
-    latencies: Latencies = Latencies(),
+    latencies: Latencies = DEFAULT_LATENCIES,
     timer: Callable[[], float] | None = None,
 ) -> tuple[SimResult, str]:
-    """One policy over the workload, and a note (the layout static_best chose with hindsight)."""
+    """One policy over the workload, and a note (the layout static_best chose with hindsight:
+    most pods served, then allocation, then the lowest p95 and total time-to-bind)."""
     if name == "gpupart":
         return simulate(nodes, pods, Ours(), latencies=latencies, timer=timer), ""
     if name == "nos":
@@ -459,10 +474,15 @@ def run_policy(
         for counts in geometries(min(models, key=lambda m: m.product))
         if all(fit_layout(m, dict(counts)) is not None for m in models)
     ]
-    best: tuple[tuple[int, float], SimResult, str] | None = None
+    # with hindsight: a layout without some requested profile never serves those pods
+    asked = {profile for pod in pods for profile in pod.profiles}
+    complete = [c for c in candidates if asked <= {p for p, _ in c}]
+    candidates = complete or candidates
+    best: tuple[tuple[int, float, float, float], SimResult, str] | None = None
     for counts in candidates:
         result = simulate(nodes, pods, Static(counts), latencies=latencies, timer=timer)
-        score = (result.served, result.allocation)
+        waits = sum(result.bind_s)
+        score = (result.served, result.allocation, -result.percentile(95), -waits)
         if best is None or score > best[0]:
             text = ", ".join(f"{n} x {p}" for p, n in counts)
             best = (score, result, f"every GPU: {text} (best of {len(candidates)} layouts)")

@@ -14,6 +14,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from gpupart.core.catalogue import GpuModel
@@ -43,6 +44,9 @@ class Latencies:
     """Our device plugin advertising a new instance to the kubelet (ListAndWatch)."""
     plugin_restart: float = 60.0
     """NVIDIA's device plugin restarted after a change (the nos baseline only)."""
+
+
+DEFAULT_LATENCIES = Latencies()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +109,14 @@ class PendingPod:
 class Cluster(Protocol):
     """What a policy sees of the simulated cluster (the engine implements it)."""
 
-    nodes: Sequence[SimNode]
-    gpus: dict[GpuKey, dict[MigInstance, SimInstance]]
-    pending: dict[str, PendingPod]
-    busy_until: dict[GpuKey, float]
+    @property
+    def nodes(self) -> Sequence[SimNode]: ...
+    @property
+    def gpus(self) -> dict[GpuKey, dict[MigInstance, SimInstance]]: ...
+    @property
+    def pending(self) -> dict[str, PendingPod]: ...
+    @property
+    def busy_until(self) -> dict[GpuKey, float]: ...
 
     def mix(self, now: float) -> Mix: ...
 
@@ -156,6 +164,20 @@ class SimResult:
     @property
     def ms_per_decision(self) -> float:
         return 1000 * self.decide_s / self.decisions if self.decisions else 0.0
+
+    def figures(self) -> dict[str, float | int]:
+        """The benchmark's figures for this run (JSON-ready)."""
+        return {
+            "allocation": round(self.allocation, 2),
+            "served": self.served,
+            "pods": self.pods,
+            "bind_p50_s": round(self.percentile(50), 2),
+            "bind_p95_s": round(self.percentile(95), 2),
+            "bind_p99_s": round(self.percentile(99), 2),
+            "ops_per_hour": round(self.ops_per_hour, 1),
+            "disruptions": self.disruptions,
+            "ms_per_decision": round(self.ms_per_decision, 3),
+        }
 
 
 _ARRIVE, _READY, _DEPART, _WAKE = 0, 1, 2, 3
@@ -236,10 +258,10 @@ class Engine:
                 elif kind == _WAKE:
                     woken.discard(now)
             if freed:
-                self._apply(self._timed(lambda: self.policy.departed(self, now, freed)), now)
+                self._apply(self._timed(partial(self.policy.departed, self, now, freed)), now)
             self._bind_ready(now)
             if self.pending or freed:
-                decision = self._timed(lambda: self.policy.decide(self, now))
+                decision = self._timed(partial(self.policy.decide, self, now))
                 self._apply(decision, now)
                 if decision.wake is not None and decision.wake > now and decision.wake not in woken:
                     woken.add(decision.wake)
@@ -388,7 +410,7 @@ def simulate(
     pods: Sequence[SimPod],
     policy: SimPolicy,
     *,
-    latencies: Latencies = Latencies(),
+    latencies: Latencies = DEFAULT_LATENCIES,
     timer: Callable[[], float] | None = None,
 ) -> SimResult:
     return Engine(nodes, policy, latencies, timer).run(pods)
