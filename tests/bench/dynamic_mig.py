@@ -27,7 +27,7 @@ from gpupart.core.dynamic.workloads import from_trace, w2_shifting_inference, w3
 from gpupart.core.mig import fit_layout
 from gpupart.core.trace import parse_pods
 
-W1_PODS = 1000
+W1_PODS = 500
 SEED = 42
 
 
@@ -81,7 +81,14 @@ def planner_ms_at_1000_gpus(rounds: int = 20) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trace-dir", default="../shared/traces/alibaba-gpu-v2023")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw p95 time-to-bind and allocation")
+    parser.add_argument(
+        "--replot", metavar="JSON", help="only draw --plot from a saved result line"
+    )
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.replot).read_text().splitlines()[-1]), Path(args.plot))
+        return
     latencies = Latencies()
     out: dict = {"workloads": {}}
     started = time.perf_counter()
@@ -107,7 +114,35 @@ def main() -> None:
     }
     out["goals"] = goals(out)
     out["seconds"] = round(time.perf_counter() - started, 1)
+    if args.plot:
+        plot(out, Path(args.plot))
     print(json.dumps(out, separators=(",", ":")))
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(out["workloads"])
+    figure, axes = plt.subplots(2, len(names), figsize=(4 * len(names), 6), squeeze=False)
+    for column, name in enumerate(names):
+        runs = out["workloads"][name]
+        policies = list(runs)
+        for row, (field, label) in enumerate(
+            (("bind_p95_s", "p95 time-to-bind (s, log)"), ("allocation", "allocation (%)"))
+        ):
+            axis = axes[row][column]
+            axis.bar(policies, [max(runs[p][field], 0.01) for p in policies])
+            if row == 0:
+                axis.set_yscale("log")
+                axis.set_title(name)
+            axis.set_ylabel(label)
+            axis.tick_params(axis="x", rotation=45)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def goals(out: dict) -> dict:

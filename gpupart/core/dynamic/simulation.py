@@ -365,6 +365,8 @@ class Engine:
             elif self.policy.binds_free:
                 if free is None:
                     free = self._free(now)
+                if not free:
+                    break  # nothing free: no other pending pod can bind either
                 found = self._free_for(waiting.pod, free)
                 if found is not None:
                     self._bind(waiting, found, now)
@@ -386,7 +388,8 @@ class Engine:
         self, pod: SimPod, free: dict[tuple[int, str], list[tuple[GpuKey, MigInstance]]]
     ) -> list[tuple[GpuKey, MigInstance]] | None:
         """Free usable instances of the pod's profiles on one node, first node by name (taken)."""
-        for n in range(len(self.nodes)):
+        nodes = {n for n, p in free if p in pod.profiles and free[(n, p)]}
+        for n in sorted(nodes):
             if all(len(free.get((n, p), ())) >= pod.profiles.count(p) for p in set(pod.profiles)):
                 return [free[(n, p)].pop() for p in pod.profiles]
         return None
