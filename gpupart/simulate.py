@@ -88,30 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="replay only the first N GPU pods by creation time",
     )
-    dynamic.add_argument(
-        "--create-s",
-        type=float,
-        default=DEFAULT_LATENCIES.create,
-        help="GPU + compute instance create (s)",
-    )
-    dynamic.add_argument(
-        "--destroy-s",
-        type=float,
-        default=DEFAULT_LATENCIES.destroy,
-        help="compute + GPU instance destroy (s)",
-    )
-    dynamic.add_argument(
-        "--advertise-s",
-        type=float,
-        default=DEFAULT_LATENCIES.advertise,
-        help="our device plugin advertising a new instance (s)",
-    )
-    dynamic.add_argument(
-        "--plugin-restart-s",
-        type=float,
-        default=DEFAULT_LATENCIES.plugin_restart,
-        help="NVIDIA device-plugin restart after a change, nos baseline (s)",
-    )
+    for flag, default, what in (
+        ("--create-s", DEFAULT_LATENCIES.create, "GPU + compute instance create"),
+        ("--destroy-s", DEFAULT_LATENCIES.destroy, "compute + GPU instance destroy"),
+        ("--advertise-s", DEFAULT_LATENCIES.advertise, "our device plugin advertising an instance"),
+        ("--plugin-restart-s", DEFAULT_LATENCIES.plugin_restart, "NVIDIA plugin restart (nos)"),
+    ):
+        dynamic.add_argument(
+            flag, type=float, default=default, help=f"{what} (s, default {default:g})"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

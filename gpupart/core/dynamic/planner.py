@@ -29,7 +29,7 @@ from gpupart.core.catalogue import GpuModel, parse_profile_name
 from gpupart.core.dynamic.fragmentation import fragmentation
 from gpupart.core.dynamic.model import Demand, Gpu, Mix, Use
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mig import Layout, MigInstance, fit_layout, layout_counts
+from gpupart.core.mig import Layout, MigInstance, Placement, fit_layout, layout_counts
 from gpupart.core.planning import (
     CreateGpuInstance,
     DestroyGpuInstance,
@@ -127,7 +127,7 @@ _Claims = tuple[tuple[str, int], ...]
 class _Work:
     """One GPU while a plan is made: its instances sorted by what may happen to them, its claims."""
 
-    __slots__ = ("gpu", "fixed", "young", "old", "key", "claims", "warm")
+    __slots__ = ("gpu", "fixed", "young", "old", "key", "state", "claims", "warm")
 
     def __init__(self, gpu: Gpu, now: float) -> None:
         self.gpu = gpu
@@ -143,6 +143,8 @@ class _Work:
             gpu.policy.profiles,
             gpu.policy.carve_idle_gpus,
         )
+        self.state = -1
+        """The solver's number for `key` (set by `plan`)."""
         self.claims: list[tuple[str, str]] = []
         """(pod, profile) served on this GPU by this plan."""
         self.warm: _Option | None = None
@@ -158,7 +160,10 @@ class _Solver:
 
     def __init__(self, mix: Mix) -> None:
         self.mix = mix
-        self.memo: dict[tuple[_Key, _Claims], _Option | None] = {}
+        self.memo: dict[tuple[int, _Claims], _Option | None] = {}
+        self.states: dict[_Key, int] = {}
+        self.sums: dict[tuple[_Claims, str], _Claims] = {}
+        self.keys: list[_Key] = []
         self.frag_memo: dict[tuple[GpuModel, Layout], float] = {}
 
     def frag(self, model: GpuModel, layout: Layout) -> float:
@@ -168,11 +173,29 @@ class _Solver:
             value = self.frag_memo[key] = fragmentation(model, layout, self.mix)
         return value
 
-    def option(self, key: _Key, claims: _Claims) -> _Option | None:
-        memo_key = (key, claims)
+    def plus(self, claims: _Claims, profile: str) -> _Claims:
+        """`claims` with one more `profile` (memoised: the same few sums recur on every GPU)."""
+        key = (claims, profile)
+        found = self.sums.get(key)
+        if found is None:
+            counts = dict(claims)
+            counts[profile] = counts.get(profile, 0) + 1
+            found = self.sums[key] = tuple(sorted(counts.items()))
+        return found
+
+    def intern(self, key: _Key) -> int:
+        """A small number for a GPU state: memo keys then hash an int, not the whole model."""
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = len(self.keys)
+            self.keys.append(key)
+        return state
+
+    def option(self, state: int, claims: _Claims) -> _Option | None:
+        memo_key = (state, claims)
         if memo_key in self.memo:
             return self.memo[memo_key]
-        found = self.memo[memo_key] = self._solve(key, claims)
+        found = self.memo[memo_key] = self._solve(self.keys[state], claims)
         return found
 
     def _solve(self, key: _Key, claims: _Claims) -> _Option | None:
@@ -186,6 +209,10 @@ class _Solver:
         if not need:
             layout = tuple(sorted((*fixed, *young, *old)))
             return _Option(layout, (), (), self.frag(model, layout))
+        reusable = layout_counts(young)
+        beyond = {p: n - reusable.get(p, 0) for p, n in need.items() if n > reusable.get(p, 0)}
+        if not _may_fit(model, (*fixed, *young), beyond):
+            return None  # no subset of idle instances to destroy can make room
         best: _Option | None = None
         for drop in range(len(old) + 1):
             if best is not None and OPS_WEIGHT * drop >= best.cost:
@@ -214,6 +241,29 @@ class _Solver:
         return best
 
 
+def _may_fit(model: GpuModel, kept: Sequence[MigInstance], need: Mapping[str, int]) -> bool:
+    """A necessary condition for `need` beside `kept`: slices and compute left, and for each
+    profile a legal start clear of `kept` (cheap; the exact solver decides)."""
+    used = 0
+    compute = 0
+    for instance in kept:
+        used |= instance.placement.mask
+        compute += model.require_profile(instance.profile).compute_slices
+    memory = compute_needed = 0
+    for name, count in need.items():
+        profile = model.find_profile(name)
+        if profile is None:
+            return False
+        memory += count * profile.memory_slices
+        compute_needed += count * profile.compute_slices
+        if not any(
+            not Placement(start, profile.memory_slices).mask & used for start in profile.starts
+        ):
+            return False
+    free = model.memory_slices - used.bit_count()
+    return memory <= free and compute + compute_needed <= model.compute_slices
+
+
 def plan(
     gpus: Sequence[Gpu],
     demand: Sequence[Demand],
@@ -235,6 +285,8 @@ def plan(
         mix = Mix.of(Counter(p for d in pending for p in d.profiles))
     solver = _Solver(mix)
     works = [_Work(gpu, now) for gpu in sorted(gpus, key=lambda g: (g.node, g.index))]
+    for work in works:
+        work.state = solver.intern(work.key)
     nodes: dict[str, list[_Work]] = {}
     for work in works:
         nodes.setdefault(work.gpu.node, []).append(work)
@@ -273,7 +325,7 @@ def _serve(solver: _Solver, nodes: Mapping[str, list[_Work]], request: Demand) -
 
 
 def _current(solver: _Solver, work: _Work) -> _Option:
-    option = solver.option(work.key, _claims_key(p for _, p in work.claims))
+    option = solver.option(work.state, _claims_key(p for _, p in work.claims))
     if option is None:  # claims are only ever added when an option exists
         raise AssertionError("a GPU's claims have no layout")
     return option
@@ -290,9 +342,12 @@ def _greedy(
     for profile in profiles:
         best: tuple[tuple[float, int, int], _Work] | None = None
         for position, work in enumerate(node):
-            base = [p for _, p in work.claims] + extra.get(position, [])
-            before = solver.option(work.key, _claims_key(base))
-            after = solver.option(work.key, _claims_key([*base, profile]))
+            if position in extra:
+                base = _claims_key([*(p for _, p in work.claims), *extra[position]])
+            else:
+                base = _claims_key(p for _, p in work.claims) if work.claims else ()
+            before = solver.option(work.state, base)
+            after = solver.option(work.state, solver.plus(base, profile))
             if before is None or after is None:
                 continue
             key = (after.cost - before.cost, after.ops - before.ops, position)
@@ -323,17 +378,17 @@ def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: list[str]) -
     def place(position: int) -> bool:
         if position == len(items):
             return True
-        tried: set[tuple[_Key, _Claims]] = set()
+        tried: set[tuple[int, _Claims]] = set()
         for g, work in enumerate(node):
             claims = _claims_key(p for _, p in (*assignment[g], items[position]))
-            state = (work.key, _claims_key(p for _, p in assignment[g]))
+            state = (work.state, _claims_key(p for _, p in assignment[g]))
             if state in tried:  # an identical GPU already failed for this item
                 continue
             tried.add(state)
             budget[0] -= 1
             if budget[0] < 0:
                 return False
-            if solver.option(work.key, claims) is None:
+            if solver.option(work.state, claims) is None:
                 continue
             assignment[g].append(items[position])
             if place(position + 1):
