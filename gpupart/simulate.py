@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpupart.core.dynamic.simulation import DEFAULT_LATENCIES, Latencies
 from gpupart.core.errors import GpupartError
 from gpupart.core.example import EXAMPLE_SEED, example_workload
 from gpupart.core.replay import ReplayResult, replay
@@ -68,6 +69,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="built-in example in MIG mode: requests rounded up to MIG profiles, layouts planned",
     )
+    dynamic = parser.add_argument_group("dynamic MIG (--mig --dynamic)")
+    dynamic.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="with --mig: replay arrivals and departures with instances created on demand, "
+        "ours against the baselines (built-in: the shifting inference mix W2; or --nodes/--pods)",
+    )
+    dynamic.add_argument(
+        "--gpu-model",
+        default="A100-SXM4-80GB",
+        help="MIG product(s) for the trace's GPU nodes, a comma list assigned in turn by node "
+        "name (default A100-SXM4-80GB)",
+    )
+    dynamic.add_argument(
+        "--max-pods",
+        type=int,
+        default=None,
+        help="replay only the first N GPU pods by creation time",
+    )
+    for flag, default, what in (
+        ("--create-s", DEFAULT_LATENCIES.create, "GPU + compute instance create"),
+        ("--destroy-s", DEFAULT_LATENCIES.destroy, "compute + GPU instance destroy"),
+        ("--advertise-s", DEFAULT_LATENCIES.advertise, "our device plugin advertising an instance"),
+        ("--plugin-restart-s", DEFAULT_LATENCIES.plugin_restart, "NVIDIA plugin restart (nos)"),
+    ):
+        dynamic.add_argument(
+            flag, type=float, default=default, help=f"{what} (s, default {default:g})"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.dynamic:
+        if not args.mig:
+            raise InputError("--dynamic needs --mig")
+        return _run_dynamic(args)
     if args.mig:
         if args.nodes or args.pods:
             raise InputError("--mig runs the built-in example; it takes no --nodes/--pods")
@@ -315,4 +348,86 @@ def _run_mig(args: argparse.Namespace) -> int:
         + ", ".join(f"{name} x{count}" for name, count in result.profiles.items())
         + "\n"
     )
+    return 0
+
+
+def _run_dynamic(args: argparse.Namespace) -> int:
+    """Dynamic MIG: each policy over one workload, with operation latencies, in a table or JSON."""
+    from gpupart.core.catalogue import require_gpu_model
+    from gpupart.core.dynamic.policies import POLICY_NAMES, run_policy
+    from gpupart.core.dynamic.simulation import SimNode
+    from gpupart.core.dynamic.workloads import from_trace, w2_shifting_inference
+
+    latencies = Latencies(args.create_s, args.destroy_s, args.advertise_s, args.plugin_restart_s)
+    if any(
+        value < 0
+        for value in (args.create_s, args.destroy_s, args.advertise_s, args.plugin_restart_s)
+    ):
+        raise InputError("operation latencies must be 0 or more seconds")
+    if args.nodes or args.pods:
+        trace_nodes, trace_pods, source, label = _workload(args)
+        models = [require_gpu_model(name.strip()) for name in args.gpu_model.split(",")]
+        gpu_nodes = sorted((n for n in trace_nodes if n.gpus > 0), key=lambda n: n.name)
+        nodes = [SimNode(n.name, models[k % len(models)], n.gpus) for k, n in enumerate(gpu_nodes)]
+        pods = from_trace(trace_pods, limit=args.max_pods)
+        if not pods:
+            raise InputError(f"{args.pods}: no GPU pod with creation_time and deletion_time")
+    else:
+        model = require_gpu_model("A100-SXM4-80GB")
+        nodes = [SimNode(f"node-{k}", model, 8) for k in range(2)]
+        pods = w2_shifting_inference(seed=args.seed, gpus=16, hours=4, load=0.6)
+        source = label = f"built-in W2 (shifting inference mix, seed {args.seed})"
+    names = (
+        POLICY_NAMES
+        if args.policy in (None, "all")
+        else tuple(dict.fromkeys(name.strip() for name in args.policy.split(",")))
+    )
+    unknown = [name for name in names if name not in POLICY_NAMES]
+    if unknown:
+        raise InputError(f"unknown policy {unknown[0]!r} (known: {', '.join(POLICY_NAMES)}, all)")
+    runs = {}
+    notes = {}
+    for name in names:
+        result, note = run_policy(name, nodes, pods, latencies=latencies, timer=time.perf_counter)
+        runs[name] = result.figures()
+        notes[name] = note
+    data = {
+        "mode": "mig-dynamic",
+        "source": source,
+        "nodes": len(nodes),
+        "gpus": sum(n.gpus for n in nodes),
+        "pods": len(pods),
+        "latencies_s": {
+            "create": latencies.create,
+            "destroy": latencies.destroy,
+            "advertise": latencies.advertise,
+            "plugin_restart": latencies.plugin_restart,
+        },
+        "policies": runs,
+        "notes": {name: note for name, note in notes.items() if note},
+    }
+    if args.json:
+        sys.stdout.write(json.dumps(data, separators=(",", ":")) + "\n")
+        return 0
+    lines = [
+        f"{label}: {data['nodes']} nodes, {data['gpus']} MIG GPUs, {len(pods)} pods",
+        f"latencies: create {latencies.create:g} s, destroy {latencies.destroy:g} s, advertise "
+        f"{latencies.advertise:g} s, NVIDIA plugin restart (nos) {latencies.plugin_restart:g} s",
+        "",
+        f"{'policy':<12} {'alloc %':>7} {'served':>11} {'bind p50':>8} {'p95':>7} {'p99':>7} "
+        f"{'ops/h':>7} {'disrupt':>7} {'ms/dec':>7}",
+    ]
+    for name, f in runs.items():
+        lines.append(
+            f"{name:<12} {f['allocation']:>7.2f} {f['served']:>5}/{f['pods']:<5} "
+            f"{f['bind_p50_s']:>8.1f} {f['bind_p95_s']:>7.1f} {f['bind_p99_s']:>7.1f} "
+            f"{f['ops_per_hour']:>7.1f} {f['disruptions']:>7} {f['ms_per_decision']:>7.2f}"
+        )
+    lines.append("")
+    lines.append(
+        "alloc = time-averaged share of memory slices held by pods (first to last arrival); "
+        "bind = seconds from arrival to bound"
+    )
+    lines += [f"{name}: {note}" for name, note in notes.items() if note]
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupart.core.catalogue import GpuModel
+from gpupart.core.dynamic.model import DEFAULT_MIN_IDLE_S, MAX_MIN_IDLE_S, DynamicMig
 from gpupart.core.errors import InvalidInput, shown
 from gpupart.core.mig import Layout, require_counts, solve_layout
 from gpupart.core.records import Record
@@ -93,6 +94,9 @@ class PartitionSpec:
     """GPU indices on each selected node; None means every GPU."""
     mode: Mode
     mig: tuple[tuple[str, int], ...] = ()
+    """The static layout (`spec.mig.devices`); with dynamic MIG, its warm mix."""
+    dynamic: DynamicMig | None = None
+    """`spec.mig.dynamic`: instances created on demand; None keeps the static layout."""
     mps: MpsSettings | None = None
     replicas: int | None = None
     disruption: Disruption = Disruption.WHEN_IDLE
@@ -131,13 +135,15 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
                 spec.path(block),
                 f"is set but mode is {mode}; set only {_MODE_BLOCKS[mode] or 'no block'}",
             )
+    mig, dynamic = _parse_mig(spec) if mode is Mode.MIG else ((), None)
     parsed = PartitionSpec(
         name=name,
         generation=generation,
         node_selector=_parse_selector(spec.optional_record("nodeSelector")),
         gpus=_parse_gpus(spec),
         mode=mode,
-        mig=_parse_mig(spec) if mode is Mode.MIG else (),
+        mig=mig,
+        dynamic=dynamic,
         mps=_parse_mps(spec.record("mps")) if mode is Mode.MPS else None,
         replicas=spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
         if mode is Mode.TIME_SLICING
@@ -237,9 +243,32 @@ def _parse_gpus(spec: Record) -> tuple[int, ...] | None:
     return tuple(sorted(indices))
 
 
-def _parse_mig(spec: Record) -> tuple[tuple[str, int], ...]:
+def _parse_mig(spec: Record) -> tuple[tuple[tuple[str, int], ...], DynamicMig | None]:
+    """The static layout, or the dynamic policy and its warm mix: exactly one of the two."""
     mig = spec.record("mig")
+    if mig.has("devices") and mig.has("dynamic"):
+        raise InvalidInput(
+            mig.where, "set only one of devices (a static layout) and dynamic (instances on demand)"
+        )
+    if not mig.has("devices") and not mig.has("dynamic"):
+        raise InvalidInput(
+            mig.path("devices"), "is required (or spec.mig.dynamic for instances on demand)"
+        )
+    if mig.has("dynamic"):
+        dynamic = _parse_dynamic(mig.record("dynamic"))
+        mig.done()
+        return dynamic.warm, dynamic
     devices = mig.record("devices")
+    counts = _parse_counts(devices)
+    mig.done()
+    if not any(count for _, count in counts):
+        raise InvalidInput(
+            devices.where, "asks for no MIG instance; use mode None for an unpartitioned GPU"
+        )
+    return counts, None
+
+
+def _parse_counts(devices: Record) -> tuple[tuple[str, int], ...]:
     counts = []
     if len(devices.raw) > MAX_MIG_PROFILES:
         raise InvalidInput(
@@ -249,12 +278,44 @@ def _parse_mig(spec: Record) -> tuple[tuple[str, int], ...]:
         check_profile_name(profile, where=devices.path(profile))
         counts.append((profile, devices.integer(profile, minimum=0, maximum=MAX_MIG_COUNT)))
     devices.done()
-    mig.done()
-    if not any(count for _, count in counts):
-        raise InvalidInput(
-            devices.where, "asks for no MIG instance; use mode None for an unpartitioned GPU"
-        )
     return tuple(counts)
+
+
+def _parse_dynamic(dynamic: Record) -> DynamicMig:
+    profiles: tuple[str, ...] | None = None
+    if dynamic.has("profiles"):
+        raw = dynamic.items("profiles")
+        where = dynamic.path("profiles")
+        if not raw or len(raw) > MAX_MIG_PROFILES:
+            raise InvalidInput(where, f"lists {len(raw)} profiles; 1 to {MAX_MIG_PROFILES}")
+        for position, name in enumerate(raw):
+            if not isinstance(name, str):
+                raise InvalidInput(
+                    f"{where}[{position}]", f"must be a profile name, got {name!r:.40}"
+                )
+            check_profile_name(name, where=f"{where}[{position}]")
+        if len(set(raw)) != len(raw):
+            raise InvalidInput(where, "lists a profile twice")
+        profiles = tuple(sorted(raw))
+    warm: tuple[tuple[str, int], ...] = ()
+    warm_record = dynamic.optional_record("warm")
+    if warm_record is not None:
+        warm = tuple((p, n) for p, n in _parse_counts(warm_record) if n)
+        outside = [p for p, _ in warm if profiles is not None and p not in profiles]
+        if outside:
+            raise InvalidInput(
+                warm_record.path(outside[0]), "is not among spec.mig.dynamic.profiles"
+            )
+    parsed = DynamicMig(
+        profiles=profiles,
+        warm=warm,
+        min_idle_s=dynamic.integer(
+            "minIdleSeconds", DEFAULT_MIN_IDLE_S, minimum=0, maximum=MAX_MIN_IDLE_S
+        ),
+        carve_idle_gpus=dynamic.boolean("carveIdleGpus", True),
+    )
+    dynamic.done()
+    return parsed
 
 
 def _parse_mps(mps: Record) -> MpsSettings:
@@ -288,8 +349,12 @@ def _parse_priority(spec: Record) -> int:
 
 
 def plan_gpu_layout(spec: PartitionSpec, model: GpuModel) -> Layout:
-    """The layout each selected GPU of `model` gets; InvalidInput/InfeasibleLayout name the problem."""
-    require_counts(model, spec.mig_counts, where="spec.mig.devices")
+    """The layout each selected GPU of `model` gets; InvalidInput/InfeasibleLayout name the problem.
+
+    With dynamic MIG that is the warm mix (what an otherwise idle GPU is kept at).
+    """
+    where = "spec.mig.dynamic.warm" if spec.dynamic is not None else "spec.mig.devices"
+    require_counts(model, spec.mig_counts, where=where)
     return solve_layout(model, spec.mig_counts)
 
 

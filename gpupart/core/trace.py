@@ -99,6 +99,11 @@ class Pod(GpuShape):
     gpu_spec: tuple[str, ...] = ()
     """GPU models the pod accepts; empty accepts any model."""
     line: int = 0
+    qos: str = ""
+    """LS, Burstable, BE or Guaranteed in the 11-column files; empty in the 5-column ones."""
+    creation_time: int | None = None
+    deletion_time: int | None = None
+    """Seconds from the trace's start; None when the row has none (the 5-column files)."""
 
 
 def parse_nodes(text: str, *, source: str) -> tuple[Node, ...]:
@@ -149,6 +154,14 @@ def parse_pods(text: str, *, source: str) -> tuple[Pod, ...]:
                 source, line, f"num_gpu {num_gpu} needs whole GPUs, got gpu_milli {gpu_milli}"
             )
         spec = tuple(part for part in row.get("gpu_spec", "").split("|") if part)
+        created = deleted = None
+        if row.get("creation_time") and row.get("deletion_time"):
+            created = _count(row, "creation_time", source=source, line=line)
+            deleted = _count(row, "deletion_time", source=source, line=line)
+            if deleted < created:
+                raise TraceError(
+                    source, line, f"deletion_time {deleted} is before creation_time {created}"
+                )
         pods.append(
             Pod(
                 name=name,
@@ -158,6 +171,9 @@ def parse_pods(text: str, *, source: str) -> tuple[Pod, ...]:
                 gpu_milli=gpu_milli,
                 gpu_spec=spec,
                 line=line,
+                qos=row.get("qos", ""),
+                creation_time=created,
+                deletion_time=deleted,
             )
         )
     return tuple(pods)

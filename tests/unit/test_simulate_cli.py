@@ -222,3 +222,41 @@ def test_mig_mode_takes_no_trace(
     nodes, pods = trace
     assert main(["simulate", "--mig", "--nodes", str(nodes), "--pods", str(pods)]) == 2
     assert "--mig runs the built-in example" in capsys.readouterr().err
+
+
+TIMED_PODS = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+    "deletion_time,scheduled_time\n"
+    "a,1000,1024,1,1000,,LS,Running,0,100,0\n"
+    "b,1000,1024,1,460,,BE,Running,10,50,10\n"
+    "c,1000,1024,2,1000,,LS,Running,20,30,20\n"
+)
+
+
+def test_mig_dynamic_replays_a_trace_with_times_and_states_the_latencies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\n")
+    pods.write_text(TIMED_PODS)
+    argv = ["simulate", "--mig", "--dynamic", "--nodes", str(nodes), "--pods", str(pods)]
+    assert main([*argv, "--policy", "gpupart,hami", "--json", "--create-s", "2"]) == 0
+    data = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert data["latencies_s"]["create"] == 2.0 and data["gpus"] == 2 and data["pods"] == 3
+    assert set(data["policies"]) == {"gpupart", "hami"}
+    ours = data["policies"]["gpupart"]
+    # a (7g) and b (3g) bind after create + advertise; c (2 x 7g) waits for a GPU a holds
+    assert ours["served"] == 3 and ours["disruptions"] == 0 and ours["bind_p50_s"] == 2.2
+    assert main([*argv, "--policy", "gpupart"]) == 0
+    out = capsys.readouterr().out
+    assert "latencies: create 1 s, destroy 0.5 s, advertise 0.2 s" in out
+    assert "\ngpupart " in out
+
+
+def test_mig_dynamic_refuses_an_unknown_policy_and_dynamic_without_mig(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["simulate", "--dynamic"]) == 2
+    assert "--dynamic needs --mig" in capsys.readouterr().err
+    assert main(["simulate", "--mig", "--dynamic", "--policy", "magic"]) == 2
+    assert "unknown policy 'magic'" in capsys.readouterr().err

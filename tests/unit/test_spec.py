@@ -126,3 +126,60 @@ def test_mps_defaults_must_fit_the_gpu():
     with pytest.raises(InvalidInput, match="32 clients × 4096 MiB"):
         check_mps_fits(spec, require_gpu_model("A100-SXM4-80GB"))
     check_mps_fits(spec, require_gpu_model("H200"))
+
+
+def test_dynamic_mig_defaults_and_fields():
+    on = parse_partition(with_spec(mig={"dynamic": {}}))
+    assert on.dynamic is not None and on.mig == ()
+    assert (on.dynamic.profiles, on.dynamic.min_idle_s, on.dynamic.carve_idle_gpus) == (
+        None,
+        60,
+        True,
+    )
+    full = parse_partition(
+        with_spec(
+            mig={
+                "dynamic": {
+                    "profiles": ["3g.40gb", "1g.10gb"],
+                    "warm": {"1g.10gb": 2, "3g.40gb": 0},
+                    "minIdleSeconds": 300,
+                    "carveIdleGpus": False,
+                }
+            }
+        )
+    )
+    assert full.dynamic is not None
+    assert full.dynamic.profiles == ("1g.10gb", "3g.40gb")
+    assert full.mig == (("1g.10gb", 2),) == full.dynamic.warm
+    assert (full.dynamic.min_idle_s, full.dynamic.carve_idle_gpus) == (300, False)
+    # the warm mix is what an otherwise idle GPU keeps, checked against the model like devices
+    assert [i.profile for i in plan_gpu_layout(full, require_gpu_model("A100-SXM4-80GB"))] == [
+        "1g.10gb",
+        "1g.10gb",
+    ]
+    assert parse_partition(MIG).dynamic is None
+
+
+@pytest.mark.parametrize(
+    ("mig", "where", "words"),
+    [
+        ({"devices": {"1g.10gb": 1}, "dynamic": {}}, "spec.mig", "only one of devices"),
+        ({"dynamic": {"minIdleSeconds": -1}}, "spec.mig.dynamic.minIdleSeconds", "≥ 0"),
+        ({"dynamic": {"minIdleSeconds": 10**6}}, "spec.mig.dynamic.minIdleSeconds", "≤ 86400"),
+        ({"dynamic": {"carveIdleGpus": "yes"}}, "spec.mig.dynamic.carveIdleGpus", "true or false"),
+        ({"dynamic": {"profiles": []}}, "spec.mig.dynamic.profiles", "1 to 16"),
+        ({"dynamic": {"profiles": ["big"]}}, "spec.mig.dynamic.profiles[0]", "not a MIG profile"),
+        ({"dynamic": {"profiles": ["1g.10gb", "1g.10gb"]}}, "spec.mig.dynamic.profiles", "twice"),
+        ({"dynamic": {"warm": {"1g.10gb": 9}}}, "spec.mig.dynamic.warm.1g.10gb", "≤ 7"),
+        (
+            {"dynamic": {"profiles": ["1g.10gb"], "warm": {"3g.40gb": 1}}},
+            "spec.mig.dynamic.warm.3g.40gb",
+            "not among",
+        ),
+        ({"dynamic": {"colour": 1}}, "spec.mig.dynamic.colour", "unknown field"),
+    ],
+)
+def test_bad_dynamic_fields_are_rejected_with_their_path(mig, where, words):
+    with pytest.raises(InvalidInput, match=words) as error:
+        parse_partition(with_spec(mig=mig))
+    assert error.value.where == where

@@ -1,0 +1,111 @@
+"""What the dynamic MIG planner sees: GPUs with their instances and states, pending demand, policy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpupart.core.catalogue import GpuModel
+from gpupart.core.mig import MigInstance
+
+DEFAULT_MIN_IDLE_S = 60
+"""An idle instance younger than this is never destroyed (hysteresis)."""
+MAX_MIN_IDLE_S = 86_400
+
+
+class Use(StrEnum):
+    """The state of one GPU instance, as far as the planner is concerned."""
+
+    IN_USE = "in-use"
+    """Bound to a running or bound pod: never destroyed or moved."""
+    IDLE = "idle"
+    """Free since `Instance.since`: reusable as is; destroyable once older than the hysteresis."""
+    RESERVED = "reserved"
+    """Planned or created for a pending pod: treated as in use."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Instance:
+    """A GPU instance of a dynamic GPU, with its state; `pod` is its user or the pod it is reserved for."""
+
+    instance: MigInstance
+    use: Use = Use.IDLE
+    pod: str = ""
+    since: float = 0.0
+    """When it became idle (seconds, the caller's clock)."""
+
+    @property
+    def fixed(self) -> bool:
+        return self.use is not Use.IDLE
+
+    def describe(self, now: float) -> str:
+        """E.g. ``1g.10gb in use at slot 2 by team-a/train``, for reasons a person reads."""
+        where = f"{self.instance.profile} {self.use.replace('-', ' ')} at {self.instance.placement}"
+        if self.use is Use.IN_USE:
+            return f"{where} by {self.pod}"
+        if self.use is Use.RESERVED:
+            return f"{self.instance.profile} at {self.instance.placement} reserved for {self.pod}"
+        return f"{where} for {now - self.since:g} s"
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicMig:
+    """A GpuPartition's dynamic MIG policy (`spec.mig.dynamic`)."""
+
+    profiles: tuple[str, ...] | None = None
+    """Profiles the planner may create; None: all of the GPU model's."""
+    warm: tuple[tuple[str, int], ...] = ()
+    """Instances kept ready on GPUs that hold nothing in use or reserved."""
+    min_idle_s: int = DEFAULT_MIN_IDLE_S
+    carve_idle_gpus: bool = True
+    """Whether a GPU with no instance at all may be carved."""
+
+    def allows(self, profile: str) -> bool:
+        return self.profiles is None or profile in self.profiles
+
+    @property
+    def warm_counts(self) -> dict[str, int]:
+        return {name: count for name, count in self.warm if count}
+
+
+DEFAULT_DYNAMIC = DynamicMig()
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One MIG GPU of the cluster: where it is, its model, its instances, the policy it follows."""
+
+    node: str
+    index: int
+    model: GpuModel
+    instances: tuple[Instance, ...] = ()
+    policy: DynamicMig = DEFAULT_DYNAMIC
+
+    @property
+    def name(self) -> str:
+        return f"{self.node} GPU {self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """A pending pod's MIG request: one profile per instance (all on one node), priority, age."""
+
+    pod: str
+    profiles: tuple[str, ...]
+    priority: int = 0
+    pending_since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """The observed demand mix: each profile's share of recent requests (sums to 1, or empty)."""
+
+    shares: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, counts: Mapping[str, float]) -> Mix:
+        total = sum(value for value in counts.values() if value > 0)
+        if total <= 0:
+            return cls()
+        return cls(tuple(sorted((p, v / total) for p, v in counts.items() if v > 0)))

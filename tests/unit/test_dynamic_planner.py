@@ -1,0 +1,374 @@
+"""Dynamic MIG planner: laws over random clusters, optimality against exhaustive search, rules.
+
+Aspects: instances in use or reserved are never destroyed or moved; plans apply to the GPU they
+were made for; reservations match the pods' requests on one node; determinism; a steady demand
+reaches a fixed point with zero operations; served demand is what an exhaustive search serves
+(pods taken by priority, then age); hysteresis; warm mix; reasons a person can act on.
+"""
+
+import itertools
+from collections import Counter
+from functools import cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupart.core.catalogue import GpuModel, require_gpu_model
+from gpupart.core.dynamic.model import Demand, DynamicMig, Gpu, Instance, Mix, Use
+from gpupart.core.dynamic.planner import Plan, plan
+from gpupart.core.errors import InfeasibleLayout
+from gpupart.core.mig import MigInstance, Placement, check_layout
+from gpupart.core.planning import (
+    DestroyComputeInstance,
+    DestroyGpuInstance,
+    GpuInstanceState,
+    apply_steps,
+)
+
+A100 = require_gpu_model("A100-SXM4-80GB")
+H100 = require_gpu_model("H100-SXM5-80GB")
+PROFILES = ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+
+
+@cache
+def all_layouts(model: GpuModel) -> tuple[tuple[MigInstance, ...], ...]:
+    """Independent oracle: every set of non-overlapping placements that `check_layout` accepts."""
+    spots = [
+        MigInstance(Placement(start, p.memory_slices), p.name)
+        for p in model.profiles
+        if p.name in PROFILES
+        for start in p.starts
+    ]
+    found = []
+
+    def extend(first: int, chosen: list[MigInstance]) -> None:
+        try:
+            check_layout(model, chosen)
+        except InfeasibleLayout:
+            return
+        found.append(tuple(sorted(chosen)))
+        for position in range(first, len(spots)):
+            if not any(spots[position].placement.overlaps(i.placement) for i in chosen):
+                extend(position + 1, [*chosen, spots[position]])
+
+    extend(0, [])
+    return tuple(found)
+
+
+@st.composite
+def gpus_strategy(draw, max_nodes=3, max_gpus=3):
+    gpus = []
+    for node in range(draw(st.integers(1, max_nodes))):
+        model = draw(st.sampled_from((A100, H100)))
+        policy = DynamicMig(min_idle_s=draw(st.sampled_from((0, 60))))
+        for index in range(draw(st.integers(1, max_gpus))):
+            layout = draw(st.sampled_from(all_layouts(model)))
+            instances = tuple(
+                Instance(
+                    instance,
+                    use := draw(st.sampled_from(tuple(Use))),
+                    f"run-{node}-{index}-{k}" if use is not Use.IDLE else "",
+                    since=draw(st.sampled_from((0.0, 90.0))),
+                )
+                for k, instance in enumerate(layout)
+            )
+            gpus.append(Gpu(f"node-{node}", index, model, instances, policy))
+    return gpus
+
+
+demand_strategy = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(PROFILES), min_size=1, max_size=3),
+        st.integers(0, 2),
+        st.sampled_from((0.0, 10.0, 50.0)),
+    ),
+    max_size=6,
+).map(
+    lambda rows: [
+        Demand(f"pod-{k}", tuple(profiles), priority, since)
+        for k, (profiles, priority, since) in enumerate(rows)
+    ]
+)
+
+
+def apply_plan(gpus: list[Gpu], result: Plan) -> dict[tuple[str, int], tuple[MigInstance, ...]]:
+    """Each GPU's layout after the plan's steps, as the simulated GPU executes them."""
+    layouts = {}
+    steps = {(p.node, p.gpu): p for p in result.gpus}
+    for gpu in gpus:
+        actual = [GpuInstanceState(i.instance, in_use=i.fixed) for i in gpu.instances]
+        gpu_plan = steps.get((gpu.node, gpu.index))
+        after = apply_steps(gpu.model, actual, gpu_plan.steps if gpu_plan else ())
+        layouts[(gpu.node, gpu.index)] = tuple(sorted(s.instance for s in after))
+        if gpu_plan:
+            assert layouts[(gpu.node, gpu.index)] == gpu_plan.layout
+    return layouts
+
+
+@settings(deadline=None)
+@given(gpus_strategy(), demand_strategy)
+def test_in_use_and_reserved_instances_are_never_touched(gpus, demand):
+    result = plan(gpus, demand, now=100.0)
+    after = apply_plan(gpus, result)
+    by_gpu = {(g.node, g.index): g for g in gpus}
+    for gpu_plan in result.gpus:
+        gpu = by_gpu[(gpu_plan.node, gpu_plan.gpu)]
+        fixed = {i.instance for i in gpu.instances if i.fixed}
+        for step in gpu_plan.steps:
+            if isinstance(step, DestroyComputeInstance | DestroyGpuInstance):
+                assert step.instance not in fixed
+                idle = next(i for i in gpu.instances if i.instance == step.instance)
+                assert 100.0 - idle.since >= gpu.policy.min_idle_s  # hysteresis
+    for gpu in gpus:
+        assert {i.instance for i in gpu.instances if i.fixed} <= set(after[(gpu.node, gpu.index)])
+
+
+@settings(deadline=None)
+@given(gpus_strategy(), demand_strategy)
+def test_reservations_give_each_served_pod_its_request_on_one_node(gpus, demand):
+    result = plan(gpus, demand, now=100.0)
+    after = apply_plan(gpus, result)
+    by_gpu = {(g.node, g.index): g for g in gpus}
+    taken = set()
+    for reservation in result.reservations:
+        key = (reservation.node, reservation.gpu)
+        assert reservation.instance in after[key]
+        assert (key, reservation.instance) not in taken
+        taken.add((key, reservation.instance))
+        existing = {i.instance: i for i in by_gpu[key].instances}
+        if reservation.created:
+            assert reservation.instance not in existing
+        else:
+            assert existing[reservation.instance].use is Use.IDLE
+    reserved_before = {i.pod for g in gpus for i in g.instances if i.use is Use.RESERVED}
+    unserved = dict(result.unserved)
+    for request in demand:
+        mine = [r for r in result.reservations if r.pod == request.pod]
+        if request.pod in reserved_before:
+            assert not mine and request.pod not in unserved
+            continue
+        if mine:
+            assert Counter(r.instance.profile for r in mine) == Counter(request.profiles)
+            assert len({r.node for r in mine}) == 1
+            assert request.pod not in unserved
+        else:
+            assert unserved[request.pod]
+    # every operation serves a pod: nothing is created that no pod reserved
+    created = {(r.node, r.gpu, r.instance) for r in result.reservations if r.created}
+    assert sum(p.creates for p in result.gpus) == len(created)
+
+
+@settings(deadline=None)
+@given(gpus_strategy(), demand_strategy, st.randoms(use_true_random=False))
+def test_deterministic_whatever_the_input_order(gpus, demand, rng):
+    first = plan(gpus, demand, now=100.0)
+    shuffled_gpus, shuffled_demand = list(gpus), list(demand)
+    rng.shuffle(shuffled_gpus)
+    rng.shuffle(shuffled_demand)
+    assert plan(shuffled_gpus, shuffled_demand, now=100.0) == first
+
+
+def bind(gpus: list[Gpu], result: Plan, now: float) -> list[Gpu]:
+    """The cluster once the plan is applied and its pods run on their reservations."""
+    after = apply_plan(gpus, result)
+    users = {(r.node, r.gpu, r.instance): r.pod for r in result.reservations}
+    bound = []
+    for gpu in gpus:
+        old = {i.instance: i for i in gpu.instances}
+        instances = []
+        for instance in after[(gpu.node, gpu.index)]:
+            pod = users.get((gpu.node, gpu.index, instance))
+            if pod is not None:
+                instances.append(Instance(instance, Use.IN_USE, pod))
+            else:
+                instances.append(old.get(instance, Instance(instance, Use.IDLE, since=now)))
+        bound.append(Gpu(gpu.node, gpu.index, gpu.model, tuple(instances), gpu.policy))
+    return bound
+
+
+@settings(deadline=None)
+@given(gpus_strategy(), demand_strategy)
+def test_steady_demand_reaches_a_fixed_point_with_zero_operations(gpus, demand):
+    now = 1000.0  # every idle instance is past its hysteresis: what waits is truly unservable
+    pending = list(demand)
+    for _ in range(len(demand) + 2):
+        result = plan(gpus, pending, now=now)
+        if not result.operations and not result.reservations:
+            break
+        assert result.reservations  # an operation only ever serves a pod (no warm mix here)
+        gpus = bind(gpus, result, now)
+        pending = [d for d in pending if d.pod not in result.served()]
+        now += 100.0
+    else:
+        pytest.fail("no fixed point")
+    # time passes, nothing arrives or leaves: no churn, however long idle instances wait
+    for later in (now + 1, now + 3600):
+        assert plan(gpus, pending, now=later).operations == 0
+
+
+def lexicographic_oracle(gpus: list[Gpu], demand: list[Demand], now: float) -> set[str]:
+    """Exhaustive: in priority-then-age order, a pod is served iff it and every pod served
+    before it can all be placed at once (each GPU: some valid layout keeping its fixed and young
+    idle instances whose other instances cover what it is given)."""
+
+    def gpu_takes(gpu: Gpu, claims: Counter) -> bool:
+        keep = {
+            i.instance for i in gpu.instances if i.fixed or now - i.since < gpu.policy.min_idle_s
+        }
+        fixed = {i.instance for i in gpu.instances if i.fixed}
+        for layout in all_layouts(gpu.model):
+            if keep <= set(layout):
+                free = Counter(i.profile for i in layout if i not in fixed)
+                if all(free[p] >= n for p, n in claims.items()):
+                    return True
+        return False
+
+    def feasible(items: list[str]) -> bool:
+        for assignment in itertools.product(range(len(gpus)), repeat=len(items)):
+            claims = [Counter() for _ in gpus]
+            for profile, g in zip(items, assignment, strict=True):
+                claims[g][profile] += 1
+            if all(gpu_takes(gpu, c) for gpu, c in zip(gpus, claims, strict=True)):
+                return True
+        return False
+
+    served: list[str] = []
+    names = set()
+    for request in sorted(demand, key=lambda d: (-d.priority, d.pending_since, d.pod)):
+        if feasible([*served, *request.profiles]):
+            served.extend(request.profiles)
+            names.add(request.pod)
+    return names
+
+
+SCENARIOS = {
+    "empty": ((), ()),
+    "1g in use at slot 2, idle 3g": (
+        (Instance(MigInstance(Placement(2, 1), "1g.10gb"), Use.IN_USE, "a"),),
+        (Instance(MigInstance(Placement(4, 4), "3g.40gb"), Use.IDLE, since=0.0),),
+    ),
+    "young idle 1g at slot 6, 2g in use at 0": (
+        (
+            Instance(MigInstance(Placement(6, 1), "1g.10gb"), Use.IDLE, since=90.0),
+            Instance(MigInstance(Placement(0, 2), "2g.20gb"), Use.IN_USE, "b"),
+        ),
+        (Instance(MigInstance(Placement(0, 4), "4g.40gb"), Use.RESERVED, "c"),),
+    ),
+}
+
+
+@pytest.mark.parametrize("gpu_count", [2, 3])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_served_demand_matches_an_exhaustive_search(scenario, gpu_count):
+    first, second = SCENARIOS[scenario]
+    gpus = [Gpu("node", 0, A100, first), Gpu("node", 1, A100, second)]
+    gpus += [Gpu("node", 2, A100)] * (gpu_count - 2)
+    gpus = [Gpu(g.node, k, g.model, g.instances) for k, g in enumerate(gpus)]
+    options = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    sizes = range(1, 5 if gpu_count == 2 else 4)
+    checked = 0
+    for size in sizes:
+        for multiset in itertools.combinations_with_replacement(options, size):
+            demand = [Demand(f"p{k}", (p,), pending_since=k) for k, p in enumerate(multiset)]
+            result = plan(gpus, demand, now=100.0)
+            assert result.served() == lexicographic_oracle(gpus, demand, 100.0), multiset
+            checked += 1
+    assert checked > 30
+
+
+def test_a_pod_asking_two_instances_is_served_on_one_node_or_not_at_all():
+    gpus = [
+        Gpu(
+            "node-a", 0, A100, (Instance(MigInstance(Placement(0, 4), "4g.40gb"), Use.IN_USE, "x"),)
+        ),
+        Gpu(
+            "node-b", 0, A100, (Instance(MigInstance(Placement(4, 4), "3g.40gb"), Use.IN_USE, "y"),)
+        ),
+    ]
+    result = plan(gpus, [Demand("two", ("3g.40gb", "3g.40gb"))], now=0.0)
+    assert not result.reservations and result.operations == 0
+    assert "no node has room for 2 × 3g.40gb together" in dict(result.unserved)["two"]
+
+
+def test_priority_first_then_the_longest_waiting():
+    gpus = [Gpu("node", 0, A100)]
+    demand = [
+        Demand("small-new", ("4g.40gb",), priority=0, pending_since=50.0),
+        Demand("large-old", ("7g.80gb",), priority=0, pending_since=10.0),
+        Demand("urgent", ("4g.40gb",), priority=5, pending_since=90.0),
+    ]
+    assert plan(gpus, demand, now=100.0).served() == {"urgent"}
+    assert plan(gpus, demand[:2], now=100.0).served() == {"large-old"}
+
+
+def test_reuse_an_idle_instance_before_creating_one():
+    idle = Instance(MigInstance(Placement(4, 4), "3g.40gb"), Use.IDLE, since=0.0)
+    gpus = [Gpu("node", 0, A100), Gpu("node", 1, A100, (idle,))]
+    result = plan(gpus, [Demand("p", ("3g.40gb",))], now=100.0)
+    assert result.operations == 0
+    (reservation,) = result.reservations
+    assert (reservation.gpu, reservation.instance, reservation.created) == (1, idle.instance, False)
+
+
+def test_young_idle_instances_are_kept_old_ones_merged_back_when_needed():
+    gpus = [Gpu("node", 0, A100, (Instance(MigInstance(Placement(6, 1), "1g.10gb"), since=70.0),))]
+    demand = [Demand("whole", ("7g.80gb",))]
+    young = plan(gpus, demand, now=100.0)
+    assert young.operations == 0
+    assert "1g.10gb idle at slot 6 for 30 s" in dict(young.unserved)["whole"]
+    old = plan(gpus, demand, now=130.0)
+    assert old.operations == 2 and old.served() == {"whole"}  # destroy the 1g, create the 7g
+
+
+def test_fragmentation_decides_between_equally_cheap_gpus():
+    # a 1g goes beside the 1g already in use, keeping the other GPU whole for a 7g
+    busy = Instance(MigInstance(Placement(0, 1), "1g.10gb"), Use.IN_USE, "x")
+    gpus = [Gpu("node", 0, A100), Gpu("node", 1, A100, (busy,))]
+    mix = Mix.of({"1g.10gb": 1, "7g.80gb": 1})
+    result = plan(gpus, [Demand("p", ("1g.10gb",))], now=0.0, mix=mix)
+    assert [r.gpu for r in result.reservations] == [1]
+
+
+def test_profiles_outside_the_policy_are_not_created_and_the_reason_says_so():
+    policy = DynamicMig(profiles=("1g.10gb",))
+    result = plan([Gpu("node", 0, A100, policy=policy)], [Demand("p", ("3g.40gb",))], now=0.0)
+    assert not result.reservations
+    assert "may not create 3g.40gb" in dict(result.unserved)["p"]
+
+
+def test_idle_gpus_are_not_carved_when_the_policy_says_so():
+    policy = DynamicMig(carve_idle_gpus=False)
+    result = plan([Gpu("node", 0, A100, policy=policy)], [Demand("p", ("1g.10gb",))], now=0.0)
+    assert not result.reservations
+    assert "does not carve idle GPUs" in dict(result.unserved)["p"]
+
+
+def test_the_reason_names_the_instances_in_the_way():
+    busy = Instance(MigInstance(Placement(2, 1), "1g.10gb"), Use.IN_USE, "team-a/infer")
+    gpus = [Gpu("node-3", 1, A100, (busy,))] + [
+        Gpu(
+            "node-4",
+            k,
+            A100,
+            (Instance(MigInstance(Placement(0, 4), "3g.40gb"), Use.IN_USE, f"t{k}"),),
+        )
+        for k in range(4)
+    ]
+    result = plan(gpus, [Demand("big", ("4g.40gb",))], now=0.0)
+    why = dict(result.unserved)["big"]
+    assert why.startswith("no GPU has 4 free aligned memory slices for 4g.40gb (start slot 0): ")
+    assert "node-3 GPU 1 holds 1g.10gb in use at slot 2 by team-a/infer" in why
+    assert why.endswith("and 2 more GPUs")
+
+
+def test_warm_mix_is_restored_on_idle_gpus_once_then_left_alone():
+    policy = DynamicMig(warm=(("1g.10gb", 2), ("3g.40gb", 1)))
+    gpus = [Gpu("node", 0, A100, policy=policy)]
+    first = plan(gpus, [], now=0.0)
+    assert first.operations == 3
+    gpus = bind(gpus, first, 0.0)
+    assert plan(gpus, [], now=1000.0).operations == 0
+    # a GPU with an instance in use is not re-carved to the warm mix
+    busy = Instance(MigInstance(Placement(0, 4), "4g.40gb"), Use.IN_USE, "x")
+    assert plan([Gpu("node", 0, A100, (busy,), policy)], [], now=0.0).operations == 0
