@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from gpupart.core.admission import AssignedPod, admit_shared, awaiting_pod
 from gpupart.core.allocation import ContainerAllocation, exclusive_allocation, shared_allocation
-from gpupart.core.devices import preferred_allocation, resolve_devices
+from gpupart.core.devices import GpuView, preferred_allocation, resolve_devices
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mps import MpsLimits, client_limits
 from gpupart.core.resources import GPU_SHARED
@@ -54,41 +54,38 @@ class Allocator:
             admission = admit_shared(self._listed(), node=self.node, ids=ids)
             pod = admission.pod
             if admission.repeat is not None:
-                return self._shared(pod, admission.repeat)
-            container = admission.container
-            assert container is not None
-            gpu = self.hub.gpu(pod.assignment.gpu_uuid)
-            if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
-                raise InvalidInput(
-                    "Allocate",
-                    f"pod {pod.key} was assigned GPU {pod.assignment.gpu_uuid}, "
-                    "which is not a shared GPU on this node now",
+                given = admission.repeat
+                gpu = self._shared_gpu(pod, given.gpu_uuid)
+            else:
+                container = admission.container
+                assert container is not None
+                gpu = self._shared_gpu(pod, pod.assignment.gpu_uuid)
+                memory = compute = 0
+                if gpu.mode is Mode.MPS:
+                    memory, compute = client_limits(
+                        container.memory_mib,
+                        container.compute_percent,
+                        defaults=MpsLimits(gpu.slots, gpu.mps_memory_mib, gpu.mps_compute_percent),
+                        gpu_memory_mib=gpu.memory_mib,
+                    )
+                given = GivenContainer(
+                    container.name, tuple(sorted(ids)), gpu.uuid, memory, compute
                 )
-            memory = compute = 0
-            if gpu.mode is Mode.MPS:
-                memory, compute = client_limits(
-                    container.memory_mib,
-                    container.compute_percent,
-                    defaults=MpsLimits(gpu.slots, gpu.mps_memory_mib, gpu.mps_compute_percent),
-                    gpu_memory_mib=gpu.memory_mib,
-                )
-            given = GivenContainer(container.name, tuple(sorted(ids)), gpu.uuid, memory, compute)
-            record = (*pod.given, given)
-            self.record(pod, record)  # before answering: the extender binds the next pod on it
-            self._given[pod.uid] = record
-            return self._shared(pod, given)
-
-    def _shared(self, pod: AssignedPod, given: GivenContainer) -> ContainerAllocation:
-        gpu = self.hub.gpu(given.gpu_uuid)
-        if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
-            raise InvalidInput(
-                "Allocate",
-                f"pod {pod.key} container {given.name} was given GPU {given.gpu_uuid}, "
-                "which is not a shared GPU on this node now",
-            )
+                record = (*pod.given, given)
+                self.record(pod, record)  # before answering: the extender binds the next pod on it
+                self._given[pod.uid] = record
         return shared_allocation(
             gpu, memory_mib=given.memory_mib, compute_percent=given.compute_percent, cdi=self.cdi
         )
+
+    def _shared_gpu(self, pod: AssignedPod, uuid: str) -> GpuView:
+        gpu = self.hub.gpu(uuid)
+        if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
+            raise InvalidInput(
+                "Allocate",
+                f"pod {pod.key} was given GPU {uuid}, which is not a shared GPU on this node now",
+            )
+        return gpu
 
     def _listed(self) -> tuple[AssignedPod, ...]:
         listed = self.pods()

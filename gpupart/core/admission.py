@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import GPU_COMPUTE, GPU_MEMORY, GPU_SHARED, parse_quantity
+from gpupart.core.resources import (
+    GPU_COMPUTE,
+    GPU_MEMORY,
+    GPU_SHARED,
+    container_amounts,
+    whole,
+)
 from gpupart.core.wire import GivenContainer, PodAssignment
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -101,25 +107,18 @@ def shared_containers(pod: Mapping[str, Any], *, where: str = "pod") -> tuple[Sh
         if not isinstance(containers, list):
             raise InvalidInput(f"{where}.spec.{key}", "must be a list")
         for position, container in enumerate(containers):
-            place = f"{where}.spec.{key}[{position}]"
-            if not isinstance(container, Mapping):
-                raise InvalidInput(place, "must be a mapping")
-            resources = container.get("resources") or {}
-            if not isinstance(resources, Mapping):
-                raise InvalidInput(f"{place}.resources", "must be a mapping")
-            limits = resources.get("limits") or {}
-            requests = resources.get("requests") or {}
-            if not isinstance(limits, Mapping) or not isinstance(requests, Mapping):
-                raise InvalidInput(f"{place}.resources", "limits and requests must be mappings")
-            # Extended resources are set in limits; requests, when given, must equal them.
-            amounts = {**requests, **limits}
-            slots = _count(amounts, GPU_SHARED, place)
-            memory = _count(amounts, GPU_MEMORY, place)
-            compute = _count(amounts, GPU_COMPUTE, place)
+            place = f"{where}.spec.{key}[{position}].resources"
+            amounts = {
+                name: whole(amount, path, amount)
+                for name, (amount, path) in container_amounts(container, place)
+            }
+            slots, memory, compute = (
+                amounts.get(n, 0) for n in (GPU_SHARED, GPU_MEMORY, GPU_COMPUTE)
+            )
             if not slots:
                 if memory or compute:
                     raise InvalidInput(
-                        f"{place}.resources.limits",
+                        f"{place}.limits",
                         f"{GPU_MEMORY} and {GPU_COMPUTE} need {GPU_SHARED} in the same container",
                     )
                 continue
@@ -127,16 +126,6 @@ def shared_containers(pod: Mapping[str, Any], *, where: str = "pod") -> tuple[Sh
                 SharedContainer(str(container.get("name") or ""), slots, memory, compute, init)
             )
     return tuple(found)
-
-
-def _count(amounts: Mapping[str, Any], name: str, place: str) -> int:
-    if name not in amounts:
-        return 0
-    where = f"{place}.resources.limits.{name}"
-    value = parse_quantity(amounts[name], where=where)
-    if value.denominator != 1 or value < 0:
-        raise InvalidInput(where, f"must be a whole number ≥ 0, got {amounts[name]!r}")
-    return int(value)
 
 
 def admit_shared(pods: Iterable[AssignedPod], *, node: str, ids: Sequence[str]) -> SharedAdmission:
@@ -147,7 +136,7 @@ def admit_shared(pods: Iterable[AssignedPod], *, node: str, ids: Sequence[str]) 
     one live pod on `node` that is not fully served: its next container, whose slot count must
     be the number of ids. No such pod, or more than one, is refused rather than guessed.
     """
-    here = [p for p in pods if p.assignment.node == node and p.live]
+    here = _live_on(pods, node)
     wanted = frozenset(ids)
     repeats = {
         (pod.uid, given)
@@ -193,5 +182,9 @@ def admit_shared(pods: Iterable[AssignedPod], *, node: str, ids: Sequence[str]) 
 
 def awaiting_pod(pods: Iterable[AssignedPod], *, node: str) -> AssignedPod | None:
     """The one live pod on `node` that is not fully served, None when there is none or several."""
-    awaiting = [p for p in pods if p.assignment.node == node and p.live and not p.complete]
+    awaiting = [p for p in _live_on(pods, node) if not p.complete]
     return awaiting[0] if len(awaiting) == 1 else None
+
+
+def _live_on(pods: Iterable[AssignedPod], node: str) -> list[AssignedPod]:
+    return [p for p in pods if p.assignment.node == node and p.live]

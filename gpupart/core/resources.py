@@ -155,7 +155,7 @@ def check_profile_name(name: str, *, where: str) -> tuple[int, int, int, str]:
     return parse_profile_name(name, where=where)
 
 
-def _whole(value: Fraction, where: str, text: object) -> int:
+def whole(value: Fraction, where: str, text: object) -> int:
     if value.denominator != 1 or value < 0:
         raise InvalidInput(where, f"must be a whole number ≥ 0, got {text!r}")
     return int(value)
@@ -225,12 +225,15 @@ def _each_of(
     if not isinstance(containers, list):
         raise InvalidInput(where, "must be a list")
     for position, container in enumerate(containers):
-        for item in _container_amounts(container, f"{where}[{position}].resources"):
+        for item in container_amounts(container, f"{where}[{position}].resources"):
             yield position, item
 
 
-def _container_amounts(container: object, place: str) -> Iterable[tuple[str, tuple[Fraction, str]]]:
-    """(resource, (amount, field path)) for each GPU resource one container asks for."""
+def container_amounts(container: object, place: str) -> Iterable[tuple[str, tuple[Fraction, str]]]:
+    """(resource, (amount, field path)) for each GPU resource one container asks for.
+
+    Limits, falling back to requests; the two must agree where both are given.
+    """
     resources = (container.get("resources") or {}) if isinstance(container, Mapping) else None
     if not isinstance(resources, Mapping):
         raise InvalidInput(place, "must be a mapping")
@@ -267,7 +270,7 @@ def _is_gpu_resource(name: str) -> bool:
 
 
 def _request_from_totals(totals: Mapping[str, tuple[Fraction, str]], where: str) -> GpuRequest:
-    counts = {name: _whole(amount, place, amount) for name, (amount, place) in totals.items()}
+    counts = {name: whole(amount, place, amount) for name, (amount, place) in totals.items()}
     mig = []
     for name, count in sorted(counts.items()):
         profile = find_mig_profile(name)
