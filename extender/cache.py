@@ -34,11 +34,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupart.core.admission import admission_complete, shared_containers
+from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.wire import (
+    ALLOCATION_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    InventoryGpu,
+    PodAssignment,
+    decode_allocation,
+    decode_assignment,
+    decode_inventory,
+)
 from gpupart.core.errors import GpupartError
-from gpupart.core.preemption import Budget, parse_budget
-from gpupart.core.resources import parse_pod_request
-from gpupart.core.scheduling import (
+from gpupart.core.node.admission import admission_complete, shared_containers
+from gpupart.core.scheduling.evaluation import (
     NodeView,
     PlacedPod,
     Shape,
@@ -49,16 +58,7 @@ from gpupart.core.scheduling import (
     pod_cpu_milli,
     tenant_of,
 )
-from gpupart.core.wire import (
-    ALLOCATION_ANNOTATION,
-    ASSIGNMENT_ANNOTATION,
-    INVENTORY_ANNOTATION,
-    InventoryGpu,
-    PodAssignment,
-    decode_allocation,
-    decode_assignment,
-    decode_inventory,
-)
+from gpupart.core.scheduling.preemption import Budget, parse_budget
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from itertools import chain, compress, repeat
 from operator import attrgetter, is_not
 from typing import Any, Protocol
 
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.preemption import Budget, choose_victims, order_victims, violations
-from gpupart.core.scheduling import (
+from gpupart.core.scheduling.evaluation import (
     Demand,
     FailureKind,
     Fit,
@@ -38,8 +38,8 @@ from gpupart.core.scheduling import (
     parse_demand,
     tenant_of,
 )
-from gpupart.core.scoring import FragmentationModel
-from gpupart.core.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
+from gpupart.core.scheduling.preemption import Budget, choose_victims, order_victims, violations
+from gpupart.core.scheduling.scoring import FragmentationModel
 
 from .cache import ClusterCache, PodEntry, read_node
 from .metrics import Metrics

@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
+from gpupart.core.api.resources import mig_resource_name
+from gpupart.core.api.spec import Mode, PartitionSpec, parse_partition, plan_gpu
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.mig import Layout
-from gpupart.core.resources import mig_resource_name
-from gpupart.core.spec import Mode, PartitionSpec, parse_partition, plan_gpu
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import Layout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

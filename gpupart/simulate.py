@@ -1,6 +1,6 @@
 """`gpupart simulate`: the shell around the replay engine (files, progress bar, table, JSON, plot).
 
-Reads the CSVs, calls the pure core (`gpupart.core.replay`), and prints. Bad input exits with
+Reads the CSVs, calls the pure core (`gpupart.sim.replay`), and prints. Bad input exits with
 code 2 and one line on stderr naming the file and line. matplotlib is imported only for --plot.
 """
 
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpupart.core.dynamic.simulation import DEFAULT_LATENCIES, Latencies
 from gpupart.core.errors import GpupartError
-from gpupart.core.example import EXAMPLE_SEED, example_workload
-from gpupart.core.replay import ReplayResult, replay
-from gpupart.core.scoring import DEFAULT_POLICY, Policy
-from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods
+from gpupart.core.scheduling.scoring import DEFAULT_POLICY, Policy
+from gpupart.sim.dynamic.simulation import DEFAULT_LATENCIES, Latencies
+from gpupart.sim.example import EXAMPLE_SEED, example_workload
+from gpupart.sim.replay import ReplayResult, replay
+from gpupart.sim.trace import Node, Pod, parse_nodes, parse_pods
 
 EXIT_BAD_INPUT = 2
 PROGRESS_AFTER_S = 1.0
@@ -312,7 +312,7 @@ class _ProgressBar:
 
 def _run_mig(args: argparse.Namespace) -> int:
     """MIG mode of the built-in example: profiles, exact layouts, accepted requests vs a bound."""
-    from gpupart.core.mig_packing import pack_mig
+    from gpupart.sim.mig_packing import pack_mig
 
     example = example_workload(EXAMPLE_SEED)
     started = time.perf_counter()
@@ -353,10 +353,10 @@ def _run_mig(args: argparse.Namespace) -> int:
 
 def _run_dynamic(args: argparse.Namespace) -> int:
     """Dynamic MIG: each policy over one workload, with operation latencies, in a table or JSON."""
-    from gpupart.core.catalogue import require_gpu_model
-    from gpupart.core.dynamic.policies import POLICY_NAMES, run_policy
-    from gpupart.core.dynamic.simulation import SimNode
-    from gpupart.core.dynamic.workloads import from_trace, w2_shifting_inference
+    from gpupart.core.mig.catalogue import require_gpu_model
+    from gpupart.sim.dynamic.policies import POLICY_NAMES, run_policy
+    from gpupart.sim.dynamic.simulation import SimNode
+    from gpupart.sim.dynamic.workloads import from_trace, w2_shifting_inference
 
     latencies = Latencies(args.create_s, args.destroy_s, args.advertise_s, args.plugin_restart_s)
     if any(

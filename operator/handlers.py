@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import kopf
 from kubernetes import client
 
-from gpupart.core.partitioning import released
-from gpupart.core.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
+from gpupart.core.api.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
+from gpupart.core.cluster.partitioning import released
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler

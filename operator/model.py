@@ -10,16 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpupart.core.errors import GpupartError
-from gpupart.core.partitioning import (
-    Condition,
-    NodeView,
-    Partition,
-    PartitionStatus,
-    merge_conditions,
-)
-from gpupart.core.spec import API_VERSION, KIND, parse_partition
-from gpupart.core.wire import (
+from gpupart.core.api.spec import API_VERSION, KIND, parse_partition
+from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     STATE_ANNOTATION,
     DesiredGroup,
@@ -28,6 +20,14 @@ from gpupart.core.wire import (
     decode_report,
     encode_desired,
 )
+from gpupart.core.cluster.partitioning import (
+    Condition,
+    NodeView,
+    Partition,
+    PartitionStatus,
+    merge_conditions,
+)
+from gpupart.core.errors import GpupartError
 
 GROUP = "gpupart.io"
 VERSION = "v1alpha1"

@@ -22,7 +22,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from gpupart.core.partitioning import NodeView, Partition, PartitionStatus, Resolution, resolve
+from gpupart.core.cluster.partitioning import (
+    NodeView,
+    Partition,
+    PartitionStatus,
+    Resolution,
+    resolve,
+)
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import (

@@ -12,14 +12,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpupart.core.devices import SLOT_SEPARATOR, GpuView, MigSlice
-from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
-from gpupart.core.mig import Layout
-from gpupart.core.mps import mps_limits
-from gpupart.core.planning import GpuInstanceState, Step, layout_of, plan_counts, plan_layout
-from gpupart.core.spec import Mode
-from gpupart.core.targets import GpuTarget, gpu_targets
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
     GpuState,
@@ -27,6 +21,12 @@ from gpupart.core.wire import (
     MigDevice,
     NodeReport,
 )
+from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
+from gpupart.core.mig.layout import Layout
+from gpupart.core.mig.planning import GpuInstanceState, Step, layout_of, plan_counts, plan_layout
+from gpupart.core.node.devices import SLOT_SEPARATOR, GpuView, MigSlice
+from gpupart.core.node.mps import mps_limits
+from gpupart.core.node.targets import GpuTarget, gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodDevices

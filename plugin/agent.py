@@ -6,10 +6,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from gpupart.core.devices import managed_capacity
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import Inventory, decode_desired, encode_inventory, encode_report
 from gpupart.core.errors import WireFormatError
-from gpupart.core.spec import Mode
-from gpupart.core.wire import Inventory, decode_desired, encode_inventory, encode_report
+from gpupart.core.node.devices import managed_capacity
 from gpupart_plugin.actuator import Actuator, PassResult, inventory
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics

@@ -6,14 +6,18 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gpupart.core.admission import AssignedPod, admit_shared, awaiting_pod
-from gpupart.core.allocation import ContainerAllocation, exclusive_allocation, shared_allocation
-from gpupart.core.devices import GpuView, preferred_allocation, resolve_devices
+from gpupart.core.api.resources import GPU_SHARED
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import GivenContainer
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mps import MpsLimits, client_limits
-from gpupart.core.resources import GPU_SHARED
-from gpupart.core.spec import Mode
-from gpupart.core.wire import GivenContainer
+from gpupart.core.node.admission import AssignedPod, admit_shared, awaiting_pod
+from gpupart.core.node.allocation import (
+    ContainerAllocation,
+    exclusive_allocation,
+    shared_allocation,
+)
+from gpupart.core.node.devices import GpuView, preferred_allocation, resolve_devices
+from gpupart.core.node.mps import MpsLimits, client_limits
 from gpupart_plugin.devices import DeviceHub
 
 PodSource = Callable[[], tuple[AssignedPod, ...]]

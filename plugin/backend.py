@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from gpupart.core.catalogue import GpuModel
-from gpupart.core.devices import MigSlice, XidEvent
 from gpupart.core.errors import GpupartError
-from gpupart.core.planning import Step
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.planning import Step
+from gpupart.core.node.devices import MigSlice, XidEvent
 
 
 class NvmlFailure(StrEnum):

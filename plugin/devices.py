@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from gpupart.core.devices import Device, GpuView, node_devices
+from gpupart.core.node.devices import Device, GpuView, node_devices
 
 
 class DeviceHub:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpupart.core.devices import DEFAULT_IGNORED_XIDS, HealthBook, affected_devices
+from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS, HealthBook, affected_devices
 from gpupart_plugin.backend import GpuBackend, NvmlError
 from gpupart_plugin.devices import DeviceHub
 

@@ -11,9 +11,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from gpupart.core.admission import AssignedPod, shared_containers
-from gpupart.core.errors import GpupartError
-from gpupart.core.wire import (
+from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
@@ -24,6 +22,8 @@ from gpupart.core.wire import (
     decode_assignment,
     encode_allocation,
 )
+from gpupart.core.errors import GpupartError
+from gpupart.core.node.admission import AssignedPod, shared_containers
 from gpupart.kubeconfig import describe_api_error
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from gpupart.core.mps import LOG_ENV, PIPE_ENV, MpsLimits, daemon_commands
+from gpupart.core.node.mps import LOG_ENV, PIPE_ENV, MpsLimits, daemon_commands
 from gpupart_plugin.backend import NvmlError, NvmlFailure
 
 log = logging.getLogger(__name__)

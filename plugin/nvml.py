@@ -15,16 +15,16 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpupart.core.catalogue import GpuModel, MediaEngines, MigProfile, find_gpu_model, gpu_model
-from gpupart.core.devices import MigSlice, XidEvent
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel, MediaEngines, MigProfile, find_gpu_model, gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.mig.planning import (
     CreateComputeInstance,
     CreateGpuInstance,
     DestroyComputeInstance,
     DestroyGpuInstance,
     Step,
 )
+from gpupart.core.node.devices import MigSlice, XidEvent
 from gpupart_plugin.backend import (
     GpuInfo,
     GpuInstanceRecord,

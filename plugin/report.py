@@ -13,8 +13,8 @@ import json
 import sys
 from typing import Any
 
-from gpupart.core.catalogue import compare_models, find_gpu_model
 from gpupart.core.errors import GpupartError
+from gpupart.core.mig.catalogue import compare_models, find_gpu_model
 from gpupart_plugin.backend import GpuBackend
 from gpupart_plugin.settings import simulated_gpus
 from gpupart_plugin.simgpu import SimulatedGpus

@@ -8,9 +8,9 @@ from concurrent import futures
 
 import grpc
 
-from gpupart.core.allocation import ContainerAllocation
-from gpupart.core.devices import HEALTHY, UNHEALTHY
 from gpupart.core.errors import GpupartError
+from gpupart.core.node.allocation import ContainerAllocation
+from gpupart.core.node.devices import HEALTHY, UNHEALTHY
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupart.core.devices import DEFAULT_IGNORED_XIDS
 from gpupart.core.errors import InvalidInput
+from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
 
 
 @dataclass(frozen=True, slots=True)

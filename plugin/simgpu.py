@@ -15,16 +15,16 @@ import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
-from gpupart.core.devices import MigSlice, XidEvent
-from gpupart.core.mig import MigInstance
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import MigInstance
+from gpupart.core.mig.planning import (
     CreateComputeInstance,
     CreateGpuInstance,
     DestroyComputeInstance,
     DestroyGpuInstance,
     Step,
 )
+from gpupart.core.node.devices import MigSlice, XidEvent
 from gpupart_plugin.backend import (
     GpuInfo,
     GpuInstanceRecord,

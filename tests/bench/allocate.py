@@ -38,8 +38,8 @@ from pathlib import Path
 import goclients
 import grpc
 
-from gpupart.core.spec import Mode
-from gpupart.core.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator

@@ -18,14 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from gpupart.core.catalogue import require_gpu_model
 from gpupart.core.dynamic.model import Demand, Gpu, Instance, Use
 from gpupart.core.dynamic.planner import plan
-from gpupart.core.dynamic.policies import POLICY_NAMES, geometries, run_policy
-from gpupart.core.dynamic.simulation import Latencies, SimNode
-from gpupart.core.dynamic.workloads import from_trace, w2_shifting_inference, w3_adversarial
-from gpupart.core.mig import fit_layout
-from gpupart.core.trace import parse_pods
+from gpupart.core.mig.catalogue import require_gpu_model
+from gpupart.core.mig.layout import fit_layout
+from gpupart.sim.dynamic.policies import POLICY_NAMES, geometries, run_policy
+from gpupart.sim.dynamic.simulation import Latencies, SimNode
+from gpupart.sim.dynamic.workloads import from_trace, w2_shifting_inference, w3_adversarial
+from gpupart.sim.trace import parse_pods
 
 W1_PODS = 500
 SEED = 42

@@ -49,9 +49,8 @@ import goclients
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     Inventory,
@@ -61,6 +60,7 @@ from gpupart.core.wire import (
     encode_assignment,
     encode_inventory,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_extender.app import create_app, filter_reply
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc

@@ -30,7 +30,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gpupart.core.wire import DESIRED_ANNOTATION  # noqa: E402
+from gpupart.core.api.wire import DESIRED_ANNOTATION  # noqa: E402
 from tests.e2e.cluster import (  # noqa: E402
     LOOPBACK,
     ControlPlane,

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from gpupart.core.replay import replay
-from gpupart.core.scoring import Policy
-from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods
+from gpupart.core.scheduling.scoring import Policy
+from gpupart.sim.replay import replay
+from gpupart.sim.trace import Node, Pod, parse_nodes, parse_pods
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_heavy import FACTORS, write_variants  # noqa: E402 - the benchmark's sibling script

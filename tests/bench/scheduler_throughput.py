@@ -38,8 +38,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gpupart.core.spec import Mode  # noqa: E402
-from gpupart.core.wire import (  # noqa: E402
+from gpupart.core.api.spec import Mode  # noqa: E402
+from gpupart.core.api.wire import (  # noqa: E402
     INVENTORY_ANNOTATION,
     Inventory,
     InventoryGpu,

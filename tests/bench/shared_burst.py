@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gpupart.core.wire import ASSIGNMENT_ANNOTATION, decode_assignment  # noqa: E402
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, decode_assignment  # noqa: E402
 from tests.e2e.cluster import (  # noqa: E402
     ControlPlane,
     bin_dir_from_env,

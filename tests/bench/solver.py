@@ -10,10 +10,10 @@ import json
 import random
 import time
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
 from gpupart.core.errors import GpupartError
-from gpupart.core.mig import _layout_table, fit_layout, layout_counts
-from gpupart.core.planning import GpuInstanceState, plan_counts
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import _layout_table, fit_layout, layout_counts
+from gpupart.core.mig.planning import GpuInstanceState, plan_counts
 
 
 def multisets(model: GpuModel) -> list[dict[str, int]]:

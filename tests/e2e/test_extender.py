@@ -19,9 +19,8 @@ import pytest
 import uvicorn
 import yaml
 
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     Inventory,
@@ -32,6 +31,7 @@ from gpupart.core.wire import (
     encode_assignment,
     encode_inventory,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import ClusterCache
 from gpupart_extender.kube import ApiBinder, Watcher

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.wire import (
+from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     decode_allocation,

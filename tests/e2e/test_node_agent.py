@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     STATE_ANNOTATION,

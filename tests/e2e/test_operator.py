@@ -28,9 +28,8 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from poison import GOOD_SPECS, HUGE, LONG, PARTITION_CASES, partition
 
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     STATE_ANNOTATION,
     GpuReport,
@@ -39,6 +38,7 @@ from gpupart.core.wire import (
     decode_desired,
     encode_report,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.main import build
 from gpupart_operator.model import GROUP, OWNED_STATUS_KEYS, PLURAL, VERSION

@@ -8,7 +8,7 @@ import pytest
 from extender_objects import FakeBinder, mig_gpu, node, pod, shared_gpu, whole_gpu
 from fastapi.testclient import TestClient
 
-from gpupart.core.wire import PodAssignment
+from gpupart.core.api.wire import PodAssignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     Inventory,
@@ -16,6 +15,7 @@ from gpupart.core.wire import (
     encode_assignment,
     encode_inventory,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MIB = 81559

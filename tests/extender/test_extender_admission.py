@@ -15,7 +15,7 @@ from typing import Any
 
 from extender_objects import FakeBinder, node, pod, shared, shared_gpu
 
-from gpupart.core.wire import (
+from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     GivenContainer,

@@ -7,9 +7,9 @@ from collections import Counter
 
 from extender_objects import FakeBinder, node, pod, shared, shared_gpu
 
-from gpupart.core.resources import GpuRequest
-from gpupart.core.scheduling import PlacedPod, Tenant, fragmentation_model_of
-from gpupart.core.wire import PodAssignment
+from gpupart.core.api.resources import GpuRequest
+from gpupart.core.api.wire import PodAssignment
+from gpupart.core.scheduling.evaluation import PlacedPod, Tenant, fragmentation_model_of
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService

@@ -21,7 +21,7 @@ import uvicorn
 from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
 from fastapi.testclient import TestClient
 
-from gpupart.core.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen

@@ -16,8 +16,15 @@ from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu,
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.scheduling import Fit, NoFit, Weights, anonymous, evaluate, parse_demand
-from gpupart.core.wire import PodAssignment
+from gpupart.core.api.wire import PodAssignment
+from gpupart.core.scheduling.evaluation import (
+    Fit,
+    NoFit,
+    Weights,
+    anonymous,
+    evaluate,
+    parse_demand,
+)
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import DETAILED_NODES, ExtenderService

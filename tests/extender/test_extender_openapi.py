@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from poison import ABSURD_QUANTITIES
 
-from gpupart.core.wire import PodAssignment
+from gpupart.core.api.wire import PodAssignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from kubernetes import client as kube
 from poison import ABSURD_QUANTITIES, HUGE, LONG
 
-from gpupart.core.wire import INVENTORY_ANNOTATION, PodAssignment
+from gpupart.core.api.wire import INVENTORY_ANNOTATION, PodAssignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, PDB, POD, ClusterCache, read_pod
 from gpupart_extender.kube import Watcher

@@ -1,4 +1,4 @@
-"""Preemption: victim selection on one GPU (gpupart.core.preemption), the preempt verb over HTTP,
+"""Preemption: victim selection on one GPU (gpupart.core.scheduling.preemption), the preempt verb over HTTP,
 PodDisruptionBudgets in the cache, and the reservation a nominated pod holds.
 
 Covers: minimality and kube-scheduler's order (PDB violations, highest victim priority, count),
@@ -22,10 +22,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.resources import GpuRequest
+from gpupart.core.api.spec import Mode, NodeSelector
+from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.preemption import Budget, choose_victims, parse_budget, violations
-from gpupart.core.resources import GpuRequest
-from gpupart.core.scheduling import (
+from gpupart.core.scheduling.evaluation import (
     Demand,
     Fit,
     GpuView,
@@ -35,8 +36,7 @@ from gpupart.core.scheduling import (
     evaluate,
     fragmentation_model,
 )
-from gpupart.core.spec import Mode, NodeSelector
-from gpupart.core.wire import PodAssignment
+from gpupart.core.scheduling.preemption import Budget, choose_victims, parse_budget, violations
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, PDB, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
@@ -228,7 +228,7 @@ def test_a_pod_it_must_not_share_with_goes_too_or_the_gpu_is_out() -> None:
 
 
 def _required(label: tuple[str, str]) -> Any:
-    from gpupart.core.scheduling import AntiAffinityTerm
+    from gpupart.core.scheduling.evaluation import AntiAffinityTerm
 
     return AntiAffinityTerm(NodeSelector((label,)), ("team-a",), True)
 

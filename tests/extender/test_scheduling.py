@@ -1,4 +1,4 @@
-"""The extender's pure scheduling terms (gpupart.core.scheduling).
+"""The extender's pure scheduling terms (gpupart.core.scheduling.evaluation).
 
 Covers: each term's formula and direction (headroom binpack/spread, priority, anti-affinity,
 fragmentation: the simulator's default gpupart policy, same code and same numbers as
@@ -15,9 +15,11 @@ from extender_objects import H100_MIB, mig_gpu, pod, shared, shared_gpu, whole_g
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpupart.core.api.resources import GpuRequest
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import GpuRequest
-from gpupart.core.scheduling import (
+from gpupart.core.scheduling.evaluation import (
     AffinityScope,
     Conflict,
     Demand,
@@ -45,7 +47,7 @@ from gpupart.core.scheduling import (
     priority_term,
     share_milli,
 )
-from gpupart.core.scoring import (
+from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     NodeState,
     Policy,
@@ -53,8 +55,6 @@ from gpupart.core.scoring import (
     score_node,
     score_placement,
 )
-from gpupart.core.spec import Mode
-from gpupart.core.wire import PodAssignment
 
 CONFIG = ScoringConfig()
 MODEL = fragmentation_model([(1, 250, 0)] * 5 + [(1, 1000, 0)] * 5)

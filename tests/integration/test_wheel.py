@@ -36,7 +36,7 @@ def test_wheel_holds_every_package_and_imports_from_it(tmp_path):
     # Import from the wheel alone (zip import), with the checkout off the path.
     probe = (
         "; ".join(f"import {r}" for r in IMPORT_ROOTS)
-        + "; import gpupart.core.mig as m; print(m.__file__)"
+        + "; import gpupart.core.mig.layout as m; print(m.__file__)"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe],

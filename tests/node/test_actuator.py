@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.mig import MigInstance, Placement, layout_counts
-from gpupart.core.planning import GpuInstanceState, plan_counts
-from gpupart.core.spec import Mode, MpsSettings
-from gpupart.core.wire import DesiredGroup, GpuState
+from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.wire import DesiredGroup, GpuState
+from gpupart.core.mig.layout import MigInstance, Placement, layout_counts
+from gpupart.core.mig.planning import GpuInstanceState, plan_counts
 from gpupart_plugin.actuator import Actuator, inventory
 from gpupart_plugin.backend import NvmlFailure
 from gpupart_plugin.mps import MpsDaemons

@@ -18,12 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.admission import AssignedPod, SharedContainer, admit_shared, shared_containers
-from gpupart.core.devices import GpuView
+from gpupart.core.api.resources import GPU_SHARED
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import GivenContainer, PodAssignment
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.resources import GPU_SHARED
-from gpupart.core.spec import Mode
-from gpupart.core.wire import GivenContainer, PodAssignment
+from gpupart.core.node.admission import (
+    AssignedPod,
+    SharedContainer,
+    admit_shared,
+    shared_containers,
+)
+from gpupart.core.node.devices import GpuView
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.devices import DeviceHub
 

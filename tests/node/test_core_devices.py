@@ -6,8 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.allocation import exclusive_allocation
-from gpupart.core.devices import (
+from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.wire import DesiredGroup
+from gpupart.core.errors import InvalidInput
+from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.node.allocation import exclusive_allocation
+from gpupart.core.node.devices import (
     GpuView,
     MigSlice,
     XidEvent,
@@ -16,12 +20,8 @@ from gpupart.core.devices import (
     preferred_allocation,
     resolve_devices,
 )
-from gpupart.core.errors import InvalidInput
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.mps import client_limits, daemon_commands, mps_limits
-from gpupart.core.spec import Mode, MpsSettings
-from gpupart.core.targets import UNPARTITIONED, gpu_targets
-from gpupart.core.wire import DesiredGroup
+from gpupart.core.node.mps import client_limits, daemon_commands, mps_limits
+from gpupart.core.node.targets import UNPARTITIONED, gpu_targets
 
 
 def shared_gpus(slots: list[int]) -> list[GpuView]:

@@ -11,9 +11,8 @@ import grpc
 import pytest
 from conftest import FakeKubelet
 
-from gpupart.core.admission import AssignedPod, SharedContainer
-from gpupart.core.spec import Mode, MpsSettings
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
     PodAssignment,
@@ -21,6 +20,7 @@ from gpupart.core.wire import (
     decode_report,
     encode_desired,
 )
+from gpupart.core.node.admission import AssignedPod, SharedContainer
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator

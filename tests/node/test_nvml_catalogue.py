@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpupart.core.catalogue import GpuModel, catalogue, compare_models, require_gpu_model
+from gpupart.core.mig.catalogue import GpuModel, catalogue, compare_models, require_gpu_model
 from gpupart_plugin.nvml import NvmlGpus
 
 NVML_NAME = {

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpupart.core.catalogue import compare_models, find_gpu_model
+from gpupart.core.mig.catalogue import compare_models, find_gpu_model
 from gpupart_plugin.backend import NvmlError
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gpupart.cli import main
-from gpupart.core.catalogue import require_gpu_model
+from gpupart.core.mig.catalogue import require_gpu_model
 
 
 def test_report_lists_gpus_profiles_and_no_difference_for_catalogued_geometry(

@@ -18,9 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poison import PARTITION_CASES
 
-from gpupart.core.partitioning import Condition, resolve
-from gpupart.core.spec import Mode
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     STATE_ANNOTATION,
     GpuReport,
@@ -29,6 +28,7 @@ from gpupart.core.wire import (
     decode_desired,
     encode_report,
 )
+from gpupart.core.cluster.partitioning import Condition, resolve
 from gpupart_operator.model import (
     condition_events,
     desired_patches,

@@ -6,14 +6,14 @@ suffixes), unknown products and profiles raise errors that name them.
 
 import pytest
 
-from gpupart.core.catalogue import (
+from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile
+from gpupart.core.mig.catalogue import (
     MediaEngines,
     catalogue,
     find_gpu_model,
     parse_profile_name,
     require_gpu_model,
 )
-from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile
 
 # product -> (memory slices, max instances, profile names) as the MIG user guide and
 # mig-parted's default configuration list them
@@ -308,7 +308,7 @@ def test_profile_names_parse_compute_and_suffixes():
 def test_compare_models_names_every_difference_from_nvml() -> None:
     from dataclasses import replace
 
-    from gpupart.core.catalogue import compare_models, require_gpu_model
+    from gpupart.core.mig.catalogue import compare_models, require_gpu_model
 
     known = require_gpu_model("A100-SXM4-80GB")
     assert compare_models(known, known) == []
@@ -331,7 +331,7 @@ def test_compare_models_names_every_difference_from_nvml() -> None:
 def test_every_profile_name_flows_through_resource_names_and_pod_requests():
     import re
 
-    from gpupart.core.resources import find_mig_profile, mig_resource_name, parse_pod_request
+    from gpupart.core.api.resources import find_mig_profile, mig_resource_name, parse_pod_request
 
     # Kubernetes: an extended resource's name after the prefix is a qualified name (no '+')
     qualified = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
 from gpupart.core.dynamic.model import Demand, DynamicMig, Gpu, Instance, Mix, Use
 from gpupart.core.dynamic.planner import Plan, plan
 from gpupart.core.errors import InfeasibleLayout
-from gpupart.core.mig import MigInstance, Placement, check_layout
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement, check_layout
+from gpupart.core.mig.planning import (
     DestroyComputeInstance,
     DestroyGpuInstance,
     GpuInstanceState,

@@ -3,8 +3,10 @@ defining behaviour (so that the comparison is honest)."""
 
 import pytest
 
-from gpupart.core.catalogue import require_gpu_model
-from gpupart.core.dynamic.policies import (
+from gpupart.core.mig.catalogue import require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.mig.planning import DestroyComputeInstance, DestroyGpuInstance
+from gpupart.sim.dynamic.policies import (
     Nos,
     Ours,
     PerPod,
@@ -12,7 +14,7 @@ from gpupart.core.dynamic.policies import (
     geometries,
     run_policy,
 )
-from gpupart.core.dynamic.simulation import (
+from gpupart.sim.dynamic.simulation import (
     Change,
     Decision,
     Latencies,
@@ -20,10 +22,8 @@ from gpupart.core.dynamic.simulation import (
     SimPod,
     simulate,
 )
-from gpupart.core.dynamic.workloads import from_trace, profile_for_share
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.planning import DestroyComputeInstance, DestroyGpuInstance
-from gpupart.core.trace import Pod
+from gpupart.sim.dynamic.workloads import from_trace, profile_for_share
+from gpupart.sim.trace import Pod
 
 A100 = require_gpu_model("A100-SXM4-80GB")
 ONE_GPU = [SimNode("node-0", A100, 1)]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.catalogue import GpuModel, MediaEngines, catalogue, require_gpu_model
 from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
-from gpupart.core.mig import (
+from gpupart.core.mig.catalogue import GpuModel, MediaEngines, catalogue, require_gpu_model
+from gpupart.core.mig.layout import (
     MigInstance,
     Placement,
     check_layout,

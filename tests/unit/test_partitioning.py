@@ -7,8 +7,9 @@ status from node reports, conditions and their transition times, deletion releas
 
 import copy
 
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.partitioning import (
+from gpupart.core.api.spec import Mode, parse_partition
+from gpupart.core.api.wire import DesiredGroup, GpuReport, GpuState, NodeReport
+from gpupart.core.cluster.partitioning import (
     NodeView,
     Partition,
     _node_status,
@@ -17,8 +18,7 @@ from gpupart.core.partitioning import (
     resolve,
     transitions,
 )
-from gpupart.core.spec import Mode, parse_partition
-from gpupart.core.wire import DesiredGroup, GpuReport, GpuState, NodeReport
+from gpupart.core.mig.layout import MigInstance, Placement
 
 BASE = {
     "apiVersion": "gpupart.io/v1alpha1",

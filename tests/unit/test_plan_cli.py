@@ -127,7 +127,7 @@ def standard_layouts(product: str) -> dict[str, dict[str, int]]:
     """mig-parted's standard configurations for the product: all-<profile> for every profile
     (the +me, +me.all, +gfx and -me variants among them), all-balanced, and one +me with
     plain 1g instances filling the GPU."""
-    from gpupart.core.catalogue import require_gpu_model
+    from gpupart.core.mig.catalogue import require_gpu_model
 
     model = require_gpu_model(product)
     plain = {

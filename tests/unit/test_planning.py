@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
 from gpupart.core.errors import InfeasibleLayout, PlanBlocked
-from gpupart.core.mig import MigInstance, Placement, fit_layout, layout_counts
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement, fit_layout, layout_counts
+from gpupart.core.mig.planning import (
     CreateComputeInstance,
     CreateGpuInstance,
     DestroyComputeInstance,

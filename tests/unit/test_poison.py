@@ -13,8 +13,8 @@ import pytest
 import yaml
 from poison import GOOD_SPECS, PARTITION_CASES, partition
 
+from gpupart.core.api.spec import parse_partition
 from gpupart.core.errors import InvalidInput
-from gpupart.core.spec import parse_partition
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from functools import cache
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpupart.core.catalogue import GpuModel, require_gpu_model
 from gpupart.core.errors import PlanBlocked
-from gpupart.core.mig import check_layout, fit_layout, layout_counts
-from gpupart.core.planning import GpuInstanceState, apply_steps, layout_of, plan_counts
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import check_layout, fit_layout, layout_counts
+from gpupart.core.mig.planning import GpuInstanceState, apply_steps, layout_of, plan_counts
 
 MODEL = require_gpu_model("H100-SXM5-80GB")
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.replay import arrivals, replay
-from gpupart.core.scoring import Policy
-from gpupart.core.trace import Node, Pod, parse_nodes, parse_pods
+from gpupart.core.scheduling.scoring import Policy
+from gpupart.sim.replay import arrivals, replay
+from gpupart.sim.trace import Node, Pod, parse_nodes, parse_pods
 
 TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 

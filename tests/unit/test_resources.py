@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import (
+from gpupart.core.api.resources import (
     GpuRequest,
     find_mig_profile,
     mig_resource_name,
@@ -20,7 +19,8 @@ from gpupart.core.resources import (
     parse_pod_request,
     parse_quantity,
 )
-from gpupart.core.scheduling import parse_demand, pod_cpu_milli
+from gpupart.core.errors import InvalidInput
+from gpupart.core.scheduling.evaluation import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1

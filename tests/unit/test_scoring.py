@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.scoring import (
+from gpupart.core.scheduling.scoring import (
     FragmentationModel,
     NodeState,
     Policy,
@@ -19,7 +19,7 @@ from gpupart.core.scoring import (
     take,
     typical_pods,
 )
-from gpupart.core.trace import Pod
+from gpupart.sim.trace import Pod
 
 MODELS = ("T4", "G2")
 
@@ -145,8 +145,8 @@ def test_nothing_fits_a_node_of_the_wrong_model() -> None:
 
 
 def test_mig_requests_take_the_smallest_profile_that_fits() -> None:
-    from gpupart.core.catalogue import require_gpu_model
-    from gpupart.core.mig_packing import lower_bound, smallest_profile
+    from gpupart.core.mig.catalogue import require_gpu_model
+    from gpupart.sim.mig_packing import lower_bound, smallest_profile
 
     a100 = require_gpu_model("A100-SXM4-80GB")
     assert smallest_profile(a100, 142).name == "1g.10gb"

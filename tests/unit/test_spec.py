@@ -4,15 +4,15 @@ import copy
 
 import pytest
 
-from gpupart.core.catalogue import require_gpu_model
-from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
-from gpupart.core.spec import (
+from gpupart.core.api.spec import (
     Disruption,
     Mode,
     check_mps_fits,
     parse_partition,
     plan_gpu_layout,
 )
+from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
+from gpupart.core.mig.catalogue import require_gpu_model
 
 MIG = {
     "apiVersion": "gpupart.io/v1alpha1",

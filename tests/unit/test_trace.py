@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupart.core.trace import (
+from gpupart.sim.trace import (
     Node,
     Pod,
     TraceError,

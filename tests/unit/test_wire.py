@@ -6,10 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.errors import WireFormatError
-from gpupart.core.mig import MigInstance, Placement
-from gpupart.core.spec import Disruption, Mode, MpsSettings
-from gpupart.core.wire import (
+from gpupart.core.api.spec import Disruption, Mode, MpsSettings
+from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
     GpuReport,
@@ -30,6 +28,8 @@ from gpupart.core.wire import (
     encode_inventory,
     encode_report,
 )
+from gpupart.core.errors import WireFormatError
+from gpupart.core.mig.layout import MigInstance, Placement
 
 names = st.text("abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=20)
 instances = st.builds(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpupart.core.catalogue import NO_MEDIA, GpuModel
 from gpupart.core.dynamic.model import Mix
-from gpupart.core.mig import MigInstance, Placement
+from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel
+from gpupart.core.mig.layout import MigInstance, Placement
 
 
 def fragmentation(model: GpuModel, layout: Iterable[MigInstance], mix: Mix) -> float:

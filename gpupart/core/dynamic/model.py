@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from gpupart.core.catalogue import GpuModel
-from gpupart.core.mig import MigInstance
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.layout import MigInstance
 
 DEFAULT_MIN_IDLE_S = 60
 """An idle instance younger than this is never destroyed (hysteresis)."""

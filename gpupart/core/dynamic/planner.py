@@ -2,7 +2,7 @@
 
 Rules, in order:
 - An instance in use or reserved is never destroyed or moved: it is `keep` for the exact solver
-  (`gpupart.core.mig.fit_layout`), and `plan_layout` refuses a plan that would touch it anyway.
+  (`gpupart.core.mig.layout.fit_layout`), and `plan_layout` refuses a plan that would touch it anyway.
 - Pods are served by priority (higher first), then by how long they have waited (aging, so a
   large request is not starved by a stream of small ones), then by name; a pod is served only
   if every instance it asks for fits on one node, together with everything served before it.
@@ -25,12 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from gpupart.core.catalogue import GpuModel, parse_profile_name
 from gpupart.core.dynamic.fragmentation import fragmentation
 from gpupart.core.dynamic.model import Demand, Gpu, Mix, Use
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mig import Layout, MigInstance, Placement, fit_layout, layout_counts
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel, parse_profile_name
+from gpupart.core.mig.layout import Layout, MigInstance, Placement, fit_layout, layout_counts
+from gpupart.core.mig.planning import (
     CreateGpuInstance,
     DestroyGpuInstance,
     GpuInstanceState,

@@ -12,9 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gpupart.core.errors import InvalidInput
-
-MILLI = 1000
-"""One whole GPU, in the trace's per-GPU thousandths."""
+from gpupart.core.scheduling.scoring import MILLI, GpuShape
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS_FULL = (
@@ -59,32 +57,6 @@ class Node:
     def gpu_milli(self) -> int:
         return self.gpus * MILLI
 
-
-class GpuShape:
-    """What a pod asks of GPUs, for trace pods and scoring requests alike.
-
-    `gpu_milli` is per GPU and below 1000 only for a single shared GPU; `gpu_spec` lists the GPU
-    models accepted (empty accepts any).
-    """
-
-    __slots__ = ()
-    num_gpu: int
-    gpu_milli: int
-    gpu_spec: tuple[str, ...]
-
-    @property
-    def total_gpu_milli(self) -> int:
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def is_shared(self) -> bool:
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
-
-    def accepts(self, model: str) -> bool:
-        """Whether a node with GPUs of `model` may host this pod (CPU-only pods go anywhere)."""
-        if self.num_gpu == 0 or not self.gpu_spec:
-            return True
-        return model in self.gpu_spec
 
 
 @dataclass(frozen=True, slots=True)

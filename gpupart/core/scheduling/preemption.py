@@ -18,8 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupart.core.api.spec import NodeSelector
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling import (
+from gpupart.core.scheduling.evaluation import (
     SHARED_MODES,
     Demand,
     GpuView,
@@ -29,7 +30,6 @@ from gpupart.core.scheduling import (
     must_avoid,
     parse_label_selector,
 )
-from gpupart.core.spec import NodeSelector
 
 SEARCH_STEPS = 20_000
 """Subsets tried per GPU before the best set found so far is taken: a GPU has a few dozen

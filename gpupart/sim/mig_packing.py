@@ -1,5 +1,5 @@
 """MIG mode of the simulator: requests rounded up to MIG profiles and packed online onto GPUs whose
-layouts the core's exact solver (`gpupart.core.mig.fit_layout`) chooses, with a lower bound.
+layouts the core's exact solver (`gpupart.core.mig.layout.fit_layout`) chooses, with a lower bound.
 
 A shared request of s thousandths of a GPU takes the smallest profile with at least s * 7 / 1000
 compute slices; whole-GPU requests take whole GPUs of one node. Instances never move once
@@ -13,10 +13,11 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupart.core.catalogue import GpuModel, MigProfile, require_gpu_model
-from gpupart.core.mig import Layout, fit_layout, layout_counts
-from gpupart.core.replay import arrivals
-from gpupart.core.trace import MILLI, Node, Pod
+from gpupart.core.mig.catalogue import GpuModel, MigProfile, require_gpu_model
+from gpupart.core.mig.layout import Layout, fit_layout, layout_counts
+from gpupart.core.scheduling.scoring import MILLI
+from gpupart.sim.replay import arrivals
+from gpupart.sim.trace import Node, Pod
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8

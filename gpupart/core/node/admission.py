@@ -16,15 +16,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import (
+from gpupart.core.api.resources import (
     GPU_COMPUTE,
     GPU_MEMORY,
     GPU_SHARED,
     container_amounts,
     whole,
 )
-from gpupart.core.wire import GivenContainer, PodAssignment
+from gpupart.core.api.wire import GivenContainer, PodAssignment
+from gpupart.core.errors import InvalidInput
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases after which the kubelet never allocates again."""

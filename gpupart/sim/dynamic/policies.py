@@ -23,10 +23,19 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from itertools import permutations
 
-from gpupart.core.catalogue import GpuModel, MigProfile
 from gpupart.core.dynamic.model import DEFAULT_DYNAMIC, Demand, DynamicMig, Gpu, Instance, Use
 from gpupart.core.dynamic.planner import plan
-from gpupart.core.dynamic.simulation import (
+from gpupart.core.errors import InfeasibleLayout, InvalidInput
+from gpupart.core.mig.catalogue import GpuModel, MigProfile
+from gpupart.core.mig.layout import Layout, MigInstance, Placement, check_layout, fit_layout
+from gpupart.core.mig.planning import (
+    CreateComputeInstance,
+    CreateGpuInstance,
+    DestroyComputeInstance,
+    DestroyGpuInstance,
+    Step,
+)
+from gpupart.sim.dynamic.simulation import (
     DEFAULT_LATENCIES,
     Change,
     Cluster,
@@ -38,15 +47,6 @@ from gpupart.core.dynamic.simulation import (
     SimPod,
     SimResult,
     simulate,
-)
-from gpupart.core.errors import InfeasibleLayout, InvalidInput
-from gpupart.core.mig import Layout, MigInstance, Placement, check_layout, fit_layout
-from gpupart.core.planning import (
-    CreateComputeInstance,
-    CreateGpuInstance,
-    DestroyComputeInstance,
-    DestroyGpuInstance,
-    Step,
 )
 
 NOS_BATCH_TIMEOUT_S = 60.0

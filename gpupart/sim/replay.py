@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpupart.core.errors import GpupartError
-from gpupart.core.scoring import (
+from gpupart.core.scheduling.scoring import (
+    MILLI,
     FragmentationModel,
     NodeState,
     Placement,
@@ -29,7 +30,7 @@ from gpupart.core.scoring import (
     take,
     typical_pods,
 )
-from gpupart.core.trace import MILLI, Node, Pod, larger_than_any_node
+from gpupart.sim.trace import Node, Pod, larger_than_any_node
 
 Progress = Callable[[int, int], None]
 """Called with (pods done, pods total) every `PROGRESS_EVERY` pods and at the end."""

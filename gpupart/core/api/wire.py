@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from gpupart.core.api.records import Record
+from gpupart.core.api.spec import Disruption, Mode, MpsSettings
 from gpupart.core.errors import InvalidInput, WireFormatError
-from gpupart.core.mig import Layout, MigInstance, Placement
-from gpupart.core.records import Record
-from gpupart.core.spec import Disruption, Mode, MpsSettings
+from gpupart.core.mig.layout import Layout, MigInstance, Placement
 
 DESIRED_ANNOTATION = "gpupart.io/desired"
 """On a Node, written by the operator: the configuration each partition wants there."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpupart.core.api.spec import Disruption, Mode, MpsSettings
+from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup
 from gpupart.core.errors import InvalidInput
-from gpupart.core.spec import Disruption, Mode, MpsSettings
-from gpupart.core.wire import DESIRED_ANNOTATION, DesiredGroup
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpupart.core.catalogue import GpuModel
 from gpupart.core.errors import InfeasibleLayout, PlanBlocked
-from gpupart.core.mig import Layout, MigInstance, check_layout, fit_layout, solve_layout
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.layout import Layout, MigInstance, check_layout, fit_layout, solve_layout
 
 
 @dataclass(frozen=True, slots=True, order=True)

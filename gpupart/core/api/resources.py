@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from gpupart.core.catalogue import parse_profile_name
 from gpupart.core.errors import InvalidInput, shown
+from gpupart.core.mig.catalogue import parse_profile_name
 
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"

@@ -6,10 +6,10 @@ import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupart.core.devices import Device, GpuView
+from gpupart.core.api.spec import Mode
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mps import CONTAINER_PIPE_DIRECTORY, client_env
-from gpupart.core.spec import Mode
+from gpupart.core.node.devices import Device, GpuView
+from gpupart.core.node.mps import CONTAINER_PIPE_DIRECTORY, client_env
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CDI_KIND = "nvidia.com/gpu"

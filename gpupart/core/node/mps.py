@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpupart.core.api.spec import MpsSettings
 from gpupart.core.errors import InvalidInput
-from gpupart.core.spec import MpsSettings
 
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"

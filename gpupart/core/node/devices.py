@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpupart.core.api.resources import GPU, GPU_COMPUTE, GPU_MEMORY, GPU_SHARED, mig_resource_name
+from gpupart.core.api.spec import Mode
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mig import MigInstance
-from gpupart.core.resources import GPU, GPU_COMPUTE, GPU_MEMORY, GPU_SHARED, mig_resource_name
-from gpupart.core.spec import Mode
+from gpupart.core.mig.layout import MigInstance
 
 SLOT_SEPARATOR = "::"
 HEALTHY = "Healthy"

@@ -2,7 +2,7 @@
 
 This is the module the scheduler extender serves: `score_node(policy, state, request, ...)`
 answers "how good is this node for this pod, and which GPUs would it use", or None when the
-node cannot host the pod. The replay engine (`gpupart.core.replay`) calls the same function.
+node cannot host the pod. The replay engine (`gpupart.sim.replay`) calls the same function.
 
 Policies:
 - ``random``: any feasible node; a random GPU among those that fit (paper baseline 01).
@@ -26,7 +26,39 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpupart.core.trace import MILLI, GpuShape, Pod
+MILLI = 1000
+"""One whole GPU, in per-GPU thousandths (the traces' and scoring's unit)."""
+
+
+class GpuShape:
+    """What a pod asks of a node and its GPUs, for trace pods and scoring requests alike.
+
+    `gpu_milli` is per GPU and below 1000 only for a single shared GPU; `gpu_spec` lists the GPU
+    models accepted (empty accepts any).
+    """
+
+    __slots__ = ()
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...]
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_shared(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+
+    def accepts(self, model: str) -> bool:
+        """Whether a node with GPUs of `model` may host this pod (CPU-only pods go anywhere)."""
+        if self.num_gpu == 0 or not self.gpu_spec:
+            return True
+        return model in self.gpu_spec
+
+
 
 TYPICAL_COVERAGE = 0.95
 """FGD's typical pods are the most frequent shapes that together cover this share of all pods."""
@@ -59,7 +91,7 @@ class Request(GpuShape):
     gpu_spec: tuple[str, ...] = ()
 
 
-def request_of(pod: Pod) -> Request:
+def request_of(pod: GpuShape) -> Request:
     return Request(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
 
 
@@ -92,7 +124,7 @@ class TypicalPod:
 
 
 def typical_pods(
-    pods: Iterable[Pod], *, coverage: float = TYPICAL_COVERAGE
+    pods: Iterable[GpuShape], *, coverage: float = TYPICAL_COVERAGE
 ) -> tuple[TypicalPod, ...]:
     """FGD's target workload: the most popular pod shapes covering `coverage` of the pods.
 

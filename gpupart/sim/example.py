@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gpupart.core.trace import MILLI, Node, Pod
+from gpupart.core.scheduling.scoring import MILLI
+from gpupart.sim.trace import Node, Pod
 
 EXAMPLE_SEED = 7
 """Seed of the example workload itself (the replay seed is separate)."""

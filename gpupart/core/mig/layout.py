@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from gpupart.core.catalogue import NO_MEDIA, GpuModel, MediaEngines, MigProfile
 from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
+from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel, MediaEngines, MigProfile
 
 
 @dataclass(frozen=True, slots=True, order=True)

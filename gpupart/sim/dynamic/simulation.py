@@ -1,6 +1,6 @@
 """Discrete-event simulator of dynamic MIG: pods arrive and leave, instance operations take time.
 
-The engine owns the GPUs and the clock; a policy (ours or a baseline, `gpupart.core.dynamic.policies`)
+The engine owns the GPUs and the clock; a policy (ours or a baseline, `gpupart.sim.dynamic.policies`)
 looks at the cluster after every batch of events and answers with changes: per GPU, NVML steps
 to execute and the pods the new (or reused) instances are reserved for. Steps on one GPU run one
 after the other (create and destroy latencies), new instances are usable after the advertise
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
-from gpupart.core.catalogue import GpuModel
 from gpupart.core.dynamic.model import Mix
-from gpupart.core.mig import Layout, MigInstance
-from gpupart.core.planning import (
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.layout import Layout, MigInstance
+from gpupart.core.mig.planning import (
     CreateGpuInstance,
     DestroyGpuInstance,
     Step,

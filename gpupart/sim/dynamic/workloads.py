@@ -14,8 +14,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from gpupart.core.dynamic.simulation import SimPod
-from gpupart.core.trace import MILLI, Pod
+from gpupart.core.scheduling.scoring import MILLI
+from gpupart.sim.dynamic.simulation import SimPod
+from gpupart.sim.trace import Pod
 
 SHARE_TO_PROFILE = ((125, "1g.10gb"), (250, "2g.20gb"), (500, "3g.40gb"), (571, "4g.40gb"))
 """gpu_milli up to the bound -> profile on an 80 GB, 7-compute-slice GPU; above: 7g.80gb."""

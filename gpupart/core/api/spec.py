@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpupart.core.catalogue import GpuModel
+from gpupart.core.api.records import Record
+from gpupart.core.api.resources import check_profile_name, parse_memory_mib
 from gpupart.core.dynamic.model import DEFAULT_MIN_IDLE_S, MAX_MIN_IDLE_S, DynamicMig
 from gpupart.core.errors import InvalidInput, shown
-from gpupart.core.mig import Layout, require_counts, solve_layout
-from gpupart.core.records import Record
-from gpupart.core.resources import check_profile_name, parse_memory_mib
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.layout import Layout, require_counts, solve_layout
 
 API_VERSION = "gpupart.io/v1alpha1"
 KIND = "GpuPartition"

@@ -11,7 +11,7 @@ Terms, each in [0, 1] and weighted by `Weights` (formulas in docs/extender.md):
 - anti-affinity (`anti_affinity_term`): pods with the same group label avoid a GPU (or a node);
 - fragmentation (`fragmentation_term`): the simulator's default policy (`scoring.DEFAULT_POLICY`,
   gpupart: FGD's expected fragmentation plus GPU share stranded without CPU) against the observed
-  mix, scored by `gpupart.core.scoring.score_placement` on the node's free GPU shares and CPU.
+  mix, scored by `gpupart.core.scheduling.scoring.score_placement` on the node's free GPU shares and CPU.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ from fractions import Fraction
 from itertools import chain, repeat
 from typing import Any
 
-from gpupart.core.admission import shared_containers
+from gpupart.core.api.resources import GpuRequest, parse_pod_request, parse_quantity
+from gpupart.core.api.spec import LabelRequirement, Mode, NodeSelector
+from gpupart.core.api.wire import InventoryGpu, PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.resources import GpuRequest, parse_pod_request, parse_quantity
-from gpupart.core.scoring import (
+from gpupart.core.node.admission import shared_containers
+from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
+    MILLI,
     FragmentationModel,
     NodeState,
     Policy,
@@ -37,9 +40,6 @@ from gpupart.core.scoring import (
     score_placement,
     typical_pods,
 )
-from gpupart.core.spec import LabelRequirement, Mode, NodeSelector
-from gpupart.core.trace import MILLI, Pod
-from gpupart.core.wire import InventoryGpu, PodAssignment
 
 MAX_SCORE = 10
 """kube-scheduler's MaxExtenderPriority; scores are 0..MAX_SCORE."""
@@ -715,10 +715,10 @@ def fragmentation_model(shapes: Iterable[Shape]) -> FragmentationModel:
 
 
 def fragmentation_model_of(mix: Mapping[Shape, int]) -> FragmentationModel:
-    """`fragmentation_model` from shape counts (one Pod object per shape, repeated `count` times)."""
+    """`fragmentation_model` from shape counts (one scoring Request per shape, `count` times)."""
     pods = chain.from_iterable(
-        repeat(Pod(f"observed-{n}", cpu, 0, num, milli), count)
-        for n, ((num, milli, cpu), count) in enumerate(sorted(mix.items()))
+        repeat(Request(cpu, 0, num, milli), count)
+        for (num, milli, cpu), count in sorted(mix.items())
         if count > 0
     )
     return FragmentationModel.of(typical_pods(pods))

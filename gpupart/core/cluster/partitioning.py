@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpupart.core.catalogue import find_gpu_model
+from gpupart.core.api.spec import Mode, PartitionSpec, plan_gpu
+from gpupart.core.api.wire import DesiredGroup, GpuState, NodeReport
 from gpupart.core.errors import GpupartError
-from gpupart.core.spec import Mode, PartitionSpec, plan_gpu
-from gpupart.core.wire import DesiredGroup, GpuState, NodeReport
+from gpupart.core.mig.catalogue import find_gpu_model
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 """GPU Feature Discovery's label naming the node's GPU product."""

@@ -1,0 +1,1 @@
+"""The API and wire formats: GpuPartition specs, annotations, resource names and quantities, strict records."""

@@ -1,0 +1,1 @@
+"""Dynamic MIG in simulation: workloads with arrivals and departures, baseline policies, the event-driven replay."""
