@@ -9,14 +9,15 @@ only), and the report names what is on the GPU afterwards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
     GpuState,
+    Inventory,
     InventoryGpu,
     MigDevice,
     NodeReport,
@@ -24,7 +25,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig.layout import Layout
 from gpupart.core.mig.planning import GpuInstanceState, layout_of, plan_counts, plan_layout
-from gpupart.core.node.devices import SLOT_SEPARATOR, GpuView, MigSlice
+from gpupart.core.node.devices import GpuView, MigSlice
 from gpupart.core.node.modes import (
     MIG_MODE_STEPS,
     DisableMig,
@@ -39,12 +40,9 @@ from gpupart.core.node.modes import (
 from gpupart.core.node.targets import GpuTarget, gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.podresources import PodDevices
+from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
 
 log = logging.getLogger(__name__)
-
-UsageSource = Callable[[], tuple[PodDevices, ...]]
-"""Lists the devices pods hold (the kubelet PodResources API); raises GpupartError when it cannot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,36 +50,6 @@ class PassResult:
     report: NodeReport
     views: tuple[GpuView, ...]
     failed: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Usage:
-    """Pods per device-owning UUID (GPU or MIG); `known` is False when the kubelet did not answer."""
-
-    pods: Mapping[str, frozenset[str]]
-    known: bool
-    problem: str = ""
-    shared: Mapping[str, int] = field(default_factory=dict)
-    """GPU UUID -> client slots held on it (a shared GPU, even when the agent restarted)."""
-
-    def of(self, *uuids: str) -> tuple[str, ...]:
-        return tuple(sorted({pod for u in uuids for pod in self.pods.get(u, ())}))
-
-
-def _usage(source: UsageSource) -> _Usage:
-    try:
-        listed = source()
-    except GpupartError as error:
-        return _Usage({}, known=False, problem=str(error))
-    pods: dict[str, set[str]] = {}
-    shared: dict[str, int] = {}
-    for entry in listed:
-        for device_id in entry.device_ids:
-            owner, slot, _ = device_id.partition(SLOT_SEPARATOR)
-            pods.setdefault(owner, set()).add(entry.pod)
-            if slot:
-                shared[owner] = shared.get(owner, 0) + 1
-    return _Usage({k: frozenset(v) for k, v in pods.items()}, known=True, shared=shared)
 
 
 class Actuator:
@@ -94,9 +62,30 @@ class Actuator:
         # TimeSlicing and None look the same to NVML; the agent remembers which it applied.
         self._shared_modes: dict[int, tuple[Mode, int]] = {}
 
+    def resume(self, previous: Inventory) -> None:
+        """The time-sliced GPUs and their client slots from the inventory published before a restart.
+
+        NVML cannot tell a time-sliced GPU from a whole one (an MPS GPU has its daemon's marker,
+        a MIG GPU its mode), so without this a restart would forget them. A GPU is taken back
+        only when its index and UUID both match what NVML reports now.
+        """
+        uuids = {g.index: g.uuid for g in self.backend.gpus()}
+        for gpu in previous.gpus:
+            if gpu.mode is not Mode.TIME_SLICING:
+                continue
+            if uuids.get(gpu.index) != gpu.uuid or gpu.max_clients < 1:
+                log.warning(
+                    "Ignored earlier mode gpu=%d mode=%s reason=not this GPU now",
+                    gpu.index,
+                    gpu.mode,
+                )
+                continue
+            self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.max_clients)
+            log.info("Resumed mode gpu=%d mode=%s slots=%d", gpu.index, gpu.mode, gpu.max_clients)
+
     def reconcile(self, groups: tuple[DesiredGroup, ...] | None) -> PassResult:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
-        usage = _usage(self.usage)
+        usage = device_usage(self.usage)
         gpus = self.backend.gpus()
         try:
             targets = gpu_targets(groups or (), [g.index for g in gpus])
@@ -131,7 +120,7 @@ class Actuator:
 
     # ---- one GPU ----
 
-    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: _Usage) -> GpuReport:
+    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: DeviceUsage) -> GpuReport:
         index = info.index
         if index not in self._shared_modes and info.uuid in usage.shared:
             # No readable report of the last run (`resume`), yet pods hold client slots on a
@@ -176,7 +165,7 @@ class Actuator:
         self,
         info: GpuInfo,
         target: GpuTarget,
-        usage: _Usage,
+        usage: DeviceUsage,
         states: list[GpuInstanceState] | None,
     ) -> GpuReport:
         """The MIG layout with the target's counts, on a GPU in MIG mode."""
@@ -201,7 +190,7 @@ class Actuator:
 
     # ---- reading a GPU ----
 
-    def _now(self, info: GpuInfo, target: GpuTarget, usage: _Usage) -> GpuNow:
+    def _now(self, info: GpuInfo, target: GpuTarget, usage: DeviceUsage) -> GpuNow:
         started = info.uuid in self.mps.running()
         now = GpuNow(
             gpu=info.index,
@@ -228,7 +217,7 @@ class Actuator:
             return Mode.MPS
         return self._shared_modes.get(info.index, (Mode.NONE, 0))[0]
 
-    def _in_use(self, info: GpuInfo, usage: _Usage) -> str:
+    def _in_use(self, info: GpuInfo, usage: DeviceUsage) -> str:
         """Why pods or processes use the GPU (a mode change would break them); '' when idle."""
         pods = self._pods(info, usage)
         if pods:
@@ -238,7 +227,7 @@ class Actuator:
             return f"{len(processes)} processes"
         return "" if usage.known else f"unknown pods ({usage.problem})"
 
-    def _pods(self, info: GpuInfo, usage: _Usage) -> tuple[str, ...]:
+    def _pods(self, info: GpuInfo, usage: DeviceUsage) -> tuple[str, ...]:
         """Pods holding the GPU or one of its MIG devices."""
         return usage.of(info.uuid, *(r.slice.uuid for r in self._records(info)))
 
@@ -248,7 +237,7 @@ class Actuator:
     def _fresh(self, index: int) -> GpuInfo:
         return next(g for g in self.backend.gpus() if g.index == index)
 
-    def _states(self, info: GpuInfo, usage: _Usage) -> list[GpuInstanceState]:
+    def _states(self, info: GpuInfo, usage: DeviceUsage) -> list[GpuInstanceState]:
         processes = self.backend.processes(info.index)
         busy_gis = {p.gpu_instance_id for p in processes}
         return [
@@ -267,7 +256,7 @@ class Actuator:
         info: GpuInfo,
         before: Iterable[GpuInstanceState],
         steps: Iterable[GpuStep],
-        usage: _Usage,
+        usage: DeviceUsage,
     ) -> str:
         """Execute a plan in order; '' when done, else what failed and what the rollback did.
 
@@ -305,7 +294,7 @@ class Actuator:
             case _:
                 self.backend.apply(step)
 
-    def _roll_back(self, info: GpuInfo, old: Layout, usage: _Usage) -> str:
+    def _roll_back(self, info: GpuInfo, old: Layout, usage: DeviceUsage) -> str:
         """Back to the old layout, else down to the in-use instances; never leave it half-built unsaid."""
         for goal_name in ("old", "in-use"):
             try:
