@@ -191,31 +191,28 @@ class Actuator:
     # ---- reading a GPU ----
 
     def _now(self, info: GpuInfo, target: GpuTarget, usage: DeviceUsage) -> GpuNow:
-        started = info.uuid in self.mps.running()
-        now = GpuNow(
+        """The GPU for `plan_mode`: what it serves, its instances, and, for a mode change, its use."""
+        now = self._observed(info)
+        if now.mps_started and target.mode is Mode.MPS:
+            now = replace(now, mps_serving=self.mps.serving(info.uuid))
+        if info.mig_enabled:
+            now = replace(now, instances=tuple(self._states(info, usage)))
+        # Only a change of mode asks whether the whole GPU is in use (`plan_mode`): read the
+        # pods and NVML processes then, not on every pass.
+        if now.mode is not target.mode:
+            now = replace(now, in_use=self._in_use(info, usage))
+        return now
+
+    def _observed(self, info: GpuInfo) -> GpuNow:
+        """The GPU's mode as NVML, the MPS markers and this agent's memory say (no further reads)."""
+        return GpuNow(
             gpu=info.index,
             memory_mib=info.memory_mib,
             mig_enabled=info.mig_enabled,
             mig_pending=info.mig_pending,
-            mps_started=started,
-            mps_serving=self.mps.serving(info.uuid)
-            if started and target.mode is Mode.MPS
-            else None,
+            mps_started=info.uuid in self.mps.running(),
             remembered=self._shared_modes.get(info.index, (Mode.NONE, 0))[0],
-            instances=tuple(self._states(info, usage)) if info.mig_enabled else (),
         )
-        # Only a change of mode asks whether the whole GPU is in use (`plan_mode`): read the
-        # pods and NVML processes then, not on every pass.
-        if now.mode is target.mode:
-            return now
-        return replace(now, in_use=self._in_use(info, usage))
-
-    def _current_mode(self, info: GpuInfo) -> Mode:
-        if info.mig_enabled:
-            return Mode.MIG
-        if info.uuid in self.mps.running():
-            return Mode.MPS
-        return self._shared_modes.get(info.index, (Mode.NONE, 0))[0]
 
     def _in_use(self, info: GpuInfo, usage: DeviceUsage) -> str:
         """Why pods or processes use the GPU (a mode change would break them); '' when idle."""
@@ -319,7 +316,7 @@ class Actuator:
         self, index: int, state: GpuState, message: str, pods: tuple[str, ...] = ()
     ) -> GpuReport:
         info = self._fresh(index)
-        mode = self._current_mode(info)
+        mode = self._observed(info).mode
         layout = layout_of(
             GpuInstanceState(r.slice.instance, r.compute_instances) for r in self._records(info)
         )
@@ -329,7 +326,7 @@ class Actuator:
 
     def _view(self, index: int) -> GpuView:
         info = self._fresh(index)
-        mode = self._current_mode(info)
+        mode = self._observed(info).mode
         slices: tuple[MigSlice, ...] = tuple(
             r.slice for r in self._records(info) if r.compute_instances
         )
