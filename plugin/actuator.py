@@ -123,8 +123,8 @@ class Actuator:
     def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: DeviceUsage) -> GpuReport:
         index = info.index
         if index not in self._shared_modes and info.uuid in usage.shared:
-            # No readable report of the last run (`resume`), yet pods hold client slots on a
-            # GPU without an MPS daemon: it is time-sliced, not whole.
+            # Not taken back from the last inventory (`resume`), yet pods hold client slots on
+            # a GPU without an MPS daemon: it is time-sliced, not whole.
             slots = target.slots if target is not None else usage.shared[info.uuid]
             self._shared_modes[index] = (Mode.TIME_SLICING, slots)
             log.warning("Assumed time-slicing after restart gpu=%d slots=%d", index, slots)

@@ -61,14 +61,12 @@ class NodeAgent:
         """
         try:
             text = read()
-            previous = None if text is None else decode_inventory(text)
+            if text is None:
+                log.info("Found no earlier inventory on the node; nothing to resume")
+                return
+            self.actuator.resume(decode_inventory(text))
         except Exception as error:  # noqa: BLE001 - a bad annotation never stops the agent
             log.warning("Failed to read the last inventory; not resumed err=%s", error)
-            return
-        if previous is None:
-            log.info("Found no earlier inventory on the node; nothing to resume")
-            return
-        self.actuator.resume(previous)
 
     def reconcile(self, desired: str | None) -> PassResult:
         started = self.clock()
