@@ -9,32 +9,40 @@ only), and the report names what is on the GPU afterwards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
     GpuState,
+    Inventory,
     InventoryGpu,
     MigDevice,
     NodeReport,
 )
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig.layout import Layout
-from gpupart.core.mig.planning import GpuInstanceState, Step, layout_of, plan_counts, plan_layout
-from gpupart.core.node.devices import SLOT_SEPARATOR, GpuView, MigSlice
-from gpupart.core.node.mps import mps_limits
+from gpupart.core.mig.planning import GpuInstanceState, layout_of, plan_counts, plan_layout
+from gpupart.core.node.devices import GpuView, MigSlice
+from gpupart.core.node.modes import (
+    MIG_MODE_STEPS,
+    DisableMig,
+    EnableMig,
+    GpuNow,
+    GpuStep,
+    ModeStep,
+    StartMpsDaemon,
+    StopMpsDaemon,
+    plan_mode,
+)
 from gpupart.core.node.targets import GpuTarget, gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.podresources import PodDevices
+from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
 
 log = logging.getLogger(__name__)
-
-UsageSource = Callable[[], tuple[PodDevices, ...]]
-"""Lists the devices pods hold (the kubelet PodResources API); raises GpupartError when it cannot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,36 +50,6 @@ class PassResult:
     report: NodeReport
     views: tuple[GpuView, ...]
     failed: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Usage:
-    """Pods per device-owning UUID (GPU or MIG); `known` is False when the kubelet did not answer."""
-
-    pods: Mapping[str, frozenset[str]]
-    known: bool
-    problem: str = ""
-    shared: Mapping[str, int] = field(default_factory=dict)
-    """GPU UUID -> client slots held on it (a shared GPU, even when the agent restarted)."""
-
-    def of(self, *uuids: str) -> tuple[str, ...]:
-        return tuple(sorted({pod for u in uuids for pod in self.pods.get(u, ())}))
-
-
-def _usage(source: UsageSource) -> _Usage:
-    try:
-        listed = source()
-    except GpupartError as error:
-        return _Usage({}, known=False, problem=str(error))
-    pods: dict[str, set[str]] = {}
-    shared: dict[str, int] = {}
-    for entry in listed:
-        for device_id in entry.device_ids:
-            owner, slot, _ = device_id.partition(SLOT_SEPARATOR)
-            pods.setdefault(owner, set()).add(entry.pod)
-            if slot:
-                shared[owner] = shared.get(owner, 0) + 1
-    return _Usage({k: frozenset(v) for k, v in pods.items()}, known=True, shared=shared)
 
 
 class Actuator:
@@ -84,9 +62,30 @@ class Actuator:
         # TimeSlicing and None look the same to NVML; the agent remembers which it applied.
         self._shared_modes: dict[int, tuple[Mode, int]] = {}
 
+    def resume(self, previous: Inventory) -> None:
+        """The time-sliced GPUs and their client slots from the inventory published before a restart.
+
+        NVML cannot tell a time-sliced GPU from a whole one (an MPS GPU has its daemon's marker,
+        a MIG GPU its mode), so without this a restart would forget them. A GPU is taken back
+        only when its index and UUID both match what NVML reports now.
+        """
+        uuids = {g.index: g.uuid for g in self.backend.gpus()}
+        for gpu in previous.gpus:
+            if gpu.mode is not Mode.TIME_SLICING:
+                continue
+            if uuids.get(gpu.index) != gpu.uuid or gpu.max_clients < 1:
+                log.warning(
+                    "Ignored earlier mode gpu=%d mode=%s reason=not this GPU now",
+                    gpu.index,
+                    gpu.mode,
+                )
+                continue
+            self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.max_clients)
+            log.info("Resumed mode gpu=%d mode=%s slots=%d", gpu.index, gpu.mode, gpu.max_clients)
+
     def reconcile(self, groups: tuple[DesiredGroup, ...] | None) -> PassResult:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
-        usage = _usage(self.usage)
+        usage = device_usage(self.usage)
         gpus = self.backend.gpus()
         try:
             targets = gpu_targets(groups or (), [g.index for g in gpus])
@@ -121,49 +120,67 @@ class Actuator:
 
     # ---- one GPU ----
 
-    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: _Usage) -> GpuReport:
-        if info.index not in self._shared_modes and info.uuid in usage.shared:
-            # Restarted while pods hold client slots: the GPU is shared, not whole.
-            slots = target.slots if target is not None else usage.shared[info.uuid]
-            self._shared_modes[info.index] = (Mode.TIME_SLICING, slots)
-        current = self._current_mode(info)
-        if target is None:
-            return self._report(info.index, GpuState.APPLIED, "no desired layout on this node yet")
-        if target.mode is Mode.MIG:
-            return self._mig(info, target, usage, current)
-        return self._shared_or_whole(info, target, usage, current)
-
-    def _mig(self, info: GpuInfo, target: GpuTarget, usage: _Usage, current: Mode) -> GpuReport:
+    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: DeviceUsage) -> GpuReport:
         index = info.index
-        if not info.mig_capable:
+        if index not in self._shared_modes and info.uuid in usage.shared:
+            # Not taken back from the last inventory (`resume`), yet pods hold client slots on
+            # a GPU without an MPS daemon: it is time-sliced, not whole.
+            slots = target.slots if target is not None else usage.shared[info.uuid]
+            self._shared_modes[index] = (Mode.TIME_SLICING, slots)
+            log.warning("Assumed time-slicing after restart gpu=%d slots=%d", index, slots)
+        if target is None:
+            return self._report(index, GpuState.APPLIED, "no desired layout on this node yet")
+        mig = target.mode is Mode.MIG
+        if mig and not info.mig_capable:
             return self._report(index, GpuState.FAILED, f"{info.name} does not support MIG")
-        if not info.mig_enabled:
-            if not info.mig_pending:
-                blocked = self._busy(info, usage, current)
-                if blocked is not None:
-                    return blocked
-                self._stop_shared(info)
-                self.backend.set_mig_mode(index, True)
-                log.info("Enabled MIG mode gpu=%d", index)
-            if not self._fresh(index).mig_enabled:
-                return self._report(
-                    index,
-                    GpuState.PENDING,
-                    "MIG mode is enabled but takes effect after a GPU reset or node reboot",
-                )
-        elif info.mig_pending:
-            self.backend.set_mig_mode(index, True)  # cancels a pending switch back to whole GPU
+        states: list[GpuInstanceState] | None = None
+        for _ in range(2):  # a MIG mode step ends a plan: plan again on the GPU as it is then
+            now = self._now(info, target, usage)
+            try:
+                steps = plan_mode(now, target)
+            except PlanBlocked as blocked:
+                return self._report(index, GpuState.BLOCKED, str(blocked), self._pods(info, usage))
+            states = list(now.instances) if not steps else None
+            problem = self._run(info, now.instances, steps, usage)
+            if problem:
+                return self._report(index, GpuState.FAILED, problem)
+            if not steps or not isinstance(steps[-1], MIG_MODE_STEPS):
+                break
+            info = self._fresh(index)
+            if info.mig_enabled is not mig:
+                break
+        if info.mig_enabled is not mig:
+            return self._report(
+                index,
+                GpuState.PENDING,
+                f"MIG mode is {'en' if mig else 'dis'}abled but takes effect after a GPU reset "
+                "or node reboot",
+            )
+        if mig:
+            return self._layout(info, target, usage, states)
+        self._shared_modes[index] = (target.mode, target.slots)
+        return self._report(index, GpuState.APPLIED, "")
+
+    def _layout(
+        self,
+        info: GpuInfo,
+        target: GpuTarget,
+        usage: DeviceUsage,
+        states: list[GpuInstanceState] | None,
+    ) -> GpuReport:
+        """The MIG layout with the target's counts, on a GPU in MIG mode."""
+        index = info.index
         model = self.backend.model(index)
-        states = self._states(info, usage)
+        states = self._states(info, usage) if states is None else states
         try:
             layout, steps = plan_counts(model, index, states, dict(target.mig))
         except PlanBlocked as blocked:
-            pods = self._pods_on_busy(info, usage)
+            pods = self._pods(info, usage)
             return self._report(index, GpuState.BLOCKED, str(blocked), pods)
         except (InfeasibleLayout, GpupartError) as error:
             return self._report(index, GpuState.FAILED, str(error))
         if steps:
-            problem = self._apply(info, states, steps, usage)
+            problem = self._run(info, states, steps, usage)
             if problem:
                 return self._report(index, GpuState.FAILED, problem)
             log.info(
@@ -171,84 +188,45 @@ class Actuator:
             )
         return self._report(index, GpuState.APPLIED, "")
 
-    def _shared_or_whole(
-        self, info: GpuInfo, target: GpuTarget, usage: _Usage, current: Mode
-    ) -> GpuReport:
-        index = info.index
-        if info.mig_enabled or info.mig_pending:
-            if info.mig_enabled:
-                states = self._states(info, usage)
-                busy = [s for s in states if s.in_use]
-                if busy:
-                    message = (
-                        f"leaving MIG mode destroys {', '.join(str(s.instance) for s in busy)}, "
-                        "in use; it changes once they are idle"
-                    )
-                    return self._report(
-                        index, GpuState.BLOCKED, message, self._pods_on_busy(info, usage)
-                    )
-                steps = plan_layout(index, states, ())
-                problem = self._apply(info, states, steps, usage)
-                if problem:
-                    return self._report(index, GpuState.FAILED, problem)
-            self.backend.set_mig_mode(index, False)
-            log.info("Disabled MIG mode gpu=%d", index)
-            if self._fresh(index).mig_enabled:
-                return self._report(
-                    index,
-                    GpuState.PENDING,
-                    "MIG mode is disabled but takes effect after a GPU reset or node reboot",
-                )
-            current = Mode.NONE
-        if current is not target.mode:
-            blocked = self._busy(info, usage, current)
-            if blocked is not None:
-                return blocked
-        if target.mode is Mode.MPS and target.mps is not None:
-            limits = mps_limits(target.mps, info.memory_mib)
-            if current is not Mode.MPS:
-                self.backend.set_exclusive_process(index, True)
-            self.mps.ensure(info.uuid, limits)
-        else:
-            self._stop_shared(info)
-        self._shared_modes[index] = (target.mode, target.slots)
-        return self._report(index, GpuState.APPLIED, "")
+    # ---- reading a GPU ----
 
-    # ---- helpers ----
-
-    def _current_mode(self, info: GpuInfo) -> Mode:
+    def _now(self, info: GpuInfo, target: GpuTarget, usage: DeviceUsage) -> GpuNow:
+        """The GPU for `plan_mode`: what it serves, its instances, and, for a mode change, its use."""
+        now = self._observed(info)
+        if now.mps_started and target.mode is Mode.MPS:
+            now = replace(now, mps_serving=self.mps.serving(info.uuid))
         if info.mig_enabled:
-            return Mode.MIG
-        if info.uuid in self.mps.running():
-            return Mode.MPS
-        return self._shared_modes.get(info.index, (Mode.NONE, 0))[0]
+            now = replace(now, instances=tuple(self._states(info, usage)))
+        # Only a change of mode asks whether the whole GPU is in use (`plan_mode`): read the
+        # pods and NVML processes then, not on every pass.
+        if now.mode is not target.mode:
+            now = replace(now, in_use=self._in_use(info, usage))
+        return now
 
-    def _busy(self, info: GpuInfo, usage: _Usage, current: Mode) -> GpuReport | None:
-        """A Blocked report when pods or processes use the GPU (a mode change would break them)."""
-        uuids = [info.uuid, *(r.slice.uuid for r in self._records(info))]
-        pods = usage.of(*uuids)
+    def _observed(self, info: GpuInfo) -> GpuNow:
+        """The GPU's mode as NVML, the MPS markers and this agent's memory say (no further reads)."""
+        return GpuNow(
+            gpu=info.index,
+            memory_mib=info.memory_mib,
+            mig_enabled=info.mig_enabled,
+            mig_pending=info.mig_pending,
+            mps_started=info.uuid in self.mps.running(),
+            remembered=self._shared_modes.get(info.index, (Mode.NONE, 0))[0],
+        )
+
+    def _in_use(self, info: GpuInfo, usage: DeviceUsage) -> str:
+        """Why pods or processes use the GPU (a mode change would break them); '' when idle."""
+        pods = self._pods(info, usage)
+        if pods:
+            return f"pods {', '.join(pods)}"
         processes = self.backend.processes(info.index)
-        if not pods and not processes and usage.known:
-            return None
-        why = (
-            f"pods {', '.join(pods)}"
-            if pods
-            else f"{len(processes)} processes"
-            if processes
-            else f"unknown pods ({usage.problem})"
-        )
-        return self._report(
-            info.index,
-            GpuState.BLOCKED,
-            f"in use by {why}; it leaves {current} mode once idle",
-            pods,
-        )
+        if processes:
+            return f"{len(processes)} processes"
+        return "" if usage.known else f"unknown pods ({usage.problem})"
 
-    def _stop_shared(self, info: GpuInfo) -> None:
-        if info.uuid in self.mps.running():
-            self.mps.stop(info.uuid)
-            self.backend.set_exclusive_process(info.index, False)
-        self._shared_modes.pop(info.index, None)
+    def _pods(self, info: GpuInfo, usage: DeviceUsage) -> tuple[str, ...]:
+        """Pods holding the GPU or one of its MIG devices."""
+        return usage.of(info.uuid, *(r.slice.uuid for r in self._records(info)))
 
     def _records(self, info: GpuInfo) -> tuple[GpuInstanceRecord, ...]:
         return self.backend.instances(info.index) if info.mig_enabled else ()
@@ -256,7 +234,7 @@ class Actuator:
     def _fresh(self, index: int) -> GpuInfo:
         return next(g for g in self.backend.gpus() if g.index == index)
 
-    def _states(self, info: GpuInfo, usage: _Usage) -> list[GpuInstanceState]:
+    def _states(self, info: GpuInfo, usage: DeviceUsage) -> list[GpuInstanceState]:
         processes = self.backend.processes(info.index)
         busy_gis = {p.gpu_instance_id for p in processes}
         return [
@@ -270,27 +248,50 @@ class Actuator:
             for r in self.backend.instances(info.index)
         ]
 
-    def _pods_on_busy(self, info: GpuInfo, usage: _Usage) -> tuple[str, ...]:
-        return usage.of(*(r.slice.uuid for r in self.backend.instances(info.index)))
-
-    def _apply(
+    def _run(
         self,
         info: GpuInfo,
-        before: list[GpuInstanceState],
-        steps: Iterable[Step],
-        usage: _Usage,
+        before: Iterable[GpuInstanceState],
+        steps: Iterable[GpuStep],
+        usage: DeviceUsage,
     ) -> str:
-        """Run the steps; on a failure roll back and return what happened, else ''."""
-        try:
-            for step in steps:
-                self.backend.apply(step)
-        except NvmlError as error:
-            log.warning("Failed to apply step gpu=%d err=%s", info.index, error)
-            outcome = self._roll_back(info, layout_of(before), usage)
-            return f"{error}; {outcome}"
+        """Execute a plan in order; '' when done, else what failed and what the rollback did.
+
+        A failed instance step rolls the layout back; a failed mode step raises (NvmlError):
+        there is no layout to restore, and the next pass plans again from what NVML says.
+        """
+        before = tuple(before)
+        for step in steps:
+            try:
+                self._execute(info, step)
+            except NvmlError as error:
+                if isinstance(step, ModeStep):
+                    raise
+                log.warning("Failed to apply step gpu=%d err=%s", info.index, error)
+                outcome = self._roll_back(info, layout_of(before), usage)
+                return f"{error}; {outcome}"
         return ""
 
-    def _roll_back(self, info: GpuInfo, old: Layout, usage: _Usage) -> str:
+    def _execute(self, info: GpuInfo, step: GpuStep) -> None:
+        index = info.index
+        match step:
+            case EnableMig() | DisableMig():
+                enabled = isinstance(step, EnableMig)
+                self.backend.set_mig_mode(index, enabled)
+                if enabled:
+                    self._shared_modes.pop(index, None)
+                log.info("%s MIG mode gpu=%d", "Enabled" if enabled else "Disabled", index)
+            case StartMpsDaemon():
+                self.backend.set_exclusive_process(index, True)
+                self.mps.ensure(info.uuid, step.limits)
+            case StopMpsDaemon():
+                self.mps.stop(info.uuid)
+                self.backend.set_exclusive_process(index, False)
+                self._shared_modes.pop(index, None)
+            case _:
+                self.backend.apply(step)
+
+    def _roll_back(self, info: GpuInfo, old: Layout, usage: DeviceUsage) -> str:
         """Back to the old layout, else down to the in-use instances; never leave it half-built unsaid."""
         for goal_name in ("old", "in-use"):
             try:
@@ -315,7 +316,7 @@ class Actuator:
         self, index: int, state: GpuState, message: str, pods: tuple[str, ...] = ()
     ) -> GpuReport:
         info = self._fresh(index)
-        mode = self._current_mode(info)
+        mode = self._observed(info).mode
         layout = layout_of(
             GpuInstanceState(r.slice.instance, r.compute_instances) for r in self._records(info)
         )
@@ -325,7 +326,7 @@ class Actuator:
 
     def _view(self, index: int) -> GpuView:
         info = self._fresh(index)
-        mode = self._current_mode(info)
+        mode = self._observed(info).mode
         slices: tuple[MigSlice, ...] = tuple(
             r.slice for r in self._records(info) if r.compute_instances
         )

@@ -7,7 +7,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from gpupart.core.api.spec import Mode
-from gpupart.core.api.wire import Inventory, decode_desired, encode_inventory, encode_report
+from gpupart.core.api.wire import (
+    Inventory,
+    decode_desired,
+    decode_inventory,
+    encode_inventory,
+    encode_report,
+)
 from gpupart.core.errors import WireFormatError
 from gpupart.core.node.devices import managed_capacity
 from gpupart_plugin.actuator import Actuator, PassResult, inventory
@@ -19,6 +25,8 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[str, str, Mapping[str, int]], None]
 """Writes (state annotation, inventory annotation, extender-managed capacity) on this node's Node."""
+Published = Callable[[], str | None]
+"""Reads back the inventory annotation on this node's Node (None: none there)."""
 
 
 class NodeAgent:
@@ -33,7 +41,9 @@ class NodeAgent:
         metrics: NodeMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
+        published: Published | None = None,
     ) -> None:
+        """`published`: read once before the first pass, to resume what NVML cannot tell."""
         self.actuator = actuator
         self.hub = hub
         self.plugins = plugins
@@ -41,9 +51,28 @@ class NodeAgent:
         self.metrics = metrics
         self.clock = clock
         self.last_pass: float | None = None
+        self._published = published
+
+    def resume(self, read: Published) -> None:
+        """Take back the modes this agent published before it restarted (`Actuator.resume`).
+
+        A missing, unreadable or unreachable inventory is logged and changes nothing: the pass
+        then infers time-slicing from the client slots pods hold, as a first start does.
+        """
+        try:
+            text = read()
+            if text is None:
+                log.info("Found no earlier inventory on the node; nothing to resume")
+                return
+            self.actuator.resume(decode_inventory(text))
+        except Exception as error:  # noqa: BLE001 - a bad annotation never stops the agent
+            log.warning("Failed to read the last inventory; not resumed err=%s", error)
 
     def reconcile(self, desired: str | None) -> PassResult:
         started = self.clock()
+        if self._published is not None:
+            read, self._published = self._published, None
+            self.resume(read)
         try:
             groups = None if desired is None else decode_desired(desired)
         except WireFormatError as error:

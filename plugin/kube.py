@@ -64,6 +64,19 @@ class NodeClient:
         node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
         return _annotations(node).get(DESIRED_ANNOTATION)
 
+    def last_inventory(self) -> str | None:
+        """The inventory annotation on this Node: what the agent published before it restarted.
+
+        None when there is none (a new node); KubeUnavailable when the API server does not answer.
+        """
+        try:
+            node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
+        except CONNECTION_ERRORS as error:
+            raise KubeUnavailable(
+                f"read the inventory of node {self.node}: {describe_api_error(error)}"
+            ) from error
+        return _annotations(node).get(INVENTORY_ANNOTATION)
+
     def watch_desired(self, stop: threading.Event, *, resync_s: float) -> Iterator[str | None]:
         """The desired annotation now, on every change, and at least every `resync_s` (drift)."""
         last: object = object()

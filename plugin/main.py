@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     actuator = Actuator(
         backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
     )
-    agent = NodeAgent(actuator, hub, plugins, node.publish, metrics)
+    agent = NodeAgent(actuator, hub, plugins, node.publish, metrics, published=node.last_inventory)
 
     def reconcile(desired: str | None) -> None:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):

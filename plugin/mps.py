@@ -47,6 +47,11 @@ class MpsDaemons:
         except (OSError, ValueError, TypeError):
             return None
 
+    def serving(self, gpu_uuid: str) -> MpsLimits | None:
+        """The limits of the GPU's daemon when it was started and answers now, else None."""
+        limits = self.limits(gpu_uuid)
+        return limits if limits is not None and self._alive(gpu_uuid) else None
+
     def ensure(self, gpu_uuid: str, limits: MpsLimits) -> None:
         """The GPU's daemon runs with `limits`; idempotent (no command when already so)."""
         marker = self.directory(gpu_uuid) / MARKER

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import grpc
 
 from gpupart.core.errors import GpupartError
+from gpupart.core.node.devices import SLOT_SEPARATOR
 from gpupart_plugin.api import podresources_pb2, podresources_pb2_grpc
 
 
@@ -20,6 +22,41 @@ class PodDevices:
     """namespace/name"""
     resource: str
     device_ids: tuple[str, ...]
+
+
+UsageSource = Callable[[], tuple[PodDevices, ...]]
+"""Lists the devices pods hold (the kubelet PodResources API); raises GpupartError when it cannot."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """Pods per device-owning UUID (GPU or MIG); `known` is False when the kubelet did not answer."""
+
+    pods: Mapping[str, frozenset[str]]
+    known: bool
+    problem: str = ""
+    shared: Mapping[str, int] = field(default_factory=dict)
+    """GPU UUID -> client slots held on it (a shared GPU, even when the agent restarted)."""
+
+    def of(self, *uuids: str) -> tuple[str, ...]:
+        return tuple(sorted({pod for u in uuids for pod in self.pods.get(u, ())}))
+
+
+def device_usage(source: UsageSource) -> DeviceUsage:
+    """What the kubelet says pods hold now; unknown (every device counts as held) when it does not answer."""
+    try:
+        listed = source()
+    except GpupartError as error:
+        return DeviceUsage({}, known=False, problem=str(error))
+    pods: dict[str, set[str]] = {}
+    shared: dict[str, int] = {}
+    for entry in listed:
+        for device_id in entry.device_ids:
+            owner, slot, _ = device_id.partition(SLOT_SEPARATOR)
+            pods.setdefault(owner, set()).add(entry.pod)
+            if slot:
+                shared[owner] = shared.get(owner, 0) + 1
+    return DeviceUsage({k: frozenset(v) for k, v in pods.items()}, known=True, shared=shared)
 
 
 class PodResourcesClient:

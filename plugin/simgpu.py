@@ -1,10 +1,14 @@
-"""A simulated NVML built from the core catalogue: same answers and error kinds as NVML, with injectable faults.
+"""A simulated NVML from the core catalogue: the core's step semantics, NVML's error kinds, injectable faults.
 
-Used by tests, the e2e suite, the benchmark and `gpupart node --simulate`. It follows NVML where
-the agent depends on it: destroying a GPU instance with compute instances or processes is InUse,
-an overlapping or unplaceable instance is InsufficientResources, MIG calls on a GPU without MIG
-mode are NotSupported, and a MIG mode change stays pending until `reset` (or `reset_idle`, the
-reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between passes).
+Used by tests, the e2e suite, the benchmark and `gpupart node --simulate`. What a MIG step does,
+and which steps a GPU refuses, is the core's (`gpupart.core.mig.planning.step_refused` and
+`apply_step`, with `check_layout` for a new GPU instance): one definition shared with the plan
+oracle `apply_steps`. This module adds only what NVML adds: the error kind of each refusal
+(missing: NotFound, a GPU instance with compute instances: InUse, no room: InsufficientResources,
+unknown profile: NotSupported), InUse for an instance with processes, NotSupported for MIG calls
+on a GPU without MIG mode, a MIG mode change that stays pending until `reset` (or `reset_idle`,
+the reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between
+passes), Xid events, lost GPUs and injected faults.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from dataclasses import dataclass, field
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.mig.planning import (
-    CreateComputeInstance,
-    CreateGpuInstance,
     DestroyComputeInstance,
     DestroyGpuInstance,
+    GpuInstanceState,
+    Refusal,
     Step,
+    apply_step,
+    step_refused,
 )
 from gpupart.core.node.devices import MigSlice, XidEvent
 from gpupart_plugin.backend import (
@@ -34,13 +40,22 @@ from gpupart_plugin.backend import (
 )
 
 _NAMESPACE = uuidlib.UUID("6a1f0c1e-0d1b-4c59-9d0e-67707570a271")
+_NVML_KINDS = {
+    Refusal.MISSING: NvmlFailure.NOT_FOUND,
+    Refusal.HAS_COMPUTE: NvmlFailure.IN_USE,
+    Refusal.COMPLETE: NvmlFailure.INSUFFICIENT_RESOURCES,
+    Refusal.NO_ROOM: NvmlFailure.INSUFFICIENT_RESOURCES,
+    Refusal.UNKNOWN_PROFILE: NvmlFailure.NOT_SUPPORTED,
+}
+"""What NVML answers for each step the core's semantics refuse."""
 
 
 @dataclass
 class _Instance:
     gpu_instance_id: int
-    compute_instance_ids: list[int]
     uuid: str
+    compute_instances: int = 0
+    """0 or 1: one full-size compute instance fills a GPU instance (compute instance id 0)."""
 
 
 @dataclass
@@ -206,48 +221,42 @@ class SimulatedGpus:
                         record.uuid,
                         instance,
                         record.gpu_instance_id,
-                        record.compute_instance_ids[0] if record.compute_instance_ids else 0,
+                        0,
                         (100 + 10 * record.gpu_instance_id, 101 + 10 * record.gpu_instance_id),
                     ),
-                    len(record.compute_instance_ids),
+                    record.compute_instances,
                 )
                 for instance, record in sorted(gpu.instances.items())
             )
 
     def apply(self, step: Step) -> None:
+        """The core's step semantics (`step_refused`, `apply_step`), answered with NVML's error kinds."""
         with self._lock:
             operation = type(step).__name__
-            self._fault(operation, f"{operation} {step.instance} on GPU {step.gpu}")
-            gpu = self._gpu(step.gpu)
             what = f"{operation} {step.instance} on GPU {step.gpu}"
+            self._fault(operation, what)
+            gpu = self._gpu(step.gpu)
             if not gpu.mig_enabled:
                 raise NvmlError(NvmlFailure.NOT_SUPPORTED, what)
+            states = {i: GpuInstanceState(i, r.compute_instances) for i, r in gpu.instances.items()}
+            refused = step_refused(gpu.model, states, step)
+            if refused is not None:
+                raise NvmlError(_NVML_KINDS[refused.refusal], what)  # as NVML: the kind, not the reason
             record = gpu.instances.get(step.instance)
-            match step:
-                case CreateGpuInstance():
-                    self._create_gpu_instance(gpu, step.instance, what)
-                case CreateComputeInstance():
-                    if record is None:
-                        raise NvmlError(NvmlFailure.NOT_FOUND, what)
-                    if record.compute_instance_ids:
-                        # One full-size compute instance fills the GPU instance.
-                        raise NvmlError(NvmlFailure.INSUFFICIENT_RESOURCES, what)
-                    record.compute_instance_ids.append(0)
-                case DestroyComputeInstance():
-                    if record is None or not record.compute_instance_ids:
-                        raise NvmlError(NvmlFailure.NOT_FOUND, what)
-                    if record.gpu_instance_id in gpu.processes.values():
-                        raise NvmlError(NvmlFailure.IN_USE, what)
-                    record.compute_instance_ids.pop()
-                case DestroyGpuInstance():
-                    if record is None:
-                        raise NvmlError(NvmlFailure.NOT_FOUND, what)
-                    if (
-                        record.compute_instance_ids
-                        or record.gpu_instance_id in gpu.processes.values()
-                    ):
-                        raise NvmlError(NvmlFailure.IN_USE, what)
-                    del gpu.instances[step.instance]
+            if (
+                isinstance(step, DestroyComputeInstance | DestroyGpuInstance)
+                and record is not None
+                and record.gpu_instance_id in gpu.processes.values()
+            ):
+                raise NvmlError(NvmlFailure.IN_USE, what)  # NVML's own rule: processes on it
+            after = apply_step(states, step)
+            if record is None:
+                record = self._new_instance(gpu)
+                gpu.instances[step.instance] = record
+            if step.instance in after:
+                record.compute_instances = after[step.instance].compute_instances
+            else:
+                del gpu.instances[step.instance]
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         with self._lock:
@@ -289,27 +298,11 @@ class SimulatedGpus:
                 entry[2] = left - 1
                 raise NvmlError(fault.kind, f"{what} (injected)")
 
-    def _create_gpu_instance(self, gpu: _Gpu, instance: MigInstance, what: str) -> None:
-        profile = gpu.model.find_profile(instance.profile)
-        if profile is None:
-            raise NvmlError(NvmlFailure.NOT_SUPPORTED, what)
-        placement = instance.placement
-        if placement.start not in profile.starts or placement.size != profile.memory_slices:
-            raise NvmlError(NvmlFailure.INSUFFICIENT_RESOURCES, what)
-        same = sum(1 for i in gpu.instances if i.profile == instance.profile)
-        existing = [gpu.model.require_profile(i.profile) for i in gpu.instances]
-        compute = sum(p.compute_slices for p in existing)
-        engines = sum((p.engines for p in existing), profile.engines)
-        if (
-            any(i.placement.overlaps(placement) for i in gpu.instances)
-            or same >= profile.max_count
-            or len(gpu.instances) >= gpu.model.max_instances
-            or compute + profile.compute_slices > gpu.model.compute_slices
-            or not engines.within(gpu.model.engines)  # NVML: media engines taken
-        ):
-            raise NvmlError(NvmlFailure.INSUFFICIENT_RESOURCES, what)
+    def _new_instance(self, gpu: _Gpu) -> _Instance:
+        """A new GPU instance's ids: the lowest free GPU instance id, a UUID never used before."""
         used = {r.gpu_instance_id for r in gpu.instances.values()}
-        gi_id = min(set(range(1, len(used) + 2)) - used)
         self._created += 1
-        mig_uuid = f"MIG-{uuidlib.uuid5(_NAMESPACE, f'{gpu.uuid}/{self._created}')}"
-        gpu.instances[instance] = _Instance(gi_id, [], mig_uuid)
+        return _Instance(
+            min(set(range(1, len(used) + 2)) - used),
+            f"MIG-{uuidlib.uuid5(_NAMESPACE, f'{gpu.uuid}/{self._created}')}",
+        )

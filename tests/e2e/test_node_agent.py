@@ -50,5 +50,6 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
         inventory = decode_inventory(annotations[INVENTORY_ANNOTATION]).gpus
         assert [g.uuid for g in inventory] == [g.uuid for g in sim.gpus()]
         assert all(len(g.mig_devices) == 4 and g.mode is Mode.MIG for g in inventory)
+        assert node.last_inventory() == annotations[INVENTORY_ANNOTATION]  # read back on restart
     finally:
         core.delete_node(name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -9,11 +11,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupart.core.api.spec import Mode, MpsSettings
-from gpupart.core.api.wire import DesiredGroup, GpuState
+from gpupart.core.api.wire import (
+    DesiredGroup,
+    GpuState,
+    Inventory,
+    InventoryGpu,
+    encode_desired,
+    encode_inventory,
+)
 from gpupart.core.mig.layout import MigInstance, Placement, layout_counts
 from gpupart.core.mig.planning import GpuInstanceState, plan_counts
 from gpupart_plugin.actuator import Actuator, inventory
+from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.backend import NvmlFailure
+from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.kube import KubeUnavailable
+from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
@@ -328,3 +341,112 @@ def test_a_desired_state_naming_a_gpu_twice_or_one_not_here_is_refused(
     assert all(words in g.message for g in result.report.gpus), result.report.gpus[0].message
     assert result.report.gpus[0].message.startswith("gpupart.io/desired.groups[0].gpus: ")
     assert result.report.observed == (("p", 1),), "the partition shows the reason"
+
+
+# --- a restart reads back what the agent published ---------------------------------------------
+
+SHARED = (
+    DesiredGroup("s", 1, (0,), Mode.MPS, mps=MpsSettings(4, None, None)),
+    DesiredGroup("t", 1, (1,), Mode.TIME_SLICING, replicas=5),
+)
+
+
+def node_agent(
+    sim: SimulatedGpus,
+    pods: Pods,
+    tmp_path: Path,
+    command: list[str],
+    published: Callable[[], str | None] | None = None,
+) -> tuple[NodeAgent, list[str]]:
+    """An agent without device plugins; the list collects the inventories it publishes."""
+    inventories: list[str] = []
+    agent = NodeAgent(
+        Actuator(sim, pods, MpsDaemons(tmp_path / "mps", command)),
+        DeviceHub(),
+        None,
+        lambda _state, inventory, _capacity: inventories.append(inventory),
+        NodeMetrics(),
+        published=published,
+    )
+    return agent, inventories
+
+
+def shared_node(tmp_path: Path, command: list[str]) -> tuple[SimulatedGpus, Pods, str]:
+    """GPU 0 on MPS, GPU 1 time-sliced, pods on both; the inventory the agent published."""
+    sim, pods = SimulatedGpus([H200, H200], mig_enabled=False), Pods()
+    first, inventories = node_agent(sim, pods, tmp_path, command)
+    result = first.reconcile(encode_desired(SHARED))
+    assert [g.state for g in result.report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
+    pods.held = [
+        PodDevices("ml/a", "nvidia.com/gpu.shared", (f"{result.views[0].uuid}::0",)),
+        PodDevices("ml/b", "nvidia.com/gpu.shared", (f"{result.views[1].uuid}::3",)),
+    ]
+    return sim, pods, inventories[-1]
+
+
+def test_a_restart_keeps_mps_and_time_slicing_from_the_last_inventory_without_a_guess(
+    tmp_path: Path, mps_command: list[str]
+) -> None:
+    sim, pods, published = shared_node(tmp_path, mps_command)
+    pods.down = True  # the kubelet does not answer either: nothing to infer the modes from
+    agent, _ = node_agent(sim, pods, tmp_path, mps_command, lambda: published)
+    result = agent.reconcile(encode_desired(SHARED))
+    assert [g.state for g in result.report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
+    assert [(v.mode, v.slots) for v in result.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
+
+    # A new wish for whole GPUs meets pods nobody can see: Blocked, still shared, not switched.
+    whole = agent.reconcile(encode_desired(()))
+    assert [g.state for g in whole.report.gpus] == [GpuState.BLOCKED, GpuState.BLOCKED]
+    assert [(v.mode, v.slots) for v in whole.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
+    assert "unknown pods" in whole.report.gpus[1].message
+
+
+def test_a_restart_keeps_the_slot_count_when_the_target_changed(
+    tmp_path: Path, mps_command: list[str]
+) -> None:
+    sim, pods, published = shared_node(tmp_path, mps_command)
+    agent, _ = node_agent(sim, pods, tmp_path, mps_command, lambda: published)
+    result = agent.reconcile(encode_desired((mig(TWO, (1,)),)))  # GPU 1 held by ml/b
+    gpu = result.report.gpus[1]
+    assert gpu.state is GpuState.BLOCKED and gpu.blocking_pods == ("ml/b",)
+    assert (result.views[1].mode, result.views[1].slots) == (Mode.TIME_SLICING, 5)
+
+
+def _unreachable() -> str | None:
+    raise KubeUnavailable("read the inventory of node n: connection refused")
+
+
+@pytest.mark.parametrize(
+    ("published", "logged"),
+    [
+        (lambda: None, "Found no earlier inventory"),
+        (lambda: '{"version": 1, "gpus": [{"index": 0', "Failed to read the last inventory"),
+        (lambda: '{"version": 99, "gpus": []}', "Failed to read the last inventory"),
+        (_unreachable, "Failed to read the last inventory; not resumed err=read the inventory"),
+        (
+            lambda: encode_inventory(
+                Inventory((InventoryGpu(1, "GPU-other", H200, 1, Mode.TIME_SLICING, (), 5),))
+            ),
+            "Ignored earlier mode gpu=1 mode=TimeSlicing reason=not this GPU now",
+        ),
+    ],
+)
+def test_a_missing_bad_or_foreign_inventory_falls_back_and_is_logged(
+    tmp_path: Path,
+    mps_command: list[str],
+    caplog: pytest.LogCaptureFixture,
+    published: Callable[[], str | None],
+    logged: str,
+) -> None:
+    sim, pods, _ = shared_node(tmp_path, mps_command)
+    pods.down = True
+    agent, _ = node_agent(sim, pods, tmp_path, mps_command, published)
+    caplog.set_level(logging.INFO, logger="gpupart_plugin")
+    result = agent.reconcile(encode_desired(SHARED))
+    assert logged in caplog.text
+    # As a first start: the MPS daemon still tells its mode; the time-sliced GPU is not known,
+    # and with the kubelet silent it is not changed either.
+    assert result.views[0].mode is Mode.MPS
+    assert result.report.gpus[1].state is GpuState.BLOCKED
+    agent.reconcile(encode_desired(SHARED))
+    assert caplog.text.count(logged) == 1, "read once, before the first pass"

@@ -312,3 +312,24 @@ def test_every_container_gets_its_own_pods_gpu_and_limits_or_a_refusal(
     if gated and not writes_failed:
         # With the extender's rule and a working API the plugin refuses nothing.
         assert kubelet.refused == []
+
+
+def test_mps_limits_are_the_served_pods_own_not_those_of_the_first_listed_pod() -> None:
+    # Served pods with their own limits are listed before the one awaiting its Allocate: the
+    # answer carries the awaiting container's figures, or the GPU's defaults when it has none.
+    hub = DeviceHub()
+    hub.set_gpus(mps_gpus(1))
+    early = GivenContainer("main", ("GPU-0::0",), "GPU-0", 2000, 10)
+    served = pod(1, SharedContainer("main", 1, 2000, 10), given=(early,))
+    plain = pod(2, SharedContainer("main", 1), given=(replace(early, devices=("GPU-0::1",)),))
+    awaiting = pod(3, SharedContainer("main", 1, 30000, 40))
+    defaults = pod(4, SharedContainer("main", 1))
+    for listed, ids, memory, compute in (
+        ((served, plain, awaiting), ["GPU-0::2"], 30000, 40),
+        ((awaiting, served), ["GPU-0::2"], 30000, 40),
+        ((served, defaults), ["GPU-0::3"], DEFAULT_MIB, DEFAULT_PERCENT),
+    ):
+        allocator = Allocator(hub, NODE, lambda listed=listed: listed, lambda _p, _g: None)
+        envs = dict(allocator.allocate(GPU_SHARED, ids).envs)
+        assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"GPU-0={memory}M", listed
+        assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(compute), listed

@@ -70,12 +70,14 @@ def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Failed to watch")]
 
 
-def test_publish_and_pod_list_raise_the_agents_error_when_unreachable() -> None:
+def test_publish_pod_list_and_inventory_read_raise_the_agents_error_when_unreachable() -> None:
     node = unreachable()
     with pytest.raises(KubeUnavailable, match="publish state of node node-a"):
         node.publish("{}", "[]", {})
     with pytest.raises(KubeUnavailable, match="list pods on node node-a"):
         node.assigned_pods()
+    with pytest.raises(KubeUnavailable, match="read the inventory of node node-a"):
+        node.last_inventory()
 
 
 def test_gpupart_node_keeps_running_without_an_api_server_and_stops_on_sigterm(

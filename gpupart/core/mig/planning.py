@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
-from gpupart.core.errors import InfeasibleLayout, PlanBlocked
+from gpupart.core.errors import GpupartError, InfeasibleLayout, PlanBlocked, UnknownProfile
 from gpupart.core.mig.catalogue import GpuModel
-from gpupart.core.mig.layout import Layout, MigInstance, check_layout, fit_layout, solve_layout
+from gpupart.core.mig.layout import (
+    Layout,
+    MigInstance,
+    check_layout,
+    fit_layout,
+    solve_layout,
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -109,40 +116,100 @@ def plan_counts(
     return layout, plan_layout(gpu, actual, layout, allow_disruption=allow_disruption)
 
 
+class Refusal(StrEnum):
+    """Why a GPU refuses a step; the simulated GPU answers each with NVML's error kind."""
+
+    MISSING = "missing"
+    """No such GPU instance, or no compute instance on it to destroy."""
+    HAS_COMPUTE = "has compute instances"
+    """A GPU instance destroyed while it still has compute instances."""
+    COMPLETE = "complete"
+    """A second compute instance: the one full-size compute instance fills the GPU instance."""
+    NO_ROOM = "no room"
+    """The new GPU instance breaks a layout rule (placement, overlap, counts, engines)."""
+    UNKNOWN_PROFILE = "unknown profile"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRefused:
+    """A step the GPU would refuse: the reason, and the error that says it to a person."""
+
+    refusal: Refusal
+    error: GpupartError
+
+
+def step_refused(
+    model: GpuModel, states: Mapping[MigInstance, GpuInstanceState], step: Step
+) -> StepRefused | None:
+    """Whether a GPU holding `states` refuses `step`, and why; None when it applies."""
+    state = states.get(step.instance)
+    missing = Refusal.MISSING
+    match step:
+        case DestroyComputeInstance():
+            if state is None or state.compute_instances == 0:
+                return _refused(missing, f"GPU {step.gpu}: no compute instance on {step.instance}")
+        case DestroyGpuInstance():
+            if state is None or state.compute_instances:
+                why = missing if state is None else Refusal.HAS_COMPUTE
+                return _refused(
+                    why,
+                    f"GPU {step.gpu}: {step.instance} is missing or still has compute instances",
+                )
+        case CreateGpuInstance():
+            try:
+                check_layout(model, (*states, step.instance))
+            except UnknownProfile as error:
+                return StepRefused(Refusal.UNKNOWN_PROFILE, error)
+            except InfeasibleLayout as error:
+                return StepRefused(Refusal.NO_ROOM, error)
+        case CreateComputeInstance():
+            if state is None or state.compute_instances:
+                why = missing if state is None else Refusal.COMPLETE
+                return _refused(
+                    why,
+                    f"GPU {step.gpu}: {step.instance} is missing or already has its compute instance",
+                )
+    return None
+
+
+def _refused(refusal: Refusal, message: str) -> StepRefused:
+    return StepRefused(refusal, InfeasibleLayout(message))
+
+
+def apply_step(
+    states: Mapping[MigInstance, GpuInstanceState], step: Step
+) -> dict[MigInstance, GpuInstanceState]:
+    """The instances after `step`, which `step_refused` accepted."""
+    after = dict(states)
+    state = after.get(step.instance)
+    match step:
+        case DestroyComputeInstance():
+            assert state is not None
+            after[step.instance] = replace(state, compute_instances=state.compute_instances - 1)
+        case DestroyGpuInstance():
+            del after[step.instance]
+        case CreateGpuInstance():
+            after[step.instance] = GpuInstanceState(step.instance, compute_instances=0)
+        case CreateComputeInstance():
+            assert state is not None
+            after[step.instance] = replace(state, compute_instances=1)
+    return after
+
+
 def apply_steps(
     model: GpuModel, actual: Iterable[GpuInstanceState], steps: Iterable[Step]
 ) -> tuple[GpuInstanceState, ...]:
     """The state after `steps`, as the GPU would reach it; a step that cannot apply raises.
 
-    This is the simulated GPU's semantics and the test oracle for plans.
+    These are the step semantics of the simulated GPU (`gpupart node --simulate`) and the test
+    oracle for plans: one definition of what a GPU accepts.
     """
     states = {state.instance: state for state in actual}
     for step in steps:
-        state = states.get(step.instance)
-        match step:
-            case DestroyComputeInstance():
-                if state is None or state.compute_instances == 0:
-                    raise InfeasibleLayout(
-                        f"GPU {step.gpu}: no compute instance on {step.instance}"
-                    )
-                states[step.instance] = replace(
-                    state, compute_instances=state.compute_instances - 1
-                )
-            case DestroyGpuInstance():
-                if state is None or state.compute_instances:
-                    raise InfeasibleLayout(
-                        f"GPU {step.gpu}: {step.instance} is missing or still has compute instances"
-                    )
-                del states[step.instance]
-            case CreateGpuInstance():
-                check_layout(model, (*states, step.instance))
-                states[step.instance] = GpuInstanceState(step.instance, compute_instances=0)
-            case CreateComputeInstance():
-                if state is None or state.compute_instances:
-                    raise InfeasibleLayout(
-                        f"GPU {step.gpu}: {step.instance} is missing or already has its compute instance"
-                    )
-                states[step.instance] = replace(state, compute_instances=1)
+        refused = step_refused(model, states, step)
+        if refused is not None:
+            raise refused.error
+        states = apply_step(states, step)
     return tuple(sorted(states.values()))
 
 

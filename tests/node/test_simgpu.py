@@ -1,0 +1,113 @@
+"""The simulated GPU agrees with the plan oracle `apply_steps`: same instances, same refusals, NVML's error kinds.
+
+We test these aspects:
+- any step list, valid or not, applied one step at a time to `SimulatedGpus` and to
+  `apply_steps` gives the same instances (with compute instance counts) after every step, and the
+  same steps are refused by both;
+- each refusal carries the error kind the NVML driver returns for it, from a table written here
+  (not taken from either implementation): a missing instance NotFound, destroying a GPU instance
+  that has its compute instance InUse, no room or a second compute instance InsufficientResources,
+  an unknown profile NotSupported;
+- what only NVML adds: a destroy under a running process is InUse, and MIG calls on a GPU
+  without MIG mode are NotSupported.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from gpupart.core.errors import GpupartError
+from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.mig.planning import (
+    CreateComputeInstance,
+    CreateGpuInstance,
+    DestroyComputeInstance,
+    DestroyGpuInstance,
+    GpuInstanceState,
+    Step,
+    apply_steps,
+)
+from gpupart_plugin.backend import NvmlError, NvmlFailure
+from gpupart_plugin.simgpu import SimulatedGpus
+
+PRODUCTS = ("A100-SXM4-80GB", "H200-141GB", "A30-24GB")
+STEP_TYPES = (CreateGpuInstance, CreateComputeInstance, DestroyComputeInstance, DestroyGpuInstance)
+
+
+def candidates(model: GpuModel) -> list[MigInstance]:
+    """Every valid placement of every profile, some invalid ones, and an unknown profile."""
+    found = []
+    for profile in model.profiles:
+        size = profile.memory_slices
+        found += [MigInstance(Placement(start, size), profile.name) for start in profile.starts]
+        found.append(MigInstance(Placement(model.memory_slices - 1, size), profile.name))
+    found.append(MigInstance(Placement(0, 1), "9g.999gb"))
+    return found
+
+
+def expected_kind(step: Step, before: dict[MigInstance, int]) -> NvmlFailure:
+    """What NVML answers when it refuses `step` on a GPU holding `before` (instance -> CIs)."""
+    present = step.instance in before
+    match step:
+        case CreateGpuInstance():
+            unknown = step.instance.profile == "9g.999gb"
+            return NvmlFailure.NOT_SUPPORTED if unknown else NvmlFailure.INSUFFICIENT_RESOURCES
+        case CreateComputeInstance():
+            return NvmlFailure.INSUFFICIENT_RESOURCES if present else NvmlFailure.NOT_FOUND
+        case DestroyComputeInstance():
+            return NvmlFailure.NOT_FOUND
+        case DestroyGpuInstance():
+            return NvmlFailure.IN_USE if present else NvmlFailure.NOT_FOUND
+    raise AssertionError(step)
+
+
+def simulated(sim: SimulatedGpus) -> dict[MigInstance, int]:
+    return {r.slice.instance: r.compute_instances for r in sim.instances(0)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(PRODUCTS), st.data())
+def test_random_step_lists_give_the_same_instances_and_refusals_in_both(
+    product: str, data: st.DataObject
+) -> None:
+    model = require_gpu_model(product)
+    sim = SimulatedGpus([product])
+    pool = candidates(model)
+    oracle: tuple[GpuInstanceState, ...] = ()
+    for _ in range(data.draw(st.integers(1, 30), label="steps")):
+        # Half the time an instance the GPU holds: steps that can apply, not only refusals.
+        held = [s.instance for s in oracle]
+        instance = data.draw(st.sampled_from(held if held and data.draw(st.booleans()) else pool))
+        step = data.draw(st.sampled_from(STEP_TYPES))(0, instance)
+        before = simulated(sim)
+        try:
+            oracle = apply_steps(model, oracle, (step,))
+        except GpupartError:
+            with pytest.raises(NvmlError) as caught:
+                sim.apply(step)
+            assert caught.value.kind is expected_kind(step, before), step
+            event(f"refused {type(step).__name__}")
+        else:
+            sim.apply(step)  # the oracle accepted it: the simulated GPU must too
+            event(f"applied {type(step).__name__}")
+        assert simulated(sim) == {s.instance: s.compute_instances for s in oracle}, step
+
+
+def test_only_nvml_rules_are_added_processes_and_mig_mode() -> None:
+    sim = SimulatedGpus(["A100-SXM4-80GB"])
+    instance = MigInstance(Placement(0, 4), "3g.40gb")
+    for step in (CreateGpuInstance(0, instance), CreateComputeInstance(0, instance)):
+        sim.apply(step)
+    sim.start_process(0, 7, instance)
+    for step in (DestroyComputeInstance(0, instance), DestroyGpuInstance(0, instance)):
+        with pytest.raises(NvmlError) as caught:
+            sim.apply(step)
+        assert caught.value.kind is NvmlFailure.IN_USE
+    assert simulated(sim) == {instance: 1}, "a refused step changes nothing"
+    off = SimulatedGpus(["A100-SXM4-80GB"], mig_enabled=False)
+    with pytest.raises(NvmlError) as caught:
+        off.apply(CreateGpuInstance(0, instance))
+    assert caught.value.kind is NvmlFailure.NOT_SUPPORTED
