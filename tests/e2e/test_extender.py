@@ -512,3 +512,68 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
         for n in (a, b, c, m):
             core.delete_node(n)
+
+
+@pytest.mark.usefixtures("gpupart_scheduler")
+def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None:
+    """The gap ADR 005 leaves: 20000 MiB free on each of two GPUs fits a 40000 MiB pod in
+    kube-scheduler's node total, so its dry run finds no victim there and nothing is evicted,
+    although evicting one GPU's pod would make room."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    run = f"gap{int(time.time()) % 100000}"
+    ns = f"e2e-{run}"
+    core.create_namespace({"metadata": {"name": ns}})
+    scheduling = client.SchedulingV1Api(k8s_api)
+    for name, value in PRIORITIES.items():
+        if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
+            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    f = f"{run}-f"
+    create_nodes(
+        k8s_api,
+        [
+            _node(
+                f,
+                [InventoryGpu(g, f"GPU-{f}-{g}", H100, 40000, Mode.MPS, (), 16) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 32},
+            )
+        ],
+    )
+    try:
+        for g in (0, 1):
+            core.create_namespaced_pod(ns, _bound_pod(f"low-{g}", f, g, 20000, "e2e-low"))
+        wait_for(
+            lambda: (
+                all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
+            ),
+            60,
+            "the low-priority pods running",
+            interval=0.5,
+        )
+        high = _pod("high", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "h")
+        high["spec"].update(
+            priorityClassName="e2e-high", nodeSelector={"kubernetes.io/hostname": f}
+        )
+        core.create_namespaced_pod(ns, high)
+
+        def reason() -> str | None:
+            for e in _events(core, ns, "FailedScheduling"):
+                if e.involved_object.name == "high" and "nodes are available" in e.message:
+                    return str(e.message)
+            return None
+
+        message = wait_for(reason, 60, "the pod's FailedScheduling event", interval=1)
+        assert f"{f}: 2 GPUs, no shared GPU with 40000 MiB free and 1 client slot" in message
+        assert f'preemption: expected at least one victim pod on node "{f}"' in message, message
+        assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
+            "low-0",
+            "low-1",
+            "high",
+        }
+        assert not _events(core, ns, "Preempted")
+        assert core.read_namespaced_pod("high", ns).spec.node_name is None
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
+        core.delete_node(f)
