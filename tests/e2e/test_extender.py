@@ -341,7 +341,7 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
     for name, value in PRIORITIES.items():
         if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
             scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
-    a, b, c, m = (f"{run}-{x}" for x in "abcm")
+    a, b, c, m, w = (f"{run}-{x}" for x in "abcmw")
     create_nodes(
         k8s_api,
         [
@@ -377,6 +377,11 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
                 ],
                 {"nvidia.com/mig-3g.40gb": 2},
             ),
+            _node(
+                w,
+                [InventoryGpu(g, f"GPU-{w}-{g}", H100, 81559, Mode.NONE) for g in (0, 1)],
+                {"nvidia.com/gpu": 2},
+            ),
         ],
     )
     # a and b full with 20000 MiB pods (memory only: 2 of 16 client slots used per GPU).
@@ -394,13 +399,14 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         "b-high-0": (b, 1, "e2e-high"),
         "b-low-1": (b, 1, "e2e-low"),
     }
-    mig_running = ("m-low-0", "m-low-1")
+    held = {"m-low-0": (m, "nvidia.com/mig-3g.40gb"), "m-low-1": (m, "nvidia.com/mig-3g.40gb")}
+    held |= {"w-low-0": (w, "nvidia.com/gpu"), "w-low-1": (w, "nvidia.com/gpu")}
     try:
         for name, (node_name, gpu, cls) in running.items():
             core.create_namespaced_pod(ns, _bound_pod(name, node_name, gpu, 20000, cls))
-        for name in mig_running:
-            low = _pod(name, {"nvidia.com/mig-3g.40gb": "1"}, name)
-            low["spec"].update(nodeName=m, priorityClassName="e2e-low")
+        for name, (node_name, resource) in held.items():
+            low = _pod(name, {resource: "1"}, name)
+            low["spec"].update(nodeName=node_name, priorityClassName="e2e-low")
             core.create_namespaced_pod(ns, low)
         wait_for(
             lambda: (
@@ -445,8 +451,8 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
             return None
 
         message = wait_for(misfit_reason, 60, "the misfit's FailedScheduling event", interval=1)
-        # a, b and m are short in total (kube-scheduler's count); c reaches the extender.
-        assert "3 Insufficient gpupart.io/gpu-memory" in message, message
+        # a, b, m and w are short in total (kube-scheduler's count); c reaches the extender.
+        assert "4 Insufficient gpupart.io/gpu-memory" in message, message
         assert f"{c}: 2 GPUs, no shared GPU with 50000 MiB free and 1 client slot" in message, (
             message
         )
@@ -463,7 +469,7 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         assert "no shared GPU with 50000 MiB free" in condition.message, condition.message
         assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
             *running,
-            *mig_running,
+            *held,
             "misfit",
         }
         assert not _events(core, ns, "Preempted")
@@ -488,29 +494,37 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         # Exactly the two pods on the GPU it landed on went, a-mid-0 among them: kube-scheduler
         # took the extender's victims over its own (a-low-1 keeps running). The misfit is
         # still Pending.
-        assert left == set(running) - {"a-mid-0", "a-low-0"} | {*mig_running, "infer", "misfit"}
+        assert left == set(running) - {"a-mid-0", "a-low-0"} | {*held, "infer", "misfit"}
         still = core.read_namespaced_pod("misfit", ns)
         assert still.spec.node_name is None and not still.status.nominated_node_name
         preempted = {e.involved_object.name for e in _events(core, ns, "Preempted")}
         assert preempted == {"a-mid-0", "a-low-0"}, preempted
 
-        # MIG slices are counted in-tree: kube-scheduler's own victim (one of the two MIG
-        # pods) stands, as the extender finds that its eviction frees a 3g.40gb slice.
-        train = _pod("train", {"nvidia.com/mig-3g.40gb": "1"}, "train")
-        train["spec"]["priorityClassName"] = "e2e-high"
-        core.create_namespaced_pod(ns, train)
-        placed = wait_for(
-            lambda: bound("train"), 90, "the MIG pod bound after preemption", interval=0.5
-        )
-        assert placed.spec.node_name == m
-        gone = set(mig_running) - {p.metadata.name for p in core.list_namespaced_pod(ns).items}
-        assert len(gone) == 1, gone
-        preempted = {e.involved_object.name for e in _events(core, ns, "Preempted")}
-        assert preempted == {"a-mid-0", "a-low-0", *gone}, preempted
+        # MIG slices and whole GPUs are counted in-tree: kube-scheduler's own victim (one of
+        # the node's two pods) stands, as the extender finds that its eviction frees a 3g.40gb
+        # slice or a whole GPU.
+        evicted = {"a-mid-0", "a-low-0"}
+        for name, resource, node_name in (
+            ("train", "nvidia.com/mig-3g.40gb", m),
+            ("whole", "nvidia.com/gpu", w),
+        ):
+            pod = _pod(name, {resource: "1"}, name)
+            pod["spec"]["priorityClassName"] = "e2e-high"
+            core.create_namespaced_pod(ns, pod)
+            placed = wait_for(
+                lambda name=name: bound(name), 90, f"{name} bound after preemption", interval=0.5
+            )
+            assert placed.spec.node_name == node_name
+            names = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+            gone = {h for h, (n, _) in held.items() if n == node_name} - names
+            assert len(gone) == 1, gone
+            evicted |= gone
+            preempted = {e.involved_object.name for e in _events(core, ns, "Preempted")}
+            assert preempted == evicted, preempted
     finally:
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
-        for n in (a, b, c, m):
+        for n in (a, b, c, m, w):
             core.delete_node(n)
 
 
