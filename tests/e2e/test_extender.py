@@ -325,6 +325,28 @@ def _events(core: Any, ns: str, reason: str) -> list[Any]:
     return [e for e in core.list_namespaced_event(ns).items if e.reason == reason]
 
 
+def _priority_classes(k8s_api: Any) -> None:
+    """PRIORITIES as PriorityClasses (shared by the tests of this module, made once)."""
+    from kubernetes import client
+
+    scheduling = client.SchedulingV1Api(k8s_api)
+    existing = {c.metadata.name for c in scheduling.list_priority_class().items}
+    for name, value in PRIORITIES.items():
+        if name not in existing:
+            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+
+
+def _all_running(core: Any, ns: str) -> None:
+    wait_for(
+        lambda: (
+            all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
+        ),
+        60,
+        f"the pods already on the nodes of {ns} running",
+        interval=0.5,
+    )
+
+
 @pytest.mark.usefixtures("gpupart_scheduler")
 def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_helps_a_misfit(
     k8s_api: Any, extender_url: str
@@ -334,13 +356,10 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
-    scheduling = client.SchedulingV1Api(k8s_api)
     run = f"pre{int(time.time()) % 100000}"
     ns = f"e2e-{run}"
     core.create_namespace({"metadata": {"name": ns}})
-    for name, value in PRIORITIES.items():
-        if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
-            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    _priority_classes(k8s_api)
     a, b, c, m, w = (f"{run}-{x}" for x in "abcmw")
     create_nodes(
         k8s_api,
@@ -408,14 +427,7 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
             low = _pod(name, {resource: "1"}, name)
             low["spec"].update(nodeName=node_name, priorityClassName="e2e-low")
             core.create_namespaced_pod(ns, low)
-        wait_for(
-            lambda: (
-                all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
-            ),
-            60,
-            "the pods already on the nodes running",
-            interval=0.5,
-        )
+        _all_running(core, ns)
 
         # A budget the extender's watch picks up (the preempt verb counts its violations); it
         # covers a pod no preemption here may take.
@@ -539,10 +551,7 @@ def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None
     run = f"gap{int(time.time()) % 100000}"
     ns = f"e2e-{run}"
     core.create_namespace({"metadata": {"name": ns}})
-    scheduling = client.SchedulingV1Api(k8s_api)
-    for name, value in PRIORITIES.items():
-        if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
-            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    _priority_classes(k8s_api)
     f = f"{run}-f"
     create_nodes(
         k8s_api,
@@ -557,14 +566,7 @@ def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None
     try:
         for g in (0, 1):
             core.create_namespaced_pod(ns, _bound_pod(f"low-{g}", f, g, 20000, "e2e-low"))
-        wait_for(
-            lambda: (
-                all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
-            ),
-            60,
-            "the low-priority pods running",
-            interval=0.5,
-        )
+        _all_running(core, ns)
         high = _pod("high", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "h")
         high["spec"].update(
             priorityClassName="e2e-high", nodeSelector={"kubernetes.io/hostname": f}
@@ -578,7 +580,9 @@ def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None
             return None
 
         message = wait_for(reason, 60, "the pod's FailedScheduling event", interval=1)
-        assert f"{f}: 2 GPUs, no shared GPU with 40000 MiB free and 1 client slot" in message
+        assert f"{f}: 2 GPUs, no shared GPU with 40000 MiB free and 1 client slot" in message, (
+            message
+        )
         assert f'preemption: expected at least one victim pod on node "{f}"' in message, message
         assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
             "low-0",
