@@ -73,8 +73,8 @@ def _terminate(signum: int, _frame: object) -> None:
 def _pod(name: str, scheduler: str) -> dict[str, Any]:
     limits = {"nvidia.com/gpu.shared": "1", "cpu": "10m"}
     if scheduler in ("gpupart-scheduler", NULL_EXTENDER):
-        # Only the extender's managedResources make kube-scheduler ignore this resource
-        # (ignoredByScheduler); the others would look for it in the node's allocatable.
+        # Only pods of the extender's schedulers ask for it: the default scheduler has no
+        # extender to place it per GPU.
         limits["gpupart.io/gpu-memory"] = "4096"
     return {
         "apiVersion": "v1",
@@ -158,7 +158,9 @@ def main() -> int:
         inventory = encode_inventory(Inventory(gpus))
         manifests = []
         for n in range(args.nodes):
-            m = gpu_node(f"bench-{n:05d}", {"nvidia.com/gpu.shared": 128})
+            # The capacity the node agent advertises: kube-scheduler counts it (ADR 005).
+            capacity = {"gpupart.io/gpu-memory": 8 * 81559, "gpupart.io/gpu-compute": 800}
+            m = gpu_node(f"bench-{n:05d}", {"nvidia.com/gpu.shared": 128, **capacity})
             m["metadata"]["annotations"][INVENTORY_ANNOTATION] = inventory
             manifests.append(m)
         step(f"creating {args.nodes} nodes")

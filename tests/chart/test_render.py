@@ -237,9 +237,10 @@ def test_dedicated_scheduler_calls_the_extender_service(render: Render) -> None:
     name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
     assert extender["urlPrefix"] == f"http://{name}.{namespace}.svc:{port}/gpupart"
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
-    assert {"name": "gpupart.io/gpu-memory", "ignoredByScheduler": True} in extender[
-        "managedResources"
-    ]
+    # GPU memory and compute are counted in-tree too: that makes preemption see them (ADR 005).
+    for counted in ("gpupart.io/gpu-memory", "gpupart.io/gpu-compute"):
+        assert {"name": counted, "ignoredByScheduler": False} in extender["managedResources"]
+    assert extender["preemptVerb"] == "preempt"
     assert config["leaderElection"]["resourceName"] == "gpupart-scheduler"
     lease = named(objects, "Role", "-scheduler-lease")
     assert lease["rules"][1]["resourceNames"] == ["gpupart-scheduler"]

@@ -155,24 +155,29 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
     run = f"ext{int(time.time()) % 100000}"
     ns = f"e2e-{run}"
     core.create_namespace({"metadata": {"name": ns}})
-    mps = [f"{run}-mps-{i}" for i in range(2)]
-    small = [f"{run}-small-{i}" for i in range(4)]  # 20000 MiB GPUs: too small for 30000
+    # kube-scheduler counts GPU memory per node (ADR 005): every node below has room for a
+    # 30000 MiB pod in total, so its reason is the extender's (which GPU holds what).
+    mps = [f"{run}-mps-{i}" for i in range(2)]  # 40000 + 20000 MiB: one 30000 MiB pod each
+    small = [f"{run}-small-{i}" for i in range(4)]  # 2 x 20000 MiB GPUs: too small for 30000
     mig = f"{run}-mig"
     create_nodes(
         k8s_api,
         [
             _node(
                 n,
-                [InventoryGpu(0, f"GPU-{n}", H100, 40000, Mode.MPS, (), 16)],
-                {"nvidia.com/gpu.shared": 16},
+                [
+                    InventoryGpu(0, f"GPU-{n}", H100, 40000, Mode.MPS, (), 16),
+                    InventoryGpu(1, f"GPU-{n}-1", H100, 20000, Mode.MPS, (), 16),
+                ],
+                {"nvidia.com/gpu.shared": 32},
             )
             for n in mps
         ]
         + [
             _node(
                 n,
-                [InventoryGpu(0, f"GPU-{n}", H100, 20000, Mode.MPS, (), 16)],
-                {"nvidia.com/gpu.shared": 16},
+                [InventoryGpu(g, f"GPU-{n}-{g}", H100, 20000, Mode.MPS, (), 16) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 32},
             )
             for n in small
         ]
@@ -245,11 +250,13 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
         assert "GPU 0: 10000 of 40000 MiB free (used by" in infer_msg, infer_msg
         # Both in-use nodes and the first small one in full; kube-scheduler counts the rest
         # under their shared summary instead of a line per node.
-        assert f"{small[0]}: 1 GPU, no shared GPU with 30000 MiB" in infer_msg, infer_msg
+        assert f"{small[0]}: 2 GPUs, no shared GPU with 30000 MiB" in infer_msg, infer_msg
         assert (
             "3 node(s) had no shared GPU with 30000 MiB free and 1 client slot (too small)"
             in infer_msg
         ), infer_msg
+        # The MIG node has no shared GPU memory at all: kube-scheduler's own count says so.
+        assert "1 Insufficient gpupart.io/gpu-memory" in infer_msg, infer_msg
         assert f"{mig}: 1 GPU, no free 3g.40gb slice (all 2 in use by {ns}/train-" in train_msg, (
             train_msg
         )
@@ -314,61 +321,116 @@ def _metric(extender_url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
+def _events(core: Any, ns: str, reason: str) -> list[Any]:
+    return [e for e in core.list_namespaced_event(ns).items if e.reason == reason]
+
+
+def _priority_classes(k8s_api: Any) -> None:
+    """PRIORITIES as PriorityClasses (shared by the tests of this module, made once)."""
+    from kubernetes import client
+
+    scheduling = client.SchedulingV1Api(k8s_api)
+    existing = {c.metadata.name for c in scheduling.list_priority_class().items}
+    for name, value in PRIORITIES.items():
+        if name not in existing:
+            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+
+
+def _all_running(core: Any, ns: str) -> None:
+    wait_for(
+        lambda: (
+            all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
+        ),
+        60,
+        f"the pods already on the nodes of {ns} running",
+        interval=0.5,
+    )
+
+
 @pytest.mark.usefixtures("gpupart_scheduler")
 def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_helps_a_misfit(
     k8s_api: Any, extender_url: str
 ) -> None:
+    """Only GPU memory is short (16 client slots per GPU): kube-scheduler sees it because it
+    counts gpupart.io/gpu-memory per node; the preempt verb moves its victims onto one GPU."""
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
-    scheduling = client.SchedulingV1Api(k8s_api)
     run = f"pre{int(time.time()) % 100000}"
     ns = f"e2e-{run}"
     core.create_namespace({"metadata": {"name": ns}})
-    for name, value in PRIORITIES.items():
-        if not any(c.metadata.name == name for c in scheduling.list_priority_class().items):
-            scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
-    a, b = f"{run}-a", f"{run}-b"
-    # Two MPS GPUs of 40000 MiB and 2 client slots each: 4 slots per node, as the device
-    # plugin advertises them; no serialAdmission, so binds are not gated on admission.
+    _priority_classes(k8s_api)
+    a, b, c, m, w = (f"{run}-{x}" for x in "abcmw")
     create_nodes(
         k8s_api,
         [
             _node(
                 n,
-                [InventoryGpu(g, f"GPU-{n}-{g}", H100, 40000, Mode.MPS, (), 2) for g in (0, 1)],
-                {"nvidia.com/gpu.shared": 4},
+                [InventoryGpu(g, f"GPU-{n}-{g}", H100, 40000, Mode.MPS, (), 16) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 32},
             )
             for n in (a, b)
+        ]
+        # Empty, 60000 MiB in total on two 30000 MiB GPUs: past kube-scheduler's count for
+        # the pods below, so it is the extender that says why neither fits there.
+        + [
+            _node(
+                c,
+                [InventoryGpu(g, f"GPU-{c}-{g}", H100, 30000, Mode.MPS, (), 16) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 32},
+            ),
+            _node(
+                m,
+                [
+                    InventoryGpu(
+                        0,
+                        f"GPU-{m}",
+                        H100,
+                        81559,
+                        Mode.MIG,
+                        (
+                            MigDevice("MIG-m0", MigInstance(Placement(0, 4), "3g.40gb")),
+                            MigDevice("MIG-m1", MigInstance(Placement(4, 4), "3g.40gb")),
+                        ),
+                    )
+                ],
+                {"nvidia.com/mig-3g.40gb": 2},
+            ),
+            _node(
+                w,
+                [InventoryGpu(g, f"GPU-{w}-{g}", H100, 81559, Mode.NONE) for g in (0, 1)],
+                {"nvidia.com/gpu": 2},
+            ),
         ],
     )
-    # Every GPU full (memory and slots) with 20000 MiB pods. Freeing 40000 MiB on one GPU with
-    # pods of lower priority than 1000 only: a's GPU 0 (both pods priority 0) or b's GPU 0
-    # (priority 500 and 0); a's GPU 1 and b's GPU 1 hold a pod of priority 1000 and 2000.
+    # a and b full with 20000 MiB pods (memory only: 2 of 16 client slots used per GPU).
+    # A priority-1000 pod of 40000 MiB fits after evicting a-mid-0 and a-low-0 (a's GPU 0)
+    # and nowhere else: every other GPU holds a pod of priority 1000 or more. kube-scheduler's
+    # own dry run counts node totals and reprieves the highest priority first, so it keeps
+    # a-mid-0 and proposes a-low-0 and a-low-1 (on two GPUs: that frees no GPU).
     running = {
+        "a-mid-0": (a, 0, "e2e-mid"),
         "a-low-0": (a, 0, "e2e-low"),
-        "a-low-1": (a, 0, "e2e-low"),
         "a-high-0": (a, 1, "e2e-high"),
-        "a-low-2": (a, 1, "e2e-low"),
-        "b-mid-0": (b, 0, "e2e-mid"),
+        "a-low-1": (a, 1, "e2e-low"),
+        "b-top-0": (b, 0, "e2e-top"),
         "b-low-0": (b, 0, "e2e-low"),
-        "b-top-0": (b, 1, "e2e-top"),
+        "b-high-0": (b, 1, "e2e-high"),
         "b-low-1": (b, 1, "e2e-low"),
     }
+    held = {"m-low-0": (m, "nvidia.com/mig-3g.40gb"), "m-low-1": (m, "nvidia.com/mig-3g.40gb")}
+    held |= {"w-low-0": (w, "nvidia.com/gpu"), "w-low-1": (w, "nvidia.com/gpu")}
     try:
         for name, (node_name, gpu, cls) in running.items():
             core.create_namespaced_pod(ns, _bound_pod(name, node_name, gpu, 20000, cls))
-        wait_for(
-            lambda: (
-                all(p.status.phase == "Running" for p in core.list_namespaced_pod(ns).items) or None
-            ),
-            60,
-            "the low-priority pods running",
-            interval=0.5,
-        )
+        for name, (node_name, resource) in held.items():
+            low = _pod(name, {resource: "1"}, name)
+            low["spec"].update(nodeName=node_name, priorityClassName="e2e-low")
+            core.create_namespaced_pod(ns, low)
+        _all_running(core, ns)
 
         # A budget the extender's watch picks up (the preempt verb counts its violations); it
-        # covers a pod kube-scheduler is never offered here.
+        # covers a pod no preemption here may take.
         client.PolicyV1Api(k8s_api).create_namespaced_pod_disruption_budget(
             ns,
             {
@@ -385,7 +447,9 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
             interval=0.5,
         )
 
-        # More memory than any GPU has: no eviction helps, so nothing is evicted.
+        # More memory than any GPU has (50000 MiB), less than a node's total: no eviction
+        # helps, so nothing is evicted, and the extender says why.
+        dropped_before = _metric(extender_url, "gpupart_extender_preemption_nodes_dropped_total")
         misfit = _pod(
             "misfit", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "50000"}, "misfit"
         )
@@ -393,26 +457,34 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         core.create_namespaced_pod(ns, misfit)
 
         def misfit_reason() -> str | None:
-            for e in core.list_namespaced_event(ns).items:
-                if (
-                    e.reason == "FailedScheduling"
-                    and e.involved_object.name == "misfit"
-                    and "nodes are available" in e.message
-                ):
+            for e in _events(core, ns, "FailedScheduling"):
+                if e.involved_object.name == "misfit" and "nodes are available" in e.message:
                     return str(e.message)
             return None
 
         message = wait_for(misfit_reason, 60, "the misfit's FailedScheduling event", interval=1)
-        # Both nodes are full in-tree (client slots), so kube-scheduler's dry run finds a victim
-        # on each; the preempt verb drops both (no GPU holds 50000 MiB): nothing is evicted,
-        # where without the verb a pod would go for a slot that frees no memory.
+        # a, b, m and w are short in total (kube-scheduler's count); c reaches the extender.
+        assert "4 Insufficient gpupart.io/gpu-memory" in message, message
+        assert f"{c}: 2 GPUs, no shared GPU with 50000 MiB free and 1 client slot" in message, (
+            message
+        )
+        # kube-scheduler's dry run finds victims on a (60000 MiB in total without its lower
+        # pods); the preempt verb drops it (no GPU holds 50000 MiB): nothing is evicted.
         assert "preemption: no candidate node for preemption" in message, message
         dropped = _metric(extender_url, "gpupart_extender_preemption_nodes_dropped_total")
-        assert dropped >= 2, dropped
+        assert dropped - dropped_before >= 1, (dropped_before, dropped)
+        condition = next(
+            x for x in core.read_namespaced_pod("misfit", ns).status.conditions
+            if x.type == "PodScheduled"
+        )  # fmt: skip
+        assert condition.status == "False" and condition.reason == "Unschedulable", condition
+        assert "no shared GPU with 50000 MiB free" in condition.message, condition.message
         assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
             *running,
+            *held,
             "misfit",
         }
+        assert not _events(core, ns, "Preempted")
 
         infer = _pod(
             "infer", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "infer"
@@ -420,27 +492,106 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
         infer["spec"]["priorityClassName"] = "e2e-high"
         core.create_namespaced_pod(ns, infer)
 
-        def bound() -> Any:
-            p = core.read_namespaced_pod("infer", ns)
+        def bound(name: str) -> Any:
+            p = core.read_namespaced_pod(name, ns)
             return p if p.spec.node_name else None
 
-        placed = wait_for(bound, 90, "the high-priority pod bound after preemption", interval=0.5)
+        placed = wait_for(
+            lambda: bound("infer"), 90, "the high-priority pod bound after preemption", interval=0.5
+        )
         assert placed.spec.node_name == a
         assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
         assert (assignment.node, assignment.gpu, assignment.memory_mib) == (a, 0, 40000)
         left = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
-        # Exactly the two pods on the GPU it landed on went; the misfit is still Pending.
-        assert left == set(running) - {"a-low-0", "a-low-1"} | {"infer", "misfit"}, left
+        # Exactly the two pods on the GPU it landed on went, a-mid-0 among them: kube-scheduler
+        # took the extender's victims over its own (a-low-1 keeps running). The misfit is
+        # still Pending.
+        assert left == set(running) - {"a-mid-0", "a-low-0"} | {*held, "infer", "misfit"}
         still = core.read_namespaced_pod("misfit", ns)
         assert still.spec.node_name is None and not still.status.nominated_node_name
-        preempted = {
-            e.involved_object.name
-            for e in core.list_namespaced_event(ns).items
-            if e.reason == "Preempted"
-        }
-        assert preempted == {"a-low-0", "a-low-1"}, preempted
+        preempted = {e.involved_object.name for e in _events(core, ns, "Preempted")}
+        assert preempted == {"a-mid-0", "a-low-0"}, preempted
+
+        # MIG slices and whole GPUs are counted in-tree: kube-scheduler's own victim (one of
+        # the node's two pods) stands, as the extender finds that its eviction frees a 3g.40gb
+        # slice or a whole GPU.
+        evicted = {"a-mid-0", "a-low-0"}
+        for name, resource, node_name in (
+            ("train", "nvidia.com/mig-3g.40gb", m),
+            ("whole", "nvidia.com/gpu", w),
+        ):
+            pod = _pod(name, {resource: "1"}, name)
+            pod["spec"]["priorityClassName"] = "e2e-high"
+            core.create_namespaced_pod(ns, pod)
+            placed = wait_for(
+                lambda name=name: bound(name), 90, f"{name} bound after preemption", interval=0.5
+            )
+            assert placed.spec.node_name == node_name
+            names = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+            gone = {h for h, (n, _) in held.items() if n == node_name} - names
+            assert len(gone) == 1, gone
+            evicted |= gone
+            preempted = {e.involved_object.name for e in _events(core, ns, "Preempted")}
+            assert preempted == evicted, preempted
     finally:
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
-        for n in (a, b):
+        for n in (a, b, c, m, w):
             core.delete_node(n)
+
+
+@pytest.mark.usefixtures("gpupart_scheduler")
+def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None:
+    """The gap ADR 005 leaves: 20000 MiB free on each of two GPUs fits a 40000 MiB pod in
+    kube-scheduler's node total, so its dry run finds no victim there and nothing is evicted,
+    although evicting one GPU's pod would make room."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    run = f"gap{int(time.time()) % 100000}"
+    ns = f"e2e-{run}"
+    core.create_namespace({"metadata": {"name": ns}})
+    _priority_classes(k8s_api)
+    f = f"{run}-f"
+    create_nodes(
+        k8s_api,
+        [
+            _node(
+                f,
+                [InventoryGpu(g, f"GPU-{f}-{g}", H100, 40000, Mode.MPS, (), 16) for g in (0, 1)],
+                {"nvidia.com/gpu.shared": 32},
+            )
+        ],
+    )
+    try:
+        for g in (0, 1):
+            core.create_namespaced_pod(ns, _bound_pod(f"low-{g}", f, g, 20000, "e2e-low"))
+        _all_running(core, ns)
+        high = _pod("high", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "h")
+        high["spec"].update(
+            priorityClassName="e2e-high", nodeSelector={"kubernetes.io/hostname": f}
+        )
+        core.create_namespaced_pod(ns, high)
+
+        def reason() -> str | None:
+            for e in _events(core, ns, "FailedScheduling"):
+                if e.involved_object.name == "high" and "nodes are available" in e.message:
+                    return str(e.message)
+            return None
+
+        message = wait_for(reason, 60, "the pod's FailedScheduling event", interval=1)
+        assert f"{f}: 2 GPUs, no shared GPU with 40000 MiB free and 1 client slot" in message, (
+            message
+        )
+        assert f'preemption: expected at least one victim pod on node "{f}"' in message, message
+        assert {p.metadata.name for p in core.list_namespaced_pod(ns).items} == {
+            "low-0",
+            "low-1",
+            "high",
+        }
+        assert not _events(core, ns, "Preempted")
+        assert core.read_namespaced_pod("high", ns).spec.node_name is None
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
+        core.delete_node(f)

@@ -88,10 +88,10 @@ def node_devices(gpus: Iterable[GpuView]) -> dict[str, tuple[Device, ...]]:
 def managed_capacity(gpus: Iterable[GpuView]) -> dict[str, int]:
     """What the node offers of the extender-managed resources: MiB and percent on shared GPUs.
 
-    kube-scheduler ignores these in its filter (`ignoredByScheduler`), but its requeueing of a
-    pending pod after a Node change checks them against the Node's allocatable: without them
-    there, a pod asking for `gpupart.io/gpu-memory` waits for the 5-minute flush of
-    unschedulable pods even once a node offers room. The extender still decides per GPU.
+    kube-scheduler counts these per node against the Node's allocatable (its filter, its
+    preemption's dry run, its requeueing of a pending pod after a Node change): without them
+    there, a pod asking for `gpupart.io/gpu-memory` fits no node. The extender still decides
+    per GPU.
     """
     shared = [g for g in gpus if g.mode in (Mode.MPS, Mode.TIME_SLICING)]
     return {
