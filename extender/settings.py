@@ -173,10 +173,13 @@ def from_args(
 
 
 def _put(values: dict[str, Any], path: tuple[str, ...], value: str) -> None:
+    """values[a][b] = value for path (a, b), copying the mappings on the way (the file's)."""
+    target = values
     for key in path[:-1]:
-        inner = values.get(key)
-        values[key] = inner = dict(inner) if isinstance(inner, Mapping) else {}
-    values[path[-1]] = value
+        inner = target.get(key)
+        target[key] = dict(inner) if isinstance(inner, Mapping) else {}
+        target = target[key]
+    target[path[-1]] = value
 
 
 def _file(path: Path) -> dict[str, Any]:
