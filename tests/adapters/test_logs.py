@@ -22,12 +22,7 @@ def test_head_message_and_fields_as_klog_writes_them() -> None:
     text = line("Watch failed; relisting", **kv(kind="Pod", count=3, err='a "quoted" reason'))
     head, rest = text.split("] ", 1)
     assert re.fullmatch(r"W\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ kube\.py:42", head), head
-    assert (
-        rest
-        == 'Watch failed; relisting" kind="Pod" count=3 err="a \\"quoted\\" reason"'.replace(
-            "Watch", '"Watch', 1
-        )
-    )
+    assert rest == r'"Watch failed; relisting" kind="Pod" count=3 err="a \"quoted\" reason"'
     assert "\n" not in line("two\nlines")
 
 
