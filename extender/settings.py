@@ -32,8 +32,8 @@ class WeightSettings(BaseModel):
 class ExtenderSettings(BaseModel):
     """Everything `gpupart extender` can be told; unknown keys are errors.
 
-    A plain model: constructing one reads nothing; `load_settings` merges file, environment
-    and flags.
+    A plain model: constructing one reads nothing; `from_args` merges the file, the
+    variables and the flags.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)

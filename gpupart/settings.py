@@ -145,3 +145,14 @@ def integers(value: str) -> frozenset[int]:
         return frozenset(int(x) for x in value.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"expected comma-separated integers, got {value!r}") from None
+
+
+KUBECONFIG = Setting(
+    "--kubeconfig",
+    optional_text,
+    "",
+    "kubeconfig file; unset: the in-cluster service account, else ~/.kube/config",
+    env=("KUBECONFIG",),
+    metavar="FILE",
+)
+"""The kubeconfig setting of the operator and the node agent (the variable kubectl reads)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gpupart.core.errors import InvalidInput
 from gpupart.settings import (
+    KUBECONFIG,
     Setting,
     SettingsTable,
     boolean,
@@ -105,14 +106,6 @@ PRIORITY = Setting(
     priority,
     "auto",
     "peering priority, or 'auto' for a random one so that equal replicas never tie",
-)
-KUBECONFIG = Setting(
-    "--kubeconfig",
-    optional_text,
-    "",
-    "kubeconfig file; unset: the in-cluster service account, else ~/.kube/config",
-    env=("KUBECONFIG",),
-    metavar="FILE",
 )
 BIND_ADDRESS = Setting(
     "--bind-address",

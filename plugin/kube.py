@@ -61,8 +61,6 @@ class NodeClient:
         """First and longest wait between failed watch attempts (doubling in between)."""
         self._capacity: dict[str, int] | None = None
         """The extender-managed capacity last written (None: not yet, write it once)."""
-        self._models = watch.Watch()
-        """Only to name a list method's model type (`V1NodeList` -> `V1Node`)."""
 
     def desired(self) -> str | None:
         node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
@@ -120,7 +118,7 @@ class NodeClient:
         back to the first once the API server answers again.
         """
         backoff = Backoff(*self.backoff_s)
-        return_type = self._models.get_return_type(list_fn)
+        return_type = watch.Watch().get_return_type(list_fn)  # V1NodeList -> V1Node
 
         def decode(obj: Mapping[str, Any]) -> Any:
             return self.core.api_client.deserialize(json.dumps(obj), return_type, "application/json")

@@ -9,13 +9,13 @@ from pathlib import Path
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
 from gpupart.settings import (
+    KUBECONFIG,
     Setting,
     SettingsTable,
     boolean,
     integer,
     integers,
     number,
-    optional_text,
     text,
 )
 
@@ -122,14 +122,6 @@ CDI = Setting(
     "true",
     "also return CDI device names nvidia.com/gpu=<uuid> from Allocate",
     boolean=True,
-)
-KUBECONFIG = Setting(
-    "--kubeconfig",
-    optional_text,
-    "",
-    "kubeconfig file; unset: the in-cluster service account, else ~/.kube/config",
-    env=("KUBECONFIG",),
-    metavar="FILE",
 )
 ONCE = Setting("--once", boolean, "false", "run one reconcile pass and exit", boolean=True)
 
