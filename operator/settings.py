@@ -202,4 +202,4 @@ def from_args(args: argparse.Namespace) -> OperatorSettings:
             verbose=read(VERBOSE),
         )
     except ValueError as error:  # a range the settings refuse; the message names the setting
-        raise InvalidInput("gpupart operator", str(error)) from None
+        raise InvalidInput("", str(error)) from None
