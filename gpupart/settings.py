@@ -73,7 +73,7 @@ class SettingsTable:
 
 
 class SettingsReader:
-    """The values of one start: each read once from its flag, else its variable, else its default."""
+    """The values of one start: each from its flag, else its variable, else its default."""
 
     def __init__(
         self, table: SettingsTable, args: argparse.Namespace, environ: Mapping[str, str]
