@@ -121,7 +121,9 @@ class NodeClient:
         return_type = watch.Watch().get_return_type(list_fn)  # V1NodeList -> V1Node
 
         def decode(obj: Mapping[str, Any]) -> Any:
-            return self.core.api_client.deserialize(json.dumps(obj), return_type, "application/json")
+            return self.core.api_client.deserialize(
+                json.dumps(obj), return_type, "application/json"
+            )
 
         def failed(problem: str, delay: float) -> None:
             log.warning(
