@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed-stamp
 
 # `python -P`: never put the checkout on sys.path, where the directory operator/ would shadow
 # the standard library's operator module in a fresh interpreter.
-$(STAMP): pyproject.toml
+# tests/support is its own small package (gpupart_testsupport), kept out of the gpupart wheel.
+$(STAMP): pyproject.toml tests/support/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
 	$(BIN)/python -P -m pip install -q --upgrade pip
-	$(BIN)/python -P -m pip install -q -e '.[test]'
+	$(BIN)/python -P -m pip install -q -e '.[test]' -e tests/support
 	touch $@
 
 ## demo: set up and run the main job on its built-in example

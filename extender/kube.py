@@ -1,13 +1,12 @@
 """The extender's Kubernetes I/O: list+watch Nodes, Pods and PodDisruptionBudgets into the cache, and the bind writes.
 
-The watch keeps raw JSON (no client-model deserialisation: at thousands of pods that costs more
-than everything else) and resumes from the last resourceVersion; on 410 Gone or any break it
-relists. This module is the only one in the extender that talks to the API server.
+The watch (gpupart.watch, shared with the node agent) keeps raw JSON and resumes from the last
+resourceVersion; on 410 Gone or any break it relists. This module is the only one in the
+extender that talks to the API server.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -17,9 +16,10 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
-from gpupart.kubeconfig import describe_api_error, load_configuration
+from gpupart.kubeconfig import load_configuration
+from gpupart.logs import kv
+from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NODE, PDB, POD, ClusterCache
 
@@ -90,14 +90,15 @@ class Watcher:
         cache: ClusterCache,
         *,
         timeout_seconds: int = 300,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
         self.cache = cache
         self.timeout = timeout_seconds
-        self.sleep = sleep
         self.stopping = threading.Event()
+        self.sleep = sleep or self.stopping.wait
+        """Waits out a failure's backoff (tests count the attempts)."""
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -117,63 +118,51 @@ class Watcher:
         self.stopping.set()
 
     def _run(self, kind: str, lister: Callable[..., Any]) -> None:
-        backoff = 1.0
+        backoff = Backoff(1.0, 30.0)
         while not self.stopping.is_set():
             try:
-                version = self._list(kind, lister)
-                backoff = 1.0
-                while not self.stopping.is_set():
-                    version = self._watch(kind, lister, version)
-                    self.cache.watch_ok(kind)  # a whole watch period without a failure
-            except _Gone:
-                log.info("Relisting after the watch expired", extra={"kv": {"kind": kind}})
-            except Exception as error:  # noqa: BLE001 - the loop must survive any API failure
-                problem = describe_api_error(error)
+                self._follow(kind, lister, backoff)
+            except Exception as error:  # noqa: BLE001 - a failure to apply is contained: relist
+                problem = f"{type(error).__name__}: {error}"
                 self.cache.watch_failed(kind, problem)
-                log.warning("Watch failed; relisting", extra={"kv": {"kind": kind, "err": problem}})
-                self.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                log.exception("Failed to apply a watch event; relisting", extra=kv(kind=kind))
+                self.sleep(backoff.next())
 
-    def _list(self, kind: str, lister: Callable[..., Any]) -> str:
-        response = lister(_preload_content=False)
-        data = json.loads(response.data)
-        self.cache.replace(kind, data.get("items") or [])
-        version = str((data.get("metadata") or {}).get("resourceVersion") or "")
-        log.info(
-            "Listed objects",
-            extra={"kv": {"kind": kind, "count": len(data.get("items") or []), "rv": version}},
-        )
-        return version
-
-    def _watch(self, kind: str, lister: Callable[..., Any], version: str) -> str:
-        response = lister(
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.timeout,
-            _preload_content=False,
-        )
-        try:
-            started, healthy = time.monotonic(), False
-            for line in iter_resp_lines(response):
-                if self.stopping.is_set():
-                    break
-                if not healthy and time.monotonic() - started > HEALTHY_AFTER_SECONDS:
+    def _follow(self, kind: str, lister: Callable[..., Any], backoff: Backoff) -> None:
+        opened = time.monotonic()
+        healthy = False
+        for item in list_watch(
+            lister,
+            self.stopping,
+            decode=_raw,
+            timeout_s=self.timeout,
+            request_timeout_s=self.timeout + 30,
+            backoff=backoff,
+            sleep=self.sleep,
+        ):
+            if isinstance(item, Event):
+                if not healthy and time.monotonic() - opened > HEALTHY_AFTER_SECONDS:
                     healthy = True
                     self.cache.watch_ok(kind)
-                event = json.loads(line)
-                kind_of_event = event.get("type")
-                obj = event.get("object") or {}
-                if kind_of_event == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                self.cache.apply(kind, str(kind_of_event), obj)
-        finally:
-            response.release_conn()
-        return version
+                self.cache.apply(kind, item.type, item.object)
+            elif isinstance(item, Listed):
+                self.cache.replace(kind, item.items)
+                opened, healthy = time.monotonic(), False
+                log.info(
+                    "Listed objects", extra=kv(kind=kind, count=len(item.items), rv=item.version)
+                )
+            elif isinstance(item, Resumed):
+                self.cache.watch_ok(kind)  # a whole watch period without a failure
+                opened = time.monotonic()
+            elif isinstance(item, Expired):
+                log.info("Relisting after the watch expired", extra=kv(kind=kind))
+            elif isinstance(item, Failed):
+                self.cache.watch_failed(kind, item.problem)
+                log.warning(
+                    "Watch failed; relisting",
+                    extra=kv(kind=kind, err=item.problem, retryAfter=item.retry_after),
+                )
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (410 Gone): relist."""
+def _raw(obj: Raw) -> Raw:
+    return obj

@@ -6,8 +6,8 @@ import argparse
 import cProfile
 import gc
 import logging
-import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,13 +15,17 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from . import logs
+from gpupart import logs
+from gpupart.core.errors import InvalidInput
+from gpupart.logs import kv
+
+from . import settings as settings_module
 from .app import create_app
 from .cache import ClusterCache
 from .kube import ApiBinder, Watcher, api_client
 from .metrics import Metrics
 from .service import ExtenderService
-from .settings import ExtenderSettings, load_settings
+from .settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +38,10 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 1000)
 
 
-def start_profiling() -> list[cProfile.Profile] | None:
-    """GPUPART_EXTENDER_PROFILE=<file>: cProfile every thread (event loop, watch, bind pool);
-    the merged stats are dumped to <file> at shutdown. Off (None) by default."""
-    if not os.environ.get("GPUPART_EXTENDER_PROFILE"):
+def start_profiling(path: Path | None) -> list[cProfile.Profile] | None:
+    """--profile=<file> (GPUPART_EXTENDER_PROFILE): cProfile every thread (event loop, watch,
+    bind pool); the merged stats are dumped to <file> at shutdown. Off (None) by default."""
+    if path is None:
         return None
     profilers: list[cProfile.Profile] = []
 
@@ -53,7 +57,7 @@ def start_profiling() -> list[cProfile.Profile] | None:
     return profilers
 
 
-def dump_profile(profilers: list[cProfile.Profile] | None) -> None:
+def dump_profile(profilers: list[cProfile.Profile] | None, path: Path) -> None:
     import pstats
 
     if not profilers:
@@ -63,7 +67,7 @@ def dump_profile(profilers: list[cProfile.Profile] | None) -> None:
     stats = pstats.Stats(profilers[0])
     for profiler in profilers[1:]:
         stats.add(profiler)
-    stats.dump_stats(os.environ["GPUPART_EXTENDER_PROFILE"])
+    stats.dump_stats(str(path))
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -100,23 +104,17 @@ def server(app: FastAPI, settings: ExtenderSettings) -> uvicorn.Server:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="YAML settings file (see docs/extender.md)")
-    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="listen port (default 8888)")
-    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: in-cluster)")
-    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    settings_module.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = load_settings(
-        args.config,
-        host=args.host,
-        port=args.port,
-        kubeconfig=args.kubeconfig,
-        log_level=args.log_level,
-    )
+    try:
+        settings = settings_module.from_args(args)
+    except InvalidInput as error:
+        sys.stderr.write(f"gpupart extender: {error}\n")
+        return 2
     logs.configure(settings.log_level)
-    profilers = start_profiling()
+    profilers = start_profiling(settings.profile)
     api = api_client(settings.kubeconfig)
     cache = ClusterCache()
     service = ExtenderService(
@@ -133,13 +131,14 @@ def run(args: argparse.Namespace) -> int:
     watcher.start()
     tune_gc()
     log.info(
-        "Started extender",
-        extra={"kv": {"host": settings.host, "port": settings.port, "prefix": settings.prefix}},
+        "Started extender", extra=kv(host=settings.host, port=settings.port, prefix=settings.prefix)
     )
     try:
         app = create_app(settings, service)
         # uvicorn re-raises SIGTERM after its graceful shutdown: dump from the shutdown hook.
-        app.router.on_shutdown.append(lambda: dump_profile(profilers))
+        if settings.profile is not None:
+            profile = settings.profile
+            app.router.on_shutdown.append(lambda: dump_profile(profilers, profile))
         server(app, settings).run(sockets=[listen(settings.host, settings.port)])
     finally:
         watcher.stop()

@@ -9,6 +9,8 @@ import sys
 import kopf
 from kubernetes import client
 
+from gpupart import logs
+from gpupart.core.errors import InvalidInput
 from gpupart.kubeconfig import load_configuration
 from gpupart_operator import settings as settings_module
 from gpupart_operator.handlers import build_registry
@@ -21,7 +23,6 @@ log = logging.getLogger("gpupart.operator")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings_module.add_arguments(parser)
-    parser.add_argument("--verbose", action="store_true", help="log every pass and kopf's chatter")
 
 
 def build(settings: OperatorSettings) -> tuple[Reconciler, kopf.OperatorRegistry]:
@@ -35,18 +36,23 @@ def build(settings: OperatorSettings) -> tuple[Reconciler, kopf.OperatorRegistry
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_module.from_args(args)
-    except ValueError as error:
+    except InvalidInput as error:
         sys.stderr.write(f"gpupart operator: {error}\n")
         return 2
-    kopf.configure(verbose=args.verbose, log_prefix=True)
+    # The one log format of gpupart instead of kopf.configure's; kopf's per-object records
+    # keep their object as a field.
+    logs.configure("DEBUG" if settings.verbose else "INFO")
+    logging.getLogger("asyncio").setLevel(logging.WARNING)  # its debug lines are kopf's noise
     reconciler, registry = build(settings)
     if settings.metrics_port is not None:
         reconciler.metrics.serve(settings.bind_address, settings.metrics_port)
     log.info(
-        "Starting operator peering=%s priority=%d resync=%.0fs",
-        settings.peering or "(standalone)",
-        settings.priority,
-        settings.resync_seconds,
+        "Starting operator",
+        extra=logs.kv(
+            peering=settings.peering or "(standalone)",
+            priority=settings.priority,
+            resync=f"{settings.resync_seconds:g}s",
+        ),
     )
     try:
         kopf.run(

@@ -1,11 +1,23 @@
-"""The operator's configuration: read once from flags and environment, validated, frozen, passed down."""
+"""The operator's configuration: read once from flags and GPUPART_OPERATOR_* variables, validated, frozen."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 from dataclasses import dataclass
+
+from gpupart.core.errors import InvalidInput
+from gpupart.settings import (
+    KUBECONFIG,
+    Setting,
+    SettingsTable,
+    boolean,
+    integer,
+    number,
+    optional_integer,
+    optional_text,
+    text,
+)
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_EVENT_NAMESPACE = "default"
@@ -38,6 +50,8 @@ class OperatorSettings:
     """Parallel API writes within one pass (1,000 node patches must finish in seconds)."""
     instance: str = "gpupart-operator"
     """reportingInstance of the Events this replica writes (the pod name in a Deployment)."""
+    verbose: bool = False
+    """Log every pass and kopf's debug chatter."""
 
     def __post_init__(self) -> None:
         for name in ("resync_seconds", "release_retry_seconds", "release_timeout_seconds"):
@@ -63,95 +77,129 @@ class OperatorSettings:
         return f"http://{self.bind_address}:{self.liveness_port}/healthz"
 
 
+def priority(value: str) -> int:
+    """An integer, or `auto`: a random one, because equal-priority kopf peers all freeze."""
+    if value == "auto":
+        return random.SystemRandom().randint(1, 1_000_000)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected an integer or 'auto', got {value!r}") from None
+
+
+PEERING = Setting(
+    "--peering",
+    optional_text,
+    "",
+    "kopf ClusterKopfPeering name: replicas elect one active peer",
+    metavar="NAME",
+)
+STANDALONE = Setting(
+    "--standalone",
+    boolean,
+    "false",
+    "run without peering (the default when --peering is not given; wins over --peering)",
+    boolean=True,
+)
+PRIORITY = Setting(
+    "--priority",
+    priority,
+    "auto",
+    "peering priority, or 'auto' for a random one so that equal replicas never tie",
+)
+BIND_ADDRESS = Setting(
+    "--bind-address",
+    text,
+    LOOPBACK,
+    "listen address of /healthz and /metrics (a Deployment sets all interfaces)",
+)
+LIVENESS = Setting(
+    "--liveness",
+    optional_integer,
+    "",
+    "serve kopf's /healthz on this port",
+    env=("GPUPART_OPERATOR_LIVENESS_PORT",),
+    metavar="PORT",
+)
+METRICS_PORT = Setting(
+    "--metrics-port",
+    optional_integer,
+    "",
+    "serve Prometheus /metrics on this port",
+    metavar="PORT",
+)
+RESYNC = Setting(
+    "--resync-seconds", number, "60", "drift timer: full re-check interval per GpuPartition"
+)
+DEBOUNCE = Setting(
+    "--debounce-seconds",
+    number,
+    "0.2",
+    "a burst of watch events within this window becomes one reconcile pass",
+)
+RELEASE_RETRY = Setting(
+    "--release-retry-seconds",
+    number,
+    "5",
+    "how often a deletion re-checks whether nodes have dropped the partition",
+)
+RELEASE_TIMEOUT = Setting(
+    "--release-timeout-seconds",
+    number,
+    "120",
+    "how long a GpuPartition's deletion waits for nodes to drop it before it completes "
+    "with a Warning naming them",
+)
+EVENT_NAMESPACE = Setting(
+    "--event-namespace",
+    text,
+    DEFAULT_EVENT_NAMESPACE,
+    "namespace of the Events written about GpuPartitions",
+)
+WRITE_WORKERS = Setting("--write-workers", integer, "16", "parallel API writes within one pass")
+INSTANCE = Setting(
+    "--instance",
+    text,
+    "gpupart-operator",
+    "reportingInstance of the Events this replica writes (the pod name in a Deployment)",
+    env=("POD_NAME", "HOSTNAME"),
+)
+VERBOSE = Setting("--verbose", boolean, "false", "log every pass and kopf's chatter", boolean=True)
+
+SETTINGS = SettingsTable(
+    "GPUPART_OPERATOR_",
+    (
+        PEERING, STANDALONE, PRIORITY, KUBECONFIG, BIND_ADDRESS, LIVENESS, METRICS_PORT, RESYNC,
+        DEBOUNCE, RELEASE_RETRY, RELEASE_TIMEOUT, EVENT_NAMESPACE, WRITE_WORKERS, INSTANCE,
+        VERBOSE,
+    ),
+)  # fmt: skip
+"""Every flag of `gpupart operator`; each falls back to a GPUPART_OPERATOR_* variable."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `gpupart operator`; each falls back to a GPUPART_OPERATOR_* variable."""
-
-    def env(name: str, default: str | None = None) -> str | None:
-        return os.environ.get(f"GPUPART_OPERATOR_{name}", default)
-
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--peering",
-        metavar="NAME",
-        default=env("PEERING"),
-        help="kopf ClusterKopfPeering name: replicas elect one active peer (env GPUPART_OPERATOR_PEERING)",
-    )
-    mode.add_argument(
-        "--standalone",
-        action="store_true",
-        help="run without peering (the default when --peering is not given)",
-    )
-    parser.add_argument(
-        "--priority",
-        default=env("PRIORITY", "auto"),
-        help="peering priority, or 'auto' for a random one so that equal replicas never tie "
-        "(env GPUPART_OPERATOR_PRIORITY; default auto)",
-    )
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    parser.add_argument(
-        "--bind-address",
-        default=env("BIND_ADDRESS", LOOPBACK),
-        help="listen address of /healthz and /metrics (default 127.0.0.1)",
-    )
-    parser.add_argument(
-        "--liveness",
-        type=int,
-        metavar="PORT",
-        default=_int(env("LIVENESS_PORT")),
-        help="serve kopf's /healthz on this port",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        metavar="PORT",
-        default=_int(env("METRICS_PORT")),
-        help="serve Prometheus /metrics on this port",
-    )
-    parser.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=float(env("RESYNC_SECONDS", "60") or 60),
-        help="drift timer: full re-check interval per GpuPartition (default 60)",
-    )
-    parser.add_argument(
-        "--release-timeout-seconds",
-        type=float,
-        default=float(env("RELEASE_TIMEOUT_SECONDS", "120") or 120),
-        help="how long a GpuPartition's deletion waits for nodes to drop it before it completes "
-        "with a Warning naming them (env GPUPART_OPERATOR_RELEASE_TIMEOUT_SECONDS; default 120)",
-    )
-    parser.add_argument(
-        "--event-namespace",
-        default=env("EVENT_NAMESPACE", DEFAULT_EVENT_NAMESPACE),
-        help="namespace of the Events written about GpuPartitions (default 'default')",
-    )
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text else None
+    SETTINGS.add_arguments(parser)
 
 
 def from_args(args: argparse.Namespace) -> OperatorSettings:
-    priority_text = str(args.priority)
-    if priority_text == "auto":
-        # Equal-priority kopf peers all freeze; a random priority makes one replica win.
-        priority = random.SystemRandom().randint(1, 1_000_000)
-    else:
-        try:
-            priority = int(priority_text)
-        except ValueError:
-            raise ValueError(
-                f"--priority must be an integer or 'auto', got {priority_text!r}"
-            ) from None
-    return OperatorSettings(
-        kubeconfig=args.kubeconfig or None,
-        peering=None if args.standalone else (args.peering or None),
-        priority=priority,
-        bind_address=args.bind_address,
-        liveness_port=args.liveness,
-        metrics_port=args.metrics_port,
-        resync_seconds=args.resync_seconds,
-        release_timeout_seconds=args.release_timeout_seconds,
-        event_namespace=args.event_namespace,
-        instance=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or "gpupart-operator",
-    )
+    """The frozen settings; InvalidInput names the flag or variable of a bad value."""
+    read = SETTINGS.reader(args)
+    try:
+        return OperatorSettings(
+            kubeconfig=read(KUBECONFIG),
+            peering=None if read(STANDALONE) else read(PEERING),
+            priority=read(PRIORITY),
+            bind_address=read(BIND_ADDRESS),
+            liveness_port=read(LIVENESS),
+            metrics_port=read(METRICS_PORT),
+            resync_seconds=read(RESYNC),
+            debounce_seconds=read(DEBOUNCE),
+            release_retry_seconds=read(RELEASE_RETRY),
+            release_timeout_seconds=read(RELEASE_TIMEOUT),
+            event_namespace=read(EVENT_NAMESPACE),
+            write_workers=read(WRITE_WORKERS),
+            instance=read(INSTANCE),
+            verbose=read(VERBOSE),
+        )
+    except ValueError as error:  # a range the settings refuse; the message names the setting
+        raise InvalidInput("", str(error)) from None

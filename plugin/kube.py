@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -25,6 +26,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.admission import AssignedPod, shared_containers
 from gpupart.kubeconfig import describe_api_error
+from gpupart.watch import Backoff, Event, Failed, Listed, Resumed, list_watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -123,38 +125,47 @@ class NodeClient:
     ) -> Iterator[tuple[T | None, Any]]:
         """(start(), None) at each (re)start of the watch when `start` is given, then (None, event).
 
-        The one watch loop of the node agent: connection errors (the API server unreachable at
-        start, or dropping the stream) are logged and retried after 1 s, doubling up to the
-        longest backoff, back to 1 s once the API server answers again.
+        The node agent's side of gpupart.watch: events are `{"type", "object"}` with the
+        client's model objects. Failures (the API server unreachable at start, or dropping the
+        stream) are logged and retried after the first backoff, doubling up to the longest,
+        back to the first once the API server answers again.
         """
-        delay = self.backoff_s[0]
+        backoff = Backoff(*self.backoff_s)
+        return_type = watch.Watch().get_return_type(list_fn)  # V1NodeList -> V1Node
+
+        def decode(obj: Mapping[str, Any]) -> Any:
+            return self.core.api_client.deserialize(
+                json.dumps(obj), return_type, "application/json"
+            )
+
+        def failed(problem: str, delay: float) -> None:
+            log.warning(
+                "Failed to watch %s node=%s retryAfter=%gs err=%s", what, self.node, delay, problem
+            )
+
         while not stop.is_set():
-            try:
-                if start is not None:
-                    value = start()
-                    delay = self.backoff_s[0]
+            for item in list_watch(
+                list_fn,
+                stop,
+                decode=decode,
+                timeout_s=resync_s,
+                request_timeout_s=resync_s + self.timeout_s,
+                field_selector=field_selector,
+                backoff=backoff,
+            ):
+                if isinstance(item, Event):
+                    yield None, {"type": item.type, "object": item.object}
+                elif isinstance(item, Failed):
+                    failed(item.problem, item.retry_after)
+                elif isinstance(item, Listed | Resumed) and start is not None:
+                    try:
+                        value = start()
+                    except CONNECTION_ERRORS as error:
+                        delay = backoff.next()
+                        failed(describe_api_error(error), delay)
+                        stop.wait(delay)
+                        break  # relist, then read again
                     yield value, None
-                stream = watch.Watch().stream(
-                    list_fn,
-                    field_selector=field_selector,
-                    timeout_seconds=max(1, int(resync_s)),
-                    _request_timeout=resync_s + self.timeout_s,
-                )
-                for event in stream:
-                    delay = self.backoff_s[0]  # the API server answered
-                    if stop.is_set():
-                        return
-                    yield None, event
-            except CONNECTION_ERRORS as error:
-                log.warning(
-                    "Failed to watch %s node=%s retryAfter=%gs err=%s",
-                    what,
-                    self.node,
-                    delay,
-                    describe_api_error(error),
-                )
-                stop.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
 
     def publish(self, state: str, inventory: str, capacity: Mapping[str, int]) -> None:
         """The state and inventory annotations, and the extender-managed capacity when it changed.

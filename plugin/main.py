@@ -9,6 +9,7 @@ import threading
 import time
 from types import FrameType
 
+from gpupart import logs
 from gpupart.core.errors import GpupartError
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.actuator import Actuator
@@ -76,7 +77,7 @@ class PassTrigger:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure("INFO")
     try:
         settings = node_settings.from_args(args)
         backend = _backend(settings)
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from gpupart.kubeconfig import load_configuration
     from gpupart_plugin.kube import NodeClient
 
-    node = NodeClient(client.ApiClient(load_configuration()), settings.node_name)
+    node = NodeClient(client.ApiClient(load_configuration(settings.kubeconfig)), settings.node_name)
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
     allocator = Allocator(

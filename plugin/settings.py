@@ -1,14 +1,23 @@
-"""Node agent settings: read once from flags (falling back to environment variables), validated, frozen."""
+"""Node agent settings: read once from flags (falling back to GPUPART_* environment variables), validated, frozen."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
+from gpupart.settings import (
+    KUBECONFIG,
+    Setting,
+    SettingsTable,
+    boolean,
+    integer,
+    integers,
+    number,
+    text,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,100 +53,92 @@ class NodeSettings:
     metrics_port: int
     cdi: bool
     once: bool
+    kubeconfig: str | None = None
+    """None: the in-cluster service account, else ~/.kube/config."""
 
 
-_FLAGS: tuple[tuple[str, str, str, str], ...] = (
-    # flag, environment variable, default, help
-    ("--node-name", "NODE_NAME", "", "this node's name (required)"),
-    (
-        "--plugin-dir",
-        "GPUPART_PLUGIN_DIR",
-        "/var/lib/kubelet/device-plugins",
-        "kubelet device-plugin directory",
-    ),
-    (
-        "--kubelet-socket",
-        "KUBELET_SOCKET",
-        "",
-        "kubelet registration socket (default: <plugin-dir>/kubelet.sock)",
-    ),
-    (
-        "--pod-resources-socket",
-        "GPUPART_POD_RESOURCES_SOCKET",
-        "/var/lib/kubelet/pod-resources/kubelet.sock",
-        "kubelet PodResources socket",
-    ),
-    (
-        "--mps-root",
-        "GPUPART_MPS_ROOT",
-        "/run/gpupart/mps",
-        "host directory for MPS pipe/log/shm directories",
-    ),
-    ("--mps-control", "GPUPART_MPS_CONTROL", "nvidia-cuda-mps-control", "MPS control command"),
-    (
-        "--simulate",
-        "GPUPART_SIMULATE",
-        "",
-        "simulated GPUs instead of NVML, e.g. 8xH200-141GB or A100-SXM4-80GB,A30; a suffix "
-        ":mig-off (or :mig-on, the default) sets the MIG mode they start in",
-    ),
-    (
-        "--simulate-auto-reset",
-        "GPUPART_SIMULATE_AUTO_RESET",
-        "false",
-        "simulated GPUs only: reset an idle GPU with a pending MIG mode change before each "
-        "pass, as an administrator would, so the change takes effect",
-    ),
-    (
-        "--ignored-xids",
-        "GPUPART_IGNORED_XIDS",
-        ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
-        "Xids that do not make a device unhealthy",
-    ),
-    (
-        "--recovery-seconds",
-        "GPUPART_RECOVERY_SECONDS",
-        "60",
-        "quiet time before a recovered GPU's devices are Healthy again",
-    ),
-    (
-        "--resync-seconds",
-        "GPUPART_RESYNC_SECONDS",
-        "60",
-        "reconcile at least this often, even without a change",
-    ),
-    (
-        "--metrics-address",
-        "GPUPART_METRICS_ADDRESS",
-        "0.0.0.0",
-        "address for /metrics and /healthz",
-    ),
-    ("--metrics-port", "GPUPART_METRICS_PORT", "9402", "port for /metrics and /healthz (0: off)"),
-    (
-        "--cdi",
-        "GPUPART_CDI",
-        "true",
-        "also return CDI device names nvidia.com/gpu=<uuid> from Allocate",
-    ),
+NODE_NAME = Setting(
+    "--node-name",
+    text,
+    "",
+    "this node's name (required; the downward API sets NODE_NAME)",
+    env=("NODE_NAME",),
 )
+PLUGIN_DIR = Setting(
+    "--plugin-dir", text, "/var/lib/kubelet/device-plugins", "kubelet device-plugin directory"
+)
+KUBELET_SOCKET = Setting(
+    "--kubelet-socket",
+    text,
+    "",
+    "kubelet registration socket (unset: <plugin-dir>/kubelet.sock)",
+    env=("KUBELET_SOCKET",),
+)
+POD_RESOURCES_SOCKET = Setting(
+    "--pod-resources-socket",
+    text,
+    "/var/lib/kubelet/pod-resources/kubelet.sock",
+    "kubelet PodResources socket",
+)
+MPS_ROOT = Setting(
+    "--mps-root", text, "/run/gpupart/mps", "host directory for MPS pipe/log/shm directories"
+)
+MPS_CONTROL = Setting("--mps-control", text, "nvidia-cuda-mps-control", "MPS control command")
+SIMULATE = Setting(
+    "--simulate",
+    text,
+    "",
+    "simulated GPUs instead of NVML, e.g. 8xH200-141GB or A100-SXM4-80GB,A30; a suffix "
+    ":mig-off (or :mig-on, the default) sets the MIG mode they start in",
+)
+SIMULATE_AUTO_RESET = Setting(
+    "--simulate-auto-reset",
+    boolean,
+    "false",
+    "simulated GPUs only: reset an idle GPU with a pending MIG mode change before each "
+    "pass, as an administrator would, so the change takes effect",
+    boolean=True,
+)
+IGNORED_XIDS = Setting(
+    "--ignored-xids",
+    integers,
+    ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
+    "Xids that do not make a device unhealthy",
+)
+RECOVERY = Setting(
+    "--recovery-seconds",
+    number,
+    "60",
+    "quiet time before a recovered GPU's devices are Healthy again",
+)
+RESYNC = Setting(
+    "--resync-seconds", number, "60", "reconcile at least this often, even without a change"
+)
+METRICS_ADDRESS = Setting("--metrics-address", text, "0.0.0.0", "address for /metrics and /healthz")
+METRICS_PORT = Setting("--metrics-port", integer, "9402", "port for /metrics and /healthz (0: off)")
+CDI = Setting(
+    "--cdi",
+    boolean,
+    "true",
+    "also return CDI device names nvidia.com/gpu=<uuid> from Allocate",
+    boolean=True,
+)
+ONCE = Setting("--once", boolean, "false", "run one reconcile pass and exit", boolean=True)
+
+SETTINGS = SettingsTable(
+    "GPUPART_",
+    (
+        NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, MPS_ROOT, MPS_CONTROL,
+        SIMULATE, SIMULATE_AUTO_RESET, IGNORED_XIDS, RECOVERY, RESYNC, METRICS_ADDRESS,
+        METRICS_PORT, CDI, KUBECONFIG, ONCE,
+    ),
+)  # fmt: skip
+"""Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
+names predate the per-component prefix; see docs/adr-012-one-settings-convention.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for flag, env, default, help_text in _FLAGS:
-        described = f"{help_text} [env {env}, default {default!r}]"
-        if flag in _BOOLEAN_FLAGS:
-            # A bare boolean flag means true; `--flag=false` still works.
-            parser.add_argument(flag, default=None, nargs="?", const="true", help=described)
-        else:
-            parser.add_argument(flag, default=None, help=described)
-    parser.add_argument("--once", action="store_true", help="run one reconcile pass and exit")
-
-
-_BOOLEAN_FLAGS = frozenset({"--cdi", "--simulate-auto-reset"})
-
-
-def _truth(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes")
+    SETTINGS.add_arguments(parser)
 
 
 def simulated_gpus(text: str) -> tuple[SimulatedGpu, ...]:
@@ -160,41 +161,34 @@ def simulated_gpus(text: str) -> tuple[SimulatedGpu, ...]:
 
 
 def from_args(args: argparse.Namespace) -> NodeSettings:
-    def value(flag: str) -> str:
-        _, env, default, _ = next(f for f in _FLAGS if f[0] == flag)
-        given = getattr(args, flag[2:].replace("-", "_"), None)
-        return str(given if given is not None else os.environ.get(env, default))
-
-    node = value("--node-name")
+    """The frozen settings; InvalidInput names the flag or variable of a bad value."""
+    read = SETTINGS.reader(args)
+    node = read(NODE_NAME)
     if not node:
         raise InvalidInput("--node-name", "is required (or env NODE_NAME)")
-    plugin_dir = Path(value("--plugin-dir"))
-    try:
-        xids = frozenset(int(x) for x in value("--ignored-xids").split(",") if x.strip())
-        numbers = [float(value(f)) for f in ("--recovery-seconds", "--resync-seconds")]
-        port = int(value("--metrics-port"))
-    except ValueError as error:
-        raise InvalidInput("flags", f"expected numbers: {error}") from None
-    simulate = simulated_gpus(value("--simulate"))
-    auto_reset = _truth(value("--simulate-auto-reset"))
-    if auto_reset and not simulate:
+    plugin_dir = Path(read(PLUGIN_DIR))
+    simulate = read(SIMULATE)
+    gpus = simulated_gpus(simulate)
+    auto_reset = read(SIMULATE_AUTO_RESET)
+    if auto_reset and not gpus:
         raise InvalidInput(
             "--simulate-auto-reset", "works only with --simulate (real GPUs are reset by an admin)"
         )
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
-        kubelet_socket=Path(value("--kubelet-socket") or plugin_dir / "kubelet.sock"),
-        pod_resources_socket=Path(value("--pod-resources-socket")),
-        mps_root=Path(value("--mps-root")),
-        mps_control=tuple(value("--mps-control").split()),
-        simulate=simulate,
+        kubelet_socket=Path(read(KUBELET_SOCKET) or plugin_dir / "kubelet.sock"),
+        pod_resources_socket=Path(read(POD_RESOURCES_SOCKET)),
+        mps_root=Path(read(MPS_ROOT)),
+        mps_control=tuple(read(MPS_CONTROL).split()),
+        simulate=gpus,
         simulate_auto_reset=auto_reset,
-        ignored_xids=xids,
-        recovery_s=numbers[0],
-        resync_s=numbers[1],
-        metrics_address=value("--metrics-address"),
-        metrics_port=port,
-        cdi=_truth(value("--cdi")),
-        once=bool(getattr(args, "once", False)),
+        ignored_xids=read(IGNORED_XIDS),
+        recovery_s=read(RECOVERY),
+        resync_s=read(RESYNC),
+        metrics_address=read(METRICS_ADDRESS),
+        metrics_port=read(METRICS_PORT),
+        cdi=read(CDI),
+        once=read(ONCE),
+        kubeconfig=read(KUBECONFIG),
     )

@@ -12,16 +12,17 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.ports import free_port
 
 from .conftest import REPO
 
@@ -34,12 +35,6 @@ users: [{name: u, user: {token: x}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dockerfile_is_hadolint_clean() -> None:
@@ -193,15 +188,6 @@ def start(image_venv: Path, tmp_path: Path) -> Iterator[object]:
         proc.stop()
 
 
-def wait_until(check: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def http_status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -227,15 +213,23 @@ def test_each_component_starts_from_the_installed_wheels(start: object, tmp_path
         "--metrics-port=0",
     )
     # The extender serves /healthz at once; /readyz waits for an API server that is not there.
-    assert wait_until(lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200, 30), (
-        extender.text()
+    wait_for(
+        lambda: http_status(f"http://127.0.0.1:{port}/healthz") == 200,
+        30,
+        "the extender's /healthz",
+        detail=extender.text,
     )
     assert http_status(f"http://127.0.0.1:{port}/readyz") == 503
     # The operator starts kopf and keeps retrying the API server.
-    assert wait_until(lambda: "127.0.0.1" in operator.text(), 30), operator.text()
+    wait_for(lambda: "127.0.0.1" in operator.text(), 30, "the operator", detail=operator.text)
     assert operator.proc.poll() is None, operator.text()
     assert "Starting operator" in operator.text()
-    # The node agent builds its simulated GPUs and plugins, then reads its Node from the API.
-    assert wait_until(lambda: "/api/v1/nodes/image-test" in node.text(), 30), node.text()
+    # The node agent builds its simulated GPUs and plugins, then lists its Node from the API.
+    wait_for(
+        lambda: "Failed to watch node node=image-test" in node.text(),
+        30,
+        "the node agent",
+        detail=node.text,
+    )
     for proc in (extender, operator, node):
         assert "ModuleNotFoundError" not in proc.text() and "ImportError" not in proc.text()

@@ -5,20 +5,15 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import datetime as dt
 import ipaddress
 import json
 import os
 import re
 import secrets
-import signal
-import socket
 import ssl
 import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +24,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.ports import LOOPBACK, free_port
+from gpupart_testsupport.processes import Proc, spawn
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
@@ -36,7 +35,6 @@ CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
 NODE_BINARIES = ("kubelet", "fakeruntime")
 """The real-kubelet nodes' programs (tests/e2e/kubelet.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
-LOOPBACK = "127.0.0.1"  # every listener and every URL stays on loopback
 
 T = TypeVar("T")
 
@@ -76,51 +74,6 @@ def expected_k8s_version() -> str:
 
 
 # --- small utilities -------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago (bind to 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(
-    check: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    interval: float = 0.2,
-) -> T:
-    """Poll check() until it returns a truthy value and return it; fail after timeout seconds.
-
-    Exceptions from check() count as "not yet" so a server that is still starting does not
-    abort the wait; the last one is reported when time runs out.
-    """
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as e:  # noqa: BLE001 - any failure means "not ready yet"
-            last_error = e
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
-        time.sleep(interval)
-
-
-def _set_parent_death_signal() -> None:
-    """In the child before exec: die with SIGKILL if pytest itself dies (Linux only).
-
-    atexit and fixture finalizers do not run when pytest is SIGKILLed; this makes sure the
-    processes we started do not outlive it even then.
-    """
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def http_get(url: str, *, token: str | None = None, ca_file: Path | None = None) -> tuple[int, str]:
@@ -230,70 +183,6 @@ def write_pki(d: Path) -> None:
 
 
 # --- processes -------------------------------------------------------------------------------
-
-
-@dataclass
-class Proc:
-    """One process we started: its Popen and the file its output goes to."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError as e:
-            return f"(no log: {e})"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, grace: float = 10) -> None:
-        """SIGTERM the process group we created, SIGKILL it after grace seconds."""
-        if self.popen.poll() is not None:
-            return
-        pgid = self.popen.pid  # start_new_session made the child its own group leader
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self.popen.wait(5)
-
-
-def spawn(
-    name: str,
-    args: list[str],
-    log_dir: Path,
-    *,
-    cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
-) -> Proc:
-    """Start a process whose output goes to `<log_dir>/<name>.log` (appended).
-
-    Own session: a Ctrl-C in the terminal reaches the test runner only, which then stops these
-    in order, and `Proc.stop` signals the whole group we created, nothing else. It dies with
-    the process that started it (Linux), even when that one is SIGKILLed.
-    """
-    log = log_dir / f"{name}.log"
-    with log.open("ab") as out:
-        out.write(f"\n=== {' '.join(args)}\n".encode())
-        out.flush()
-        popen = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=None if env is None else {**os.environ, **env},
-            start_new_session=True,
-            preexec_fn=_set_parent_death_signal,  # noqa: PLW1509 - only prctl, before exec
-        )
-    return Proc(name, popen, log)
 
 
 def start_scheduler(

@@ -26,7 +26,9 @@ from typing import Any
 
 import yaml
 
-from .cluster import LOOPBACK, Proc, free_port, spawn, wait_for
+from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.ports import LOOPBACK, free_port
+from gpupart_testsupport.processes import Proc, spawn
 
 SYSCTLS = (
     "vm/overcommit_memory",

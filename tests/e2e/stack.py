@@ -16,17 +16,11 @@ from typing import Any
 
 import yaml
 
-from .cluster import (
-    LOOPBACK,
-    REPO,
-    ControlPlane,
-    Proc,
-    free_port,
-    http_ok,
-    spawn,
-    start_scheduler,
-    wait_for,
-)
+from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.ports import LOOPBACK, free_port
+from gpupart_testsupport.processes import Proc, spawn
+
+from .cluster import REPO, ControlPlane, http_ok, start_scheduler
 from .kubelet import KubeletNode
 
 GPUPART = Path(sys.executable).parent / "gpupart"

@@ -25,8 +25,8 @@ from gpupart.core.api.wire import (
     decode_inventory,
     decode_report,
 )
+from gpupart_testsupport.polling import wait_for
 
-from .cluster import wait_for
 from .kubelet import EXIT_ENV
 from .stack import Stack
 

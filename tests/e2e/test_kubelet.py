@@ -35,8 +35,8 @@ from gpupart.core.api.wire import (
     decode_inventory,
     decode_report,
 )
+from gpupart_testsupport.polling import wait_for
 
-from .cluster import wait_for
 from .kubelet import EXIT_ENV, KubeletNode
 from .stack import Stack
 

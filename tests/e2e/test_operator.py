@@ -44,8 +44,9 @@ from gpupart_operator.main import build
 from gpupart_operator.model import GROUP, OWNED_STATUS_KEYS, PLURAL, VERSION
 from gpupart_operator.reconciler import Reconciler
 from gpupart_operator.settings import OperatorSettings
+from gpupart_testsupport.polling import wait_for
 
-from .cluster import REPO, ControlPlane, create_nodes, gpu_node, mig_labels, wait_for
+from .cluster import REPO, ControlPlane, create_nodes, gpu_node, mig_labels
 
 pytestmark = pytest.mark.e2e
 
@@ -611,7 +612,7 @@ def test_the_cli_serves_healthz_and_metrics(k8s_control_plane: ControlPlane) -> 
     import subprocess
     import sys
 
-    from .cluster import LOOPBACK, free_port
+    from gpupart_testsupport.ports import LOOPBACK, free_port
 
     cp = k8s_control_plane
     live, prom = free_port(), free_port()

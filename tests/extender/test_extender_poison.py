@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from typing import Any
 
@@ -29,6 +28,7 @@ from gpupart_extender.kube import Watcher
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.ports import free_port
 
 GPU_MIB = 81920
 
@@ -140,9 +140,7 @@ def test_an_unreadable_node_fails_with_its_reason_and_the_others_go_on(raw: Any)
 
 
 def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
-    with socket.socket() as sock:  # a port nothing listens on: every request is refused
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it: every request is refused
     configuration = kube.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = 0

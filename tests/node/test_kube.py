@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,15 +16,12 @@ import yaml
 from kubernetes import client
 
 from gpupart_plugin.kube import KubeUnavailable, NodeClient
+from gpupart_testsupport.ports import free_port
 
 LOOPBACK = "127.0.0.1"
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+closed_port = free_port  # a loopback port nothing listens on (bound, then released)
 
 
 def unreachable(node: str = "node-a") -> NodeClient:

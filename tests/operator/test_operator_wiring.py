@@ -17,6 +17,7 @@ import threading
 import kopf
 import pytest
 
+from gpupart.core.errors import InvalidInput
 from gpupart_operator.handlers import ReconcileLoop, configure_kopf, node_fingerprint
 from gpupart_operator.reconciler import PassResult
 from gpupart_operator.settings import OperatorSettings, add_arguments, from_args
@@ -169,9 +170,9 @@ def test_auto_priority_makes_equal_replicas_differ():
 
 
 def test_bad_settings_are_refused_at_start():
-    with pytest.raises(ValueError, match="priority"):
+    with pytest.raises(InvalidInput, match="--priority: expected an integer or 'auto'"):
         parse("--priority", "high")
-    with pytest.raises(ValueError, match="resync_seconds"):
+    with pytest.raises(InvalidInput, match="resync_seconds must be > 0"):
         parse("--resync-seconds", "0")
     with pytest.raises(ValueError, match="TCP port"):
         OperatorSettings(metrics_port=70000)
