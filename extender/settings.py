@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gpupart.core.scheduling.evaluation import AffinityScope, ScoringConfig, Strategy, Weights
+from gpupart.core.scheduling.terms import AffinityScope, ScoringConfig, Strategy, Weights
 
 
 class WeightSettings(BaseModel):

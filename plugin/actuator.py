@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
@@ -24,9 +24,9 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig.layout import Layout
 from gpupart.core.mig.planning import GpuInstanceState, Step, layout_of, plan_counts, plan_layout
-from gpupart.core.node.devices import SLOT_SEPARATOR, GpuView, MigSlice
+from gpupart.core.node.devices import SLOT_SEPARATOR, MigSlice, OfferedGpu
 from gpupart.core.node.mps import mps_limits
-from gpupart.core.node.targets import GpuTarget, gpu_targets
+from gpupart.core.node.targets import gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodDevices
@@ -40,7 +40,7 @@ UsageSource = Callable[[], tuple[PodDevices, ...]]
 @dataclass(frozen=True, slots=True)
 class PassResult:
     report: NodeReport
-    views: tuple[GpuView, ...]
+    views: tuple[OfferedGpu, ...]
     failed: int
 
 
@@ -121,10 +121,10 @@ class Actuator:
 
     # ---- one GPU ----
 
-    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: _Usage) -> GpuReport:
+    def _gpu(self, info: GpuInfo, target: GpuConfig | None, usage: _Usage) -> GpuReport:
         if info.index not in self._shared_modes and info.uuid in usage.shared:
             # Restarted while pods hold client slots: the GPU is shared, not whole.
-            slots = target.slots if target is not None else usage.shared[info.uuid]
+            slots = target.replicas if target is not None else usage.shared[info.uuid]
             self._shared_modes[info.index] = (Mode.TIME_SLICING, slots)
         current = self._current_mode(info)
         if target is None:
@@ -133,7 +133,7 @@ class Actuator:
             return self._mig(info, target, usage, current)
         return self._shared_or_whole(info, target, usage, current)
 
-    def _mig(self, info: GpuInfo, target: GpuTarget, usage: _Usage, current: Mode) -> GpuReport:
+    def _mig(self, info: GpuInfo, target: GpuConfig, usage: _Usage, current: Mode) -> GpuReport:
         index = info.index
         if not info.mig_capable:
             return self._report(index, GpuState.FAILED, f"{info.name} does not support MIG")
@@ -172,7 +172,7 @@ class Actuator:
         return self._report(index, GpuState.APPLIED, "")
 
     def _shared_or_whole(
-        self, info: GpuInfo, target: GpuTarget, usage: _Usage, current: Mode
+        self, info: GpuInfo, target: GpuConfig, usage: _Usage, current: Mode
     ) -> GpuReport:
         index = info.index
         if info.mig_enabled or info.mig_pending:
@@ -205,13 +205,13 @@ class Actuator:
             if blocked is not None:
                 return blocked
         if target.mode is Mode.MPS and target.mps is not None:
-            limits = mps_limits(target.mps, info.memory_mib)
+            limits = mps_limits(target, info.memory_mib)
             if current is not Mode.MPS:
                 self.backend.set_exclusive_process(index, True)
             self.mps.ensure(info.uuid, limits)
         else:
             self._stop_shared(info)
-        self._shared_modes[index] = (target.mode, target.slots)
+        self._shared_modes[index] = (target.mode, target.replicas)
         return self._report(index, GpuState.APPLIED, "")
 
     # ---- helpers ----
@@ -323,14 +323,14 @@ class Actuator:
             log.info("Reported GPU state gpu=%d state=%s reason=%s", index, state, message)
         return GpuReport(index, state, mode, layout, message, pods)
 
-    def _view(self, index: int) -> GpuView:
+    def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
         mode = self._current_mode(info)
         slices: tuple[MigSlice, ...] = tuple(
             r.slice for r in self._records(info) if r.compute_instances
         )
         slots, memory, compute, pipe = 0, 0, 0, ""
-        if mode in (Mode.MPS, Mode.TIME_SLICING):
+        if mode.is_shared:
             slots = self._shared_modes.get(index, (mode, 1))[1]
         if mode is Mode.MPS:
             pipe = str(self.mps.pipe_directory(info.uuid))
@@ -345,7 +345,7 @@ class Actuator:
             product = self.backend.model(index).product
         except GpupartError:
             product = info.name
-        return GpuView(
+        return OfferedGpu(
             index=index,
             uuid=info.uuid,
             product=product,
@@ -354,14 +354,14 @@ class Actuator:
             numa_node=info.numa_node,
             mode=mode,
             mig=slices,
-            slots=slots,
+            replicas=slots,
             mps_pipe_directory=pipe,
             mps_memory_mib=memory,
             mps_compute_percent=compute,
         )
 
 
-def inventory(views: Iterable[GpuView]) -> tuple[InventoryGpu, ...]:
+def inventory(views: Iterable[OfferedGpu]) -> tuple[InventoryGpu, ...]:
     """The inventory annotation's content (core wire format) from the pass's views."""
     return tuple(
         InventoryGpu(
@@ -371,7 +371,7 @@ def inventory(views: Iterable[GpuView]) -> tuple[InventoryGpu, ...]:
             memory_mib=v.memory_mib,
             mode=v.mode,
             mig_devices=tuple(MigDevice(m.uuid, m.instance) for m in v.mig),
-            max_clients=v.slots,
+            replicas=v.replicas,
         )
         for v in views
     )

@@ -19,34 +19,8 @@ from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import (
-    AffinityScope,
-    Conflict,
-    Demand,
-    FailureKind,
-    Fit,
-    NodeView,
-    NoFit,
-    PlacedPod,
-    ScoringConfig,
-    Strategy,
-    Tenant,
-    Terms,
-    Weights,
-    anti_affinity_term,
-    assemble_node,
-    combine,
-    evaluate,
-    fragmentation_model,
-    fragmentation_term,
-    headroom_term,
-    node_cpu_milli,
-    node_state,
-    parse_demand,
-    pod_cpu_milli,
-    priority_term,
-    share_milli,
-)
+from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, evaluate
+from gpupart.core.scheduling.pods import Demand, node_cpu_milli, parse_demand, pod_cpu_milli
 from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     NodeState,
@@ -55,6 +29,25 @@ from gpupart.core.scheduling.scoring import (
     score_node,
     score_placement,
 )
+from gpupart.core.scheduling.shares import (
+    fragmentation_model,
+    fragmentation_term,
+    node_state,
+    share_milli,
+)
+from gpupart.core.scheduling.terms import (
+    AffinityScope,
+    Conflict,
+    ScoringConfig,
+    Strategy,
+    Terms,
+    Weights,
+    anti_affinity_term,
+    combine,
+    headroom_term,
+    priority_term,
+)
+from gpupart.core.scheduling.views import NodeView, PlacedPod, Tenant, assemble_node
 
 CONFIG = ScoringConfig()
 MODEL = fragmentation_model([(1, 250, 0)] * 5 + [(1, 1000, 0)] * 5)

@@ -28,7 +28,7 @@ from gpupart.core.node.admission import (
     admit_shared,
     shared_containers,
 )
-from gpupart.core.node.devices import GpuView
+from gpupart.core.node.devices import OfferedGpu
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.devices import DeviceHub
 
@@ -108,10 +108,10 @@ def test_admit_serves_containers_in_order_and_repeats_what_it_gave() -> None:
 # --- the Allocator against a model of the kubelet ---------------------------------------------
 
 
-def mps_gpus(count: int) -> list[GpuView]:
+def mps_gpus(count: int) -> list[OfferedGpu]:
     return [
-        GpuView(
-            i, f"GPU-{i}", "A100-SXM4-80GB", GPU_MIB, i, 0, Mode.MPS, slots=4,
+        OfferedGpu(
+            i, f"GPU-{i}", "A100-SXM4-80GB", GPU_MIB, i, 0, Mode.MPS, replicas=4,
             mps_pipe_directory=f"/run/gpupart/mps/GPU-{i}/pipe",
             mps_memory_mib=DEFAULT_MIB, mps_compute_percent=DEFAULT_PERCENT,
         )

@@ -20,7 +20,7 @@ from gpupart.core.api.resources import (
     parse_quantity,
 )
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import parse_demand, pod_cpu_milli
+from gpupart.core.scheduling.pods import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
