@@ -171,13 +171,13 @@ class Kubelet:
         reusable: list[str] = []
         out = []
         for c in assigned.containers:
-            take = reusable[: c.slots] if not c.init else []
+            take = reusable[: c.replicas] if not c.init else []
             reusable = reusable[len(take) :]
             free = [s for s in self.free() if s not in {d for ids in got.values() for d in ids}]
-            if len(free) < c.slots - len(take):
+            if len(free) < c.replicas - len(take):
                 self._reject(assigned)
                 return out
-            ids = (*take, *free[: c.slots - len(take)])
+            ids = (*take, *free[: c.replicas - len(take)])
             try:
                 answer = self.allocator.allocate(GPU_SHARED, list(ids))
             except GpupartError as error:

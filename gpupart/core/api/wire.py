@@ -177,7 +177,7 @@ def _counts(record: Record, key: str) -> tuple[tuple[str, int], ...]:
     return pairs
 
 
-def config_json(config: GpuConfig) -> dict[str, Any]:
+def _config_json(config: GpuConfig) -> dict[str, Any]:
     """A GPU's configuration as the desired annotation writes it (inside its group's object)."""
     mps = None
     if config.mode is Mode.MPS and config.mps is not None:
@@ -195,8 +195,8 @@ def config_json(config: GpuConfig) -> dict[str, Any]:
     }
 
 
-def read_config(record: Record) -> GpuConfig:
-    """`config_json`'s inverse; the settings of modes other than the record's are read and dropped."""
+def _read_config(record: Record) -> GpuConfig:
+    """`_config_json`'s inverse; the settings of modes other than the record's are read and dropped."""
     mode = _enum(record, "mode", Mode)
     mig = _counts(record, "mig")
     mps, replicas = None, 0
@@ -222,7 +222,7 @@ def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:
             "partition": g.partition,
             "generation": g.generation,
             "gpus": None if g.gpus is None else list(g.gpus),
-            **config_json(g.config),
+            **_config_json(g.config),
         }
 
     return _encode({"groups": [group(g) for g in groups]})
@@ -237,7 +237,7 @@ def decode_desired(text: str) -> tuple[DesiredGroup, ...]:
             partition=g.string("partition"),
             generation=g.integer("generation", minimum=0),
             gpus=tuple(gpus) if g.has("gpus") else None,
-            config=read_config(g),
+            config=_read_config(g),
         )
 
     def read(record: Record) -> tuple[DesiredGroup, ...]:

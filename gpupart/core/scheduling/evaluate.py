@@ -5,6 +5,9 @@ node; the answer is a `Fit` (a 0-10 score and the GPU a shared pod gets) or a `N
 person can read, and whether preemption could help). Nothing here does I/O, reads the clock or
 logs: node views (`views`) and demands (`pods`) are built from API objects by the extender and
 passed in; the terms are in `terms` and `shares`.
+
+Over 400 lines on purpose: MIG, whole-GPU and shared requests are one decision, and each reason
+text sits beside the check that produces it.
 """
 
 from __future__ import annotations

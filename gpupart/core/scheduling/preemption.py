@@ -25,9 +25,8 @@ from gpupart.core.scheduling.terms import ScoringConfig
 from gpupart.core.scheduling.views import GpuView, NodeView, Tenant
 
 SEARCH_STEPS = 20_000
-"""Subsets tried per GPU before the best set found so far is taken: a GPU has a few dozen
-tenants at most, and the search finds the cheapest set within a few hundred steps in practice;
-the bound keeps one request's cost fixed whatever the GPU holds."""
+"""Subsets tried per GPU before the best set found so far is taken (docs/extender.md, Priority
+and preemption): the bound keeps one request's cost fixed whatever the GPU holds."""
 
 
 _OFFSET = 1 << 31

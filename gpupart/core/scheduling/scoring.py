@@ -14,6 +14,9 @@ Policies:
 A `FragmentationModel` holds the typical-pod mix and the memo tables; it is created per workload
 and passed in, so nothing here is global. Node states that differ only in GPU order share memo
 entries, because fragmentation depends on the multiset of free shares, not on GPU indices.
+
+Over 400 lines on purpose: the four policies share the node-state helpers and the model's memo
+tables; apart, each would reach into the others' internals.
 """
 
 from __future__ import annotations

@@ -203,7 +203,7 @@ def anonymous(node: NodeView) -> NodeView:
 def _anonymous_tenants(tenants: tuple[Tenant, ...]) -> tuple[Tenant, ...]:
     """The tenants without their pod names, in a canonical order (for state signatures)."""
     # The constructor, not dataclasses.replace: this runs for every tenant at every watch
-    # event on its node, and replace() costs ten times as much.
+    # event on its node (docs/extender.md, State ids).
     return tuple(
         sorted(
             Tenant(
