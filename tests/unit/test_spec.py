@@ -120,6 +120,14 @@ def test_layout_per_product_and_its_errors():
         plan_gpu_layout(too_many, require_gpu_model("A100-SXM4-80GB"))
 
 
+def test_mps_default_memory_reads_decimal_and_binary_units():
+    for text, mib in (("4000M", 3815), ("4000Mi", 4000), ("4G", 3815), ("4Gi", 4096)):
+        spec = parse_partition(
+            with_spec(mode="MPS", mig=None, mps={"maxClients": 4, "defaultMemory": text})
+        )
+        assert spec.config.mps is not None and spec.config.mps.default_memory_mib == mib, text
+
+
 def test_mps_defaults_must_fit_the_gpu():
     spec = parse_partition(
         with_spec(mode="MPS", mig=None, mps={"maxClients": 32, "defaultMemory": "4Gi"})
