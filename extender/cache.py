@@ -47,18 +47,10 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.admission import admission_complete, shared_containers
-from gpupart.core.scheduling.evaluation import (
-    NodeView,
-    PlacedPod,
-    Shape,
-    anonymous,
-    assemble_node,
-    demand_shape,
-    node_cpu_milli,
-    pod_cpu_milli,
-    tenant_of,
-)
+from gpupart.core.scheduling.pods import node_cpu_milli, pod_cpu_milli, tenant_of
 from gpupart.core.scheduling.preemption import Budget, parse_budget
+from gpupart.core.scheduling.shares import Shape, demand_shape
+from gpupart.core.scheduling.views import NodeView, PlacedPod, anonymous, assemble_node
 
 log = logging.getLogger(__name__)
 

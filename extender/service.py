@@ -21,25 +21,13 @@ from typing import Any, Protocol
 
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.scheduling.evaluation import (
-    Demand,
-    FailureKind,
-    Fit,
-    NodeView,
-    NoFit,
-    PlacedPod,
-    ScoringConfig,
-    Shape,
-    Verdict,
-    assemble_node,
-    evaluate,
-    fragmentation_model,
-    fragmentation_model_of,
-    parse_demand,
-    tenant_of,
-)
+from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, Verdict, evaluate
+from gpupart.core.scheduling.pods import Demand, parse_demand, tenant_of
 from gpupart.core.scheduling.preemption import Budget, choose_victims, order_victims, violations
 from gpupart.core.scheduling.scoring import FragmentationModel
+from gpupart.core.scheduling.shares import Shape, fragmentation_model, fragmentation_model_of
+from gpupart.core.scheduling.terms import ScoringConfig
+from gpupart.core.scheduling.views import NodeView, PlacedPod, assemble_node
 
 from .cache import ClusterCache, PodEntry, read_node
 from .metrics import Metrics

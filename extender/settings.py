@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import AffinityScope, ScoringConfig, Strategy, Weights
+from gpupart.core.scheduling.terms import AffinityScope, ScoringConfig, Strategy, Weights
 from gpupart.settings import Setting, SettingsTable, optional_text, text
 
 

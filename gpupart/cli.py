@@ -51,31 +51,17 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-class MissingComponent(Exception):
-    """The subcommand's module is not in this build (a component still to be written)."""
-
-
 def load_component(module_name: str) -> Component:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and module_name.startswith(error.name):
-            raise MissingComponent(module_name) from None
-        raise
-    return cast(Component, module)
+    return cast(Component, importlib.import_module(module_name))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
-        if args.command == "version":
-            print(f"gpupart {__version__}")
-            return 0
-        return load_component(args.module).run(args)
-    except MissingComponent as missing:
-        print(f"gpupart: this build has no {missing} yet", file=sys.stderr)
-        return 2
+    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
+    if args.command == "version":
+        print(f"gpupart {__version__}")
+        return 0
+    return load_component(args.module).run(args)
 
 
 if __name__ == "__main__":

@@ -121,10 +121,11 @@ def _gpus_text(spec: PartitionSpec) -> str:
 
 
 def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
+    config = spec.config
     lines = [
-        f"GpuPartition {spec.name}: {spec.mode} on {model.product}, {_gpus_text(spec)} of each node"
+        f"GpuPartition {spec.name}: {config.mode} on {model.product}, {_gpus_text(spec)} of each node"
     ]
-    if spec.mode is Mode.MIG:
+    if config.mode is Mode.MIG:
         lines.append(f"  {'slots':<7}{'profile':<16}{'memory':>10}  resource")
         used: set[int] = set()
         for instance in layout:
@@ -139,19 +140,15 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
         free = [s for s in range(model.memory_slices) if s not in used]
         if free:
             lines.append(f"  free memory slots: {', '.join(map(str, free))}")
-    elif spec.mode is Mode.MPS and spec.mps is not None:
-        memory = spec.mps.default_memory_mib
+    elif config.mode is Mode.MPS and config.mps is not None:
+        memory, compute = config.mps.default_memory_mib, config.mps.default_compute_percent
         lines.append(
-            f"  up to {spec.mps.max_clients} MPS clients per GPU"
+            f"  up to {config.replicas} MPS clients per GPU"
             + (f", {memory} MiB each by default" if memory else "")
-            + (
-                f", {spec.mps.default_compute_percent}% of SMs each"
-                if spec.mps.default_compute_percent
-                else ""
-            )
+            + (f", {compute}% of SMs each" if compute else "")
         )
-    elif spec.mode is Mode.TIME_SLICING:
-        lines.append(f"  {spec.replicas} time-sliced replicas per GPU (nvidia.com/gpu.shared)")
+    elif config.mode is Mode.TIME_SLICING:
+        lines.append(f"  {config.replicas} time-sliced replicas per GPU (nvidia.com/gpu.shared)")
     else:
         lines.append("  whole GPUs, no partitioning (nvidia.com/gpu)")
     return "\n".join(lines)
@@ -161,7 +158,7 @@ def _as_json(spec: PartitionSpec, model: GpuModel, layout: Layout) -> dict[str, 
     result: dict[str, Any] = {
         "partition": spec.name,
         "product": model.product,
-        "mode": spec.mode.value,
+        "mode": spec.config.mode.value,
         "gpus": "all" if spec.gpus is None else list(spec.gpus),
         "feasible": True,
         "layout": [
@@ -175,12 +172,13 @@ def _as_json(spec: PartitionSpec, model: GpuModel, layout: Layout) -> dict[str, 
             for i in layout
         ],
     }
-    if spec.mps is not None:
+    config = spec.config
+    if config.mps is not None:
         result["mps"] = {
-            "maxClients": spec.mps.max_clients,
-            "defaultMemoryMiB": spec.mps.default_memory_mib,
-            "defaultComputePercent": spec.mps.default_compute_percent,
+            "maxClients": config.replicas,
+            "defaultMemoryMiB": config.mps.default_memory_mib,
+            "defaultComputePercent": config.mps.default_compute_percent,
         }
-    if spec.replicas is not None:
-        result["replicas"] = spec.replicas
+    if config.mode is Mode.TIME_SLICING:
+        result["replicas"] = config.replicas
     return result

@@ -2,6 +2,9 @@
 
 Reads the CSVs, calls the pure core (`gpupart.sim.replay`), and prints. Bad input exits with
 code 2 and one line on stderr naming the file and line. matplotlib is imported only for --plot.
+
+Over 400 lines on purpose: the example, trace and MIG (static and dynamic) runs share the flags,
+the input errors and the table and JSON printing.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.cluster.partitioning import (
     Condition,
-    NodeView,
+    LabeledNode,
     Partition,
     PartitionStatus,
     merge_conditions,
@@ -71,7 +71,7 @@ class PartitionObject:
 class NodeObject:
     """One Node as listed: the core's view of it, its current desired annotation, reachability."""
 
-    view: NodeView
+    view: LabeledNode
     desired: str | None
     reachable: bool
     report_error: str = ""
@@ -127,7 +127,7 @@ def read_node(raw: Mapping[str, Any]) -> NodeObject:
             report_error = str(error)
     desired = annotations.get(DESIRED_ANNOTATION)
     return NodeObject(
-        view=NodeView(str(meta.get("name", "")), labels, report),
+        view=LabeledNode(str(meta.get("name", "")), labels, report),
         desired=None if desired is None else str(desired),
         reachable=node_ready(raw),
         report_error=report_error,

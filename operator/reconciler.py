@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpupart.core.cluster.partitioning import (
-    NodeView,
+    LabeledNode,
     Partition,
     PartitionStatus,
     Resolution,
@@ -306,7 +306,7 @@ def _refused(error: ApiException) -> bool:
 
 
 def _resolve_each(
-    partitions: list[Partition], nodes: list[NodeView]
+    partitions: list[Partition], nodes: list[LabeledNode]
 ) -> tuple[Resolution, dict[str, str]]:
     """`resolve`, with any partition that makes it fail set apart: name -> why, for InvalidSpec.
 

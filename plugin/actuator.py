@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
@@ -25,7 +25,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig.layout import Layout
 from gpupart.core.mig.planning import GpuInstanceState, layout_of, plan_counts, plan_layout
-from gpupart.core.node.devices import GpuView, MigSlice
+from gpupart.core.node.devices import MigSlice, OfferedGpu
 from gpupart.core.node.modes import (
     MIG_MODE_STEPS,
     DisableMig,
@@ -37,7 +37,7 @@ from gpupart.core.node.modes import (
     StopMpsDaemon,
     plan_mode,
 )
-from gpupart.core.node.targets import GpuTarget, gpu_targets
+from gpupart.core.node.targets import gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class PassResult:
     report: NodeReport
-    views: tuple[GpuView, ...]
+    views: tuple[OfferedGpu, ...]
     failed: int
 
 
@@ -73,15 +73,15 @@ class Actuator:
         for gpu in previous.gpus:
             if gpu.mode is not Mode.TIME_SLICING:
                 continue
-            if uuids.get(gpu.index) != gpu.uuid or gpu.max_clients < 1:
+            if uuids.get(gpu.index) != gpu.uuid or gpu.replicas < 1:
                 log.warning(
                     "Ignored earlier mode gpu=%d mode=%s reason=not this GPU now",
                     gpu.index,
                     gpu.mode,
                 )
                 continue
-            self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.max_clients)
-            log.info("Resumed mode gpu=%d mode=%s slots=%d", gpu.index, gpu.mode, gpu.max_clients)
+            self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.replicas)
+            log.info("Resumed mode gpu=%d mode=%s slots=%d", gpu.index, gpu.mode, gpu.replicas)
 
     def reconcile(self, groups: tuple[DesiredGroup, ...] | None) -> PassResult:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
@@ -120,12 +120,12 @@ class Actuator:
 
     # ---- one GPU ----
 
-    def _gpu(self, info: GpuInfo, target: GpuTarget | None, usage: DeviceUsage) -> GpuReport:
+    def _gpu(self, info: GpuInfo, target: GpuConfig | None, usage: DeviceUsage) -> GpuReport:
         index = info.index
         if index not in self._shared_modes and info.uuid in usage.shared:
             # Not taken back from the last inventory (`resume`), yet pods hold client slots on
             # a GPU without an MPS daemon: it is time-sliced, not whole.
-            slots = target.slots if target is not None else usage.shared[info.uuid]
+            slots = target.replicas if target is not None else usage.shared[info.uuid]
             self._shared_modes[index] = (Mode.TIME_SLICING, slots)
             log.warning("Assumed time-slicing after restart gpu=%d slots=%d", index, slots)
         if target is None:
@@ -158,13 +158,13 @@ class Actuator:
             )
         if mig:
             return self._layout(info, target, usage, states)
-        self._shared_modes[index] = (target.mode, target.slots)
+        self._shared_modes[index] = (target.mode, target.replicas)
         return self._report(index, GpuState.APPLIED, "")
 
     def _layout(
         self,
         info: GpuInfo,
-        target: GpuTarget,
+        target: GpuConfig,
         usage: DeviceUsage,
         states: list[GpuInstanceState] | None,
     ) -> GpuReport:
@@ -190,7 +190,7 @@ class Actuator:
 
     # ---- reading a GPU ----
 
-    def _now(self, info: GpuInfo, target: GpuTarget, usage: DeviceUsage) -> GpuNow:
+    def _now(self, info: GpuInfo, target: GpuConfig, usage: DeviceUsage) -> GpuNow:
         """The GPU for `plan_mode`: what it serves, its instances, and, for a mode change, its use."""
         now = self._observed(info)
         if now.mps_started and target.mode is Mode.MPS:
@@ -324,14 +324,14 @@ class Actuator:
             log.info("Reported GPU state gpu=%d state=%s reason=%s", index, state, message)
         return GpuReport(index, state, mode, layout, message, pods)
 
-    def _view(self, index: int) -> GpuView:
+    def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
         mode = self._observed(info).mode
         slices: tuple[MigSlice, ...] = tuple(
             r.slice for r in self._records(info) if r.compute_instances
         )
         slots, memory, compute, pipe = 0, 0, 0, ""
-        if mode in (Mode.MPS, Mode.TIME_SLICING):
+        if mode.is_shared:
             slots = self._shared_modes.get(index, (mode, 1))[1]
         if mode is Mode.MPS:
             pipe = str(self.mps.pipe_directory(info.uuid))
@@ -346,7 +346,7 @@ class Actuator:
             product = self.backend.model(index).product
         except GpupartError:
             product = info.name
-        return GpuView(
+        return OfferedGpu(
             index=index,
             uuid=info.uuid,
             product=product,
@@ -355,14 +355,14 @@ class Actuator:
             numa_node=info.numa_node,
             mode=mode,
             mig=slices,
-            slots=slots,
+            replicas=slots,
             mps_pipe_directory=pipe,
             mps_memory_mib=memory,
             mps_compute_percent=compute,
         )
 
 
-def inventory(views: Iterable[GpuView]) -> tuple[InventoryGpu, ...]:
+def inventory(views: Iterable[OfferedGpu]) -> tuple[InventoryGpu, ...]:
     """The inventory annotation's content (core wire format) from the pass's views."""
     return tuple(
         InventoryGpu(
@@ -372,7 +372,7 @@ def inventory(views: Iterable[GpuView]) -> tuple[InventoryGpu, ...]:
             memory_mib=v.memory_mib,
             mode=v.mode,
             mig_devices=tuple(MigDevice(m.uuid, m.instance) for m in v.mig),
-            max_clients=v.slots,
+            replicas=v.replicas,
         )
         for v in views
     )

@@ -16,7 +16,7 @@ from gpupart.core.node.allocation import (
     exclusive_allocation,
     shared_allocation,
 )
-from gpupart.core.node.devices import GpuView, preferred_allocation, resolve_devices
+from gpupart.core.node.devices import OfferedGpu, preferred_allocation, resolve_devices
 from gpupart.core.node.mps import MpsLimits, client_limits
 from gpupart_plugin.devices import DeviceHub
 
@@ -69,7 +69,7 @@ class Allocator:
                     memory, compute = client_limits(
                         container.memory_mib,
                         container.compute_percent,
-                        defaults=MpsLimits(gpu.slots, gpu.mps_memory_mib, gpu.mps_compute_percent),
+                        defaults=MpsLimits(gpu.replicas, gpu.mps_memory_mib, gpu.mps_compute_percent),
                         gpu_memory_mib=gpu.memory_mib,
                     )
                 given = GivenContainer(
@@ -82,9 +82,9 @@ class Allocator:
             gpu, memory_mib=given.memory_mib, compute_percent=given.compute_percent, cdi=self.cdi
         )
 
-    def _shared_gpu(self, pod: AssignedPod, uuid: str) -> GpuView:
+    def _shared_gpu(self, pod: AssignedPod, uuid: str) -> OfferedGpu:
         gpu = self.hub.gpu(uuid)
-        if gpu is None or gpu.mode not in (Mode.MPS, Mode.TIME_SLICING):
+        if gpu is None or not gpu.mode.is_shared:
             raise InvalidInput(
                 "Allocate",
                 f"pod {pod.key} was given GPU {uuid}, which is not a shared GPU on this node now",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from gpupart.core.node.devices import Device, GpuView, node_devices
+from gpupart.core.node.devices import Device, OfferedGpu, node_devices
 
 
 class DeviceHub:
@@ -14,11 +14,11 @@ class DeviceHub:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._devices: dict[str, dict[str, Device]] = {}
-        self._gpus: dict[str, GpuView] = {}
+        self._gpus: dict[str, OfferedGpu] = {}
         self._unhealthy: frozenset[str] = frozenset()
         self.version = 0
 
-    def set_gpus(self, views: Iterable[GpuView]) -> None:
+    def set_gpus(self, views: Iterable[OfferedGpu]) -> None:
         views = tuple(views)
         devices = {
             resource: {d.id: d for d in listed} for resource, listed in node_devices(views).items()
@@ -67,7 +67,7 @@ class DeviceHub:
                 (d, d.id not in self._unhealthy) for d in self._devices.get(resource, {}).values()
             )
 
-    def gpu(self, uuid: str) -> GpuView | None:
+    def gpu(self, uuid: str) -> OfferedGpu | None:
         with self._changed:
             return self._gpus.get(uuid)
 

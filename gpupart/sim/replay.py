@@ -20,9 +20,9 @@ from gpupart.core.scheduling.scoring import (
     MILLI,
     FragmentationModel,
     NodeState,
-    Placement,
     Policy,
     Request,
+    ScoredPlacement,
     TypicalPod,
     fits,
     request_of,
@@ -138,7 +138,7 @@ class _Group:
     def __init__(self, canonical: NodeState) -> None:
         self.members: set[int] = set()
         self.lowest = -1
-        self.scores: dict[Request, Placement | None] = {}
+        self.scores: dict[Request, ScoredPlacement | None] = {}
         self.canonical = canonical
 
 
@@ -342,7 +342,7 @@ def _choose(
             else:
                 fit = fits(group.canonical, request)
                 # cache feasibility only: the random score itself must be drawn per pod
-                group.scores[request] = Placement(0.0, ()) if fit else None
+                group.scores[request] = ScoredPlacement(0.0, ()) if fit else None
             if fit:
                 feasible.append(group)
                 count += len(group.members)
@@ -371,4 +371,4 @@ def _choose(
     return best_node
 
 
-_MISSING = Placement(float("nan"), ())
+_MISSING = ScoredPlacement(float("nan"), ())

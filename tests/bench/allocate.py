@@ -38,7 +38,7 @@ from pathlib import Path
 import goclients
 import grpc
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
@@ -58,7 +58,7 @@ RESOURCE = "nvidia.com/mig-1g.18gb"
 
 
 def desired(counts: dict[str, int]) -> str:
-    return encode_desired((DesiredGroup("bench", 1, None, Mode.MIG, tuple(counts.items())),))
+    return encode_desired((DesiredGroup("bench", 1, None, GpuConfig(Mode.MIG, tuple(counts.items()))),))
 
 
 def client(socket: str, ids: list[str]) -> None:

@@ -427,7 +427,7 @@ def test_a_burst_of_shared_pods_each_container_gets_its_own_pods_gpu_and_limits(
         c.until(lambda: c.capacity(node, SHARED) == 16, 90, "16 client slots")
         # The agent publishes its inventory just after the plugins list the slots.
         inventory = c.until(
-            lambda: [g for g in c.inventory(node) if g.max_clients == 8], 30, "the inventory"
+            lambda: [g for g in c.inventory(node) if g.replicas == 8], 30, "the inventory"
         )
         gpu_memory = {g.uuid: g.memory_mib for g in inventory}
         # Ten pods of three shapes created at once: most share a creation second, and the

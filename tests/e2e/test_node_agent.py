@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -34,7 +34,7 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
     core = client.CoreV1Api(k8s_api)
     name = "gpupart-agent-e2e"
     desired = encode_desired(
-        (DesiredGroup("train", 3, None, Mode.MIG, (("1g.18gb", 3), ("3g.71gb", 1))),)
+        (DesiredGroup("train", 3, None, GpuConfig(Mode.MIG, (("1g.18gb", 3), ("3g.71gb", 1)))),)
     )
     core.create_node({"metadata": {"name": name, "annotations": {DESIRED_ANNOTATION: desired}}})
     try:

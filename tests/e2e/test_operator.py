@@ -293,7 +293,7 @@ def test_create_agent_report_update_and_events(
     obj = wait_condition(op, name, "Ready", "False", "NotApplied")
     assert obj["status"]["observedGeneration"] == 2
     (group,) = decode_desired(annotation(op, nodes[0]) or "")
-    assert dict(group.mig) == {"3g.40gb": 2}
+    assert dict(group.config.mig) == {"3g.40gb": 2}
 
     # Events: one per transition, about this GpuPartition.
     reasons = wait_for(

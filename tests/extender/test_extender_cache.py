@@ -9,7 +9,8 @@ from extender_objects import FakeBinder, node, pod, shared, shared_gpu
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
-from gpupart.core.scheduling.evaluation import PlacedPod, Tenant, fragmentation_model_of
+from gpupart.core.scheduling.shares import fragmentation_model_of
+from gpupart.core.scheduling.views import PlacedPod, Tenant
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService

@@ -17,14 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupart.core.api.wire import PodAssignment
-from gpupart.core.scheduling.evaluation import (
-    Fit,
-    NoFit,
-    Weights,
-    anonymous,
-    evaluate,
-    parse_demand,
-)
+from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
+from gpupart.core.scheduling.pods import parse_demand
+from gpupart.core.scheduling.terms import Weights
+from gpupart.core.scheduling.views import anonymous
 from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import DETAILED_NODES, ExtenderService

@@ -26,17 +26,12 @@ from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode, NodeSelector
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import (
-    Demand,
-    Fit,
-    GpuView,
-    NodeView,
-    ScoringConfig,
-    Tenant,
-    evaluate,
-    fragmentation_model,
-)
+from gpupart.core.scheduling.evaluate import Fit, evaluate
+from gpupart.core.scheduling.pods import Demand
 from gpupart.core.scheduling.preemption import Budget, choose_victims, parse_budget, violations
+from gpupart.core.scheduling.shares import fragmentation_model
+from gpupart.core.scheduling.terms import ScoringConfig
+from gpupart.core.scheduling.views import GpuView, NodeView, Tenant
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, PDB, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
@@ -73,7 +68,7 @@ def gpu(index: int, *tenants: Tenant, memory: int = 40000, clients: int = 16) ->
         tenants=tenants,
         used_memory_mib=sum(t.memory_mib for t in tenants),
         used_compute_percent=sum(t.compute_percent for t in tenants),
-        used_slots=sum(t.count for t in tenants),
+        used_replicas=sum(t.count for t in tenants),
     )
 
 
@@ -228,7 +223,7 @@ def test_a_pod_it_must_not_share_with_goes_too_or_the_gpu_is_out() -> None:
 
 
 def _required(label: tuple[str, str]) -> Any:
-    from gpupart.core.scheduling.evaluation import AntiAffinityTerm
+    from gpupart.core.scheduling.pods import AntiAffinityTerm
 
     return AntiAffinityTerm(NodeSelector((label,)), ("team-a",), True)
 
@@ -281,7 +276,7 @@ def test_victims_make_room_and_no_cheaper_set_exists(
         kept = tuple(t for t in g.tenants if t.pod not in gone)
         return isinstance(
             evaluate(
-                NodeView("n", (gpu(g.index, *kept, memory=g.memory_mib, clients=g.max_clients),)),
+                NodeView("n", (gpu(g.index, *kept, memory=g.memory_mib, clients=g.replicas),)),
                 d,
                 config=NO_RESERVE,
                 model=MODEL,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuState,
@@ -37,7 +37,7 @@ TWO = (("3g.71gb", 1), ("4g.71gb", 1))
 
 
 def mig(counts: tuple[tuple[str, int], ...], gpus: tuple[int, ...] | None = None) -> DesiredGroup:
-    return DesiredGroup("p", 1, gpus, Mode.MIG, counts)
+    return DesiredGroup("p", 1, gpus, GpuConfig(Mode.MIG, counts))
 
 
 class Pods:
@@ -243,11 +243,11 @@ def test_mig_mode_is_not_changed_under_a_running_process(tmp_path: Path) -> None
 def test_mps_daemon_started_configured_and_stopped(tmp_path: Path, mps_command: list[str]) -> None:
     sim, pods = SimulatedGpus([H200], mig_enabled=False, mode_change_needs_reset=False), Pods()
     actuator = agent(sim, pods, tmp_path, mps_command)
-    group = DesiredGroup("s", 3, None, Mode.MPS, mps=MpsSettings(4, None, None))
+    group = DesiredGroup("s", 3, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4))
     result = actuator.reconcile((group,))
     assert result.report.gpus[0].state is GpuState.APPLIED
     view = result.views[0]
-    assert view.mode is Mode.MPS and view.slots == 4
+    assert view.mode is Mode.MPS and view.replicas == 4
     assert view.mps_memory_mib == 143771 // 4 and view.mps_compute_percent == 25
     log = (Path(view.mps_pipe_directory) / "commands.log").read_text()
     assert f"start {view.uuid}" in log
@@ -272,12 +272,12 @@ def test_mps_daemon_started_configured_and_stopped(tmp_path: Path, mps_command: 
 def test_time_slicing_replicas_and_inventory(tmp_path: Path) -> None:
     sim = SimulatedGpus([H200, H200], mig_enabled=False)
     actuator = agent(sim, Pods(), tmp_path, ["true"])
-    groups = (DesiredGroup("t", 1, (1,), Mode.TIME_SLICING, replicas=5), mig(TWO, (0,)))
+    groups = (DesiredGroup("t", 1, (1,), GpuConfig(Mode.TIME_SLICING, replicas=5)), mig(TWO, (0,)))
     result = actuator.reconcile(groups)
     assert result.report.gpus[1].state is GpuState.APPLIED
-    assert result.views[1].mode is Mode.TIME_SLICING and result.views[1].slots == 5
+    assert result.views[1].mode is Mode.TIME_SLICING and result.views[1].replicas == 5
     gpus = inventory(result.views)
-    assert gpus[1].max_clients == 5 and gpus[1].product == H200
+    assert gpus[1].replicas == 5 and gpus[1].product == H200
     assert gpus[0].mode is Mode.NONE  # MIG enable pending a reset: still a whole GPU
 
 
@@ -294,7 +294,7 @@ def test_reset_idle_makes_a_pending_mig_change_take_effect_once_the_gpu_is_idle(
     # Two GPUs, one per starting mode, as `--simulate A100-SXM4-80GB:mig-off,A100-SXM4-80GB`.
     sim = SimulatedGpus(["A100-SXM4-80GB"] * 2, mig_enabled=[False, True])
     actuator = agent(sim, Pods(), tmp_path, mps_command)
-    mps = (DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)),)
+    mps = (DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)),)
     first = actuator.reconcile(mps).report.gpus
     assert [g.state for g in first] == [GpuState.APPLIED, GpuState.PENDING]
     assert sim.reset_idle() == (1,)
@@ -346,8 +346,8 @@ def test_a_desired_state_naming_a_gpu_twice_or_one_not_here_is_refused(
 # --- a restart reads back what the agent published ---------------------------------------------
 
 SHARED = (
-    DesiredGroup("s", 1, (0,), Mode.MPS, mps=MpsSettings(4, None, None)),
-    DesiredGroup("t", 1, (1,), Mode.TIME_SLICING, replicas=5),
+    DesiredGroup("s", 1, (0,), GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)),
+    DesiredGroup("t", 1, (1,), GpuConfig(Mode.TIME_SLICING, replicas=5)),
 )
 
 
@@ -392,12 +392,12 @@ def test_a_restart_keeps_mps_and_time_slicing_from_the_last_inventory_without_a_
     agent, _ = node_agent(sim, pods, tmp_path, mps_command, lambda: published)
     result = agent.reconcile(encode_desired(SHARED))
     assert [g.state for g in result.report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
-    assert [(v.mode, v.slots) for v in result.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
+    assert [(v.mode, v.replicas) for v in result.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
 
     # A new wish for whole GPUs meets pods nobody can see: Blocked, still shared, not switched.
     whole = agent.reconcile(encode_desired(()))
     assert [g.state for g in whole.report.gpus] == [GpuState.BLOCKED, GpuState.BLOCKED]
-    assert [(v.mode, v.slots) for v in whole.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
+    assert [(v.mode, v.replicas) for v in whole.views] == [(Mode.MPS, 4), (Mode.TIME_SLICING, 5)]
     assert "unknown pods" in whole.report.gpus[1].message
 
 
@@ -409,7 +409,7 @@ def test_a_restart_keeps_the_slot_count_when_the_target_changed(
     result = agent.reconcile(encode_desired((mig(TWO, (1,)),)))  # GPU 1 held by ml/b
     gpu = result.report.gpus[1]
     assert gpu.state is GpuState.BLOCKED and gpu.blocking_pods == ("ml/b",)
-    assert (result.views[1].mode, result.views[1].slots) == (Mode.TIME_SLICING, 5)
+    assert (result.views[1].mode, result.views[1].replicas) == (Mode.TIME_SLICING, 5)
 
 
 def _unreachable() -> str | None:

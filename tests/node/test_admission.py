@@ -28,7 +28,7 @@ from gpupart.core.node.admission import (
     admit_shared,
     shared_containers,
 )
-from gpupart.core.node.devices import GpuView
+from gpupart.core.node.devices import OfferedGpu
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.devices import DeviceHub
 
@@ -108,10 +108,10 @@ def test_admit_serves_containers_in_order_and_repeats_what_it_gave() -> None:
 # --- the Allocator against a model of the kubelet ---------------------------------------------
 
 
-def mps_gpus(count: int) -> list[GpuView]:
+def mps_gpus(count: int) -> list[OfferedGpu]:
     return [
-        GpuView(
-            i, f"GPU-{i}", "A100-SXM4-80GB", GPU_MIB, i, 0, Mode.MPS, slots=4,
+        OfferedGpu(
+            i, f"GPU-{i}", "A100-SXM4-80GB", GPU_MIB, i, 0, Mode.MPS, replicas=4,
             mps_pipe_directory=f"/run/gpupart/mps/GPU-{i}/pipe",
             mps_memory_mib=DEFAULT_MIB, mps_compute_percent=DEFAULT_PERCENT,
         )
@@ -171,13 +171,13 @@ class Kubelet:
         reusable: list[str] = []
         out = []
         for c in assigned.containers:
-            take = reusable[: c.slots] if not c.init else []
+            take = reusable[: c.replicas] if not c.init else []
             reusable = reusable[len(take) :]
             free = [s for s in self.free() if s not in {d for ids in got.values() for d in ids}]
-            if len(free) < c.slots - len(take):
+            if len(free) < c.replicas - len(take):
                 self._reject(assigned)
                 return out
-            ids = (*take, *free[: c.slots - len(take)])
+            ids = (*take, *free[: c.replicas - len(take)])
             try:
                 answer = self.allocator.allocate(GPU_SHARED, list(ids))
             except GpupartError as error:

@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import DesiredGroup
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.allocation import exclusive_allocation
 from gpupart.core.node.devices import (
-    GpuView,
     MigSlice,
+    OfferedGpu,
     XidEvent,
     affected_devices,
     node_devices,
@@ -24,9 +24,9 @@ from gpupart.core.node.mps import client_limits, daemon_commands, mps_limits
 from gpupart.core.node.targets import UNPARTITIONED, gpu_targets
 
 
-def shared_gpus(slots: list[int]) -> list[GpuView]:
+def shared_gpus(slots: list[int]) -> list[OfferedGpu]:
     return [
-        GpuView(i, f"GPU-{i}", "H200-141GB", 143771, i, i // 2, Mode.TIME_SLICING, slots=n)
+        OfferedGpu(i, f"GPU-{i}", "H200-141GB", 143771, i, i // 2, Mode.TIME_SLICING, replicas=n)
         for i, n in enumerate(slots)
     ]
 
@@ -52,7 +52,7 @@ def test_preferred_allocation_is_a_subset_of_size_with_must_include(
 
 def test_mig_devices_resolve_and_allocate_with_caps() -> None:
     slice_ = MigSlice("MIG-x", MigInstance(Placement(0, 4), "3g.71gb"), 2, 0, (21, 22))
-    gpu = GpuView(0, "GPU-0", "H200-141GB", 143771, 3, 0, Mode.MIG, mig=(slice_,))
+    gpu = OfferedGpu(0, "GPU-0", "H200-141GB", 143771, 3, 0, Mode.MIG, mig=(slice_,))
     devices = {d.id: d for d in node_devices([gpu])["nvidia.com/mig-3g.71gb"]}
     allocation = exclusive_allocation(resolve_devices(["MIG-x"], devices))
     assert dict(allocation.envs) == {"NVIDIA_VISIBLE_DEVICES": "MIG-x"}
@@ -68,7 +68,7 @@ def test_xid_on_one_instance_hits_only_that_instance() -> None:
     slices = tuple(
         MigSlice(f"MIG-{n}", MigInstance(Placement(n, 1), "1g.18gb"), n + 1, 0) for n in range(3)
     )
-    gpu = GpuView(0, "GPU-0", "H200-141GB", 143771, 0, 0, Mode.MIG, mig=slices)
+    gpu = OfferedGpu(0, "GPU-0", "H200-141GB", 143771, 0, 0, Mode.MIG, mig=slices)
     devices = node_devices([gpu])["nvidia.com/mig-1g.18gb"]
     assert affected_devices(XidEvent("GPU-0", 79, 2), devices) == {"MIG-1"}
     assert affected_devices(XidEvent("GPU-0", 79), devices) == {"MIG-0", "MIG-1", "MIG-2"}
@@ -77,7 +77,7 @@ def test_xid_on_one_instance_hits_only_that_instance() -> None:
 
 
 def test_mps_limits_and_commands() -> None:
-    limits = mps_limits(MpsSettings(4), 80000)
+    limits = mps_limits(GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4), 80000)
     assert (limits.memory_mib, limits.compute_percent) == (20000, 25)
     assert daemon_commands(limits) == (
         "set_default_active_thread_percentage 25",
@@ -91,9 +91,9 @@ def test_mps_limits_and_commands() -> None:
 
 def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:
     groups = (
-        DesiredGroup("a", 1, (0,), Mode.MIG, (("1g.18gb", 7),)),
-        DesiredGroup("b", 1, (0, 1), Mode.TIME_SLICING, replicas=3),
+        DesiredGroup("a", 1, (0,), GpuConfig(Mode.MIG, (("1g.18gb", 7),))),
+        DesiredGroup("b", 1, (0, 1), GpuConfig(Mode.TIME_SLICING, replicas=3)),
     )
     targets = gpu_targets(groups, [0, 1, 2])
-    assert targets[0].partition == "a" and targets[1].slots == 3
+    assert targets[0] == groups[0].config and targets[1].replicas == 3
     assert targets[2] == UNPARTITIONED

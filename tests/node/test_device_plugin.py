@@ -11,7 +11,7 @@ import grpc
 import pytest
 from conftest import FakeKubelet
 
-from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
@@ -77,7 +77,7 @@ def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterat
 
 
 def mig(counts: dict[str, int], gpus: tuple[int, ...] | None = None) -> DesiredGroup:
-    return DesiredGroup("p", 1, gpus, Mode.MIG, tuple(counts.items()))
+    return DesiredGroup("p", 1, gpus, GpuConfig(Mode.MIG, tuple(counts.items())))
 
 
 def test_registers_each_resource_and_lists_its_devices(node: Node) -> None:
@@ -125,7 +125,7 @@ def test_allocate_refuses_unknown_devices_with_a_message(node: Node) -> None:
 
 
 def test_preferred_allocation_keeps_a_container_on_one_gpu(node: Node) -> None:
-    node.apply(DesiredGroup("t", 1, None, Mode.TIME_SLICING, replicas=4))
+    node.apply(DesiredGroup("t", 1, None, GpuConfig(Mode.TIME_SLICING, replicas=4)))
     node.kubelet.registered()
     ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared")]
     assert len(ids) == 8
@@ -210,7 +210,7 @@ def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> AssignedPod
 
 
 def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) -> None:
-    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    node.apply(DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)))
     node.kubelet.registered()
     ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared")]
     stub = node.kubelet.stubs["nvidia.com/gpu.shared"]
@@ -243,7 +243,7 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
 
 
 def test_shared_allocate_serves_running_pods_across_a_plugin_restart(node: Node) -> None:
-    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    node.apply(DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)))
     gpu0, gpu1 = (g.uuid for g in node.sim.gpus())
     # Reported Running before its Allocate (kwok does so at once).
     node.pods.append(replace(_assigned("1", gpu0, 8192, 20), phase="Running"))
@@ -263,7 +263,7 @@ def test_shared_allocate_serves_running_pods_across_a_plugin_restart(node: Node)
 
 
 def test_shared_allocate_fails_when_the_record_cannot_be_written(node: Node) -> None:
-    node.apply(DesiredGroup("s", 1, None, Mode.MPS, mps=MpsSettings(4, None, None)))
+    node.apply(DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)))
     gpu0 = node.sim.gpus()[0].uuid
     node.pods.append(_assigned("1", gpu0, 8192, 20))
 

@@ -102,7 +102,7 @@ def test_a_listed_partition_parses_and_keeps_its_status():
     got = read_partition(raw)
     assert got.partition is not None and got.error == ""
     assert (got.name, got.uid, got.generation, got.deleting) == ("a", "uid-a", 1, False)
-    assert got.partition.spec.mode is Mode.MIG
+    assert got.partition.spec.config.mode is Mode.MIG
     assert got.status == {"observedGeneration": 1}
 
 

@@ -24,8 +24,11 @@ from gpupart.core.mig.layout import (
 )
 
 
-def brute_force_fits(model: GpuModel, counts: dict[str, int]) -> bool:
-    """Independent oracle: try every start for every instance, backtracking on overlaps."""
+def brute_force_fits(model: GpuModel, counts: dict[str, int], fixed=()) -> bool:
+    """Independent oracle: try every start for every instance, backtracking on overlaps.
+
+    `fixed` instances (part of `counts`) stay where they are; the others are placed around them.
+    """
     instances = [model.require_profile(n) for n, c in counts.items() for _ in range(c)]
     if len(instances) > model.max_instances:
         return False
@@ -37,17 +40,28 @@ def brute_force_fits(model: GpuModel, counts: dict[str, int]) -> bool:
         if sum(getattr(p.engines, unit) for p in instances) > getattr(model.engines, unit):
             return False
 
+    free = list(instances)
+    taken: set[int] = set()
+    for instance in fixed:
+        profile = model.require_profile(instance.profile)
+        if profile not in free:
+            return False  # counts do not include the fixed instance
+        free.remove(profile)
+        taken |= set(
+            range(instance.placement.start, instance.placement.start + instance.placement.size)
+        )
+
     def place(i: int, used: set[int]) -> bool:
-        if i == len(instances):
+        if i == len(free):
             return True
-        profile = instances[i]
+        profile = free[i]
         for start in profile.starts:
             slots = set(range(start, start + profile.memory_slices))
             if not slots & used and place(i + 1, used | slots):
                 return True
         return False
 
-    return place(0, set())
+    return place(0, taken)
 
 
 def all_multisets(model: GpuModel):
@@ -267,14 +281,30 @@ def test_law_solver_keeps_in_use_instances_and_meets_counts(case):
             wanted.get(instance.profile, 0), layout_counts(busy)[instance.profile]
         )
     layout = fit_layout(model, wanted, keep=busy, prefer=current)
-    exists = brute_force_fits(model, wanted)
+    # The oracle: a layout with these counts that leaves every in-use instance where it is.
+    # The solver must find one whenever one exists, and may answer None only when none does.
+    assert (layout is not None) == brute_force_fits(model, wanted, fixed=busy)
     if layout is None:
-        # None with keep is allowed only when keeping blocks it, or no layout exists at all
-        assert not exists or fit_layout(model, wanted) is not None
         return
     check_layout(model, layout)
     assert set(busy) <= set(layout)
     assert layout_counts(layout) == {k: v for k, v in wanted.items() if v}
+
+
+def test_in_use_instances_are_kept_whenever_a_layout_keeps_them():
+    """Examples the law's oracle decides: keeping is possible, so None is wrong."""
+    model = require_gpu_model("A100-SXM4-80GB")
+    busy = MigInstance(Placement(4, 1), "1g.10gb")
+    layout = fit_layout(model, {"1g.10gb": 2, "3g.40gb": 1}, keep=[busy])
+    assert layout is not None and busy in layout
+    assert brute_force_fits(model, {"1g.10gb": 2, "3g.40gb": 1}, fixed=[busy])
+    # A 1g in use at slot 0 leaves no start for 4g.40gb (slot 0 only): None, though a fresh
+    # layout with the same counts exists.
+    blocker = MigInstance(Placement(0, 1), "1g.10gb")
+    counts = {"1g.10gb": 1, "4g.40gb": 1}
+    assert fit_layout(model, counts, keep=[blocker]) is None
+    assert not brute_force_fits(model, counts, fixed=[blocker])
+    assert fit_layout(model, counts) is not None
 
 
 @given(occupied_gpu())

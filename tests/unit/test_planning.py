@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.errors import InfeasibleLayout, PlanBlocked
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement, fit_layout, layout_counts
@@ -43,7 +43,6 @@ from gpupart.core.node.modes import (
     plan_mode,
 )
 from gpupart.core.node.mps import mps_limits
-from gpupart.core.node.targets import GpuTarget
 
 A100 = require_gpu_model("A100-SXM4-80GB")
 A30 = require_gpu_model("A30-24GB")
@@ -209,12 +208,12 @@ def test_step_refused_says_why_for_each_step():
 
 # --- mode plans (gpupart.core.node.modes) ------------------------------------------------------
 
-MPS4 = GpuTarget(Mode.MPS, mps=MpsSettings(4))
-MIG_TARGET = GpuTarget(Mode.MIG, mig=(("3g.40gb", 2),))
-WHOLE = GpuTarget(Mode.NONE)
-SLICED = GpuTarget(Mode.TIME_SLICING, replicas=3)
+MPS4 = GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)
+MIG_TARGET = GpuConfig(Mode.MIG, mig=(("3g.40gb", 2),))
+WHOLE = GpuConfig(Mode.NONE)
+SLICED = GpuConfig(Mode.TIME_SLICING, replicas=3)
 GIB80 = 81920
-FOUR = mps_limits(MpsSettings(4), GIB80)
+FOUR = mps_limits(GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4), GIB80)
 
 
 def now(**fields):
@@ -229,7 +228,7 @@ def test_mode_plan_examples():
         (now(mps_started=True, mps_serving=FOUR), MPS4, ()),
         # Other limits on the running daemon: configured again, even in use (same mode).
         (
-            now(mps_started=True, mps_serving=mps_limits(MpsSettings(2), GIB80), in_use="pods a/b"),
+            now(mps_started=True, mps_serving=mps_limits(GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=2), GIB80), in_use="pods a/b"),
             MPS4,
             (StartMpsDaemon(0, FOUR),),
         ),
@@ -284,7 +283,7 @@ def gpu_nows(draw):
 SHARED_OR_WHOLE = (Mode.NONE, Mode.TIME_SLICING)
 
 
-def executed(state: GpuNow, steps, target: GpuTarget) -> GpuNow:
+def executed(state: GpuNow, steps, target: GpuConfig) -> GpuNow:
     """What the GPU and the agent are after `steps`, a mode change taking effect at once."""
     for step in steps:
         match step:

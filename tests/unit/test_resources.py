@@ -20,7 +20,7 @@ from gpupart.core.api.resources import (
     parse_quantity,
 )
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import parse_demand, pod_cpu_milli
+from gpupart.core.scheduling.pods import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
@@ -183,6 +183,24 @@ def test_memory_rounds_up_to_whole_mib_and_is_at_least_one_mib():
             parse_memory_mib(small, where="m")
     with pytest.raises(InvalidInput, match="more memory than any GPU has"):
         parse_memory_mib("1Ei", where="m")
+
+
+@given(
+    st.integers(2, 10**6),
+    st.sampled_from([("k", 10**3), ("M", 10**6), ("G", 10**9), ("Ki", 2**10), ("Mi", 2**20)]),
+)
+def test_law_memory_suffixes_keep_their_own_unit(number, suffix):
+    """Decimal M is 10^6 bytes and binary Mi 2^20: "4000M" is 3815 MiB, never 4000."""
+    unit, size = suffix
+    total = number * size
+    if total < 2**20 or total > 16 * 2**40:
+        return  # below 1 MiB or above any GPU: refused, checked above
+    assert parse_memory_mib(f"{number}{unit}", where="m") == -(-total // 2**20)
+
+
+def test_memory_in_decimal_megabytes_is_not_mebibytes():
+    assert parse_memory_mib("4000M", where="m") == 3815
+    assert parse_memory_mib("4000Mi", where="m") == 4000
 
 
 @given(

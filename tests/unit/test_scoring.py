@@ -16,6 +16,7 @@ from gpupart.core.scheduling.scoring import (
     bestfit_score,
     fits,
     score_node,
+    score_placement,
     take,
     typical_pods,
 )
@@ -245,3 +246,37 @@ def test_gpupart_sends_a_cpu_only_pod_to_gpu_share_already_lost_to_fragmentation
     # the CPU beside whole free GPUs is worth more: the slivers' share strands nothing new
     assert ours[0].score > ours[1].score
     assert ours[0].score == fgd[0].score  # max(F, S) = F there
+
+
+# Typical pods: half a GPU with 4 cores (the extender's tests use the same mix).
+_CPU_MODEL = FragmentationModel.of(typical_pods([Request(4000, 0, 1, 500)] * 10))
+
+
+@given(
+    cpu_left=st.integers(0, 64000),
+    gpus=st.lists(st.sampled_from([0, 100, 250, 500, 750, 1000]), min_size=1, max_size=8),
+    cpu=st.sampled_from([0, 1000, 4000, 16000]),
+    milli=st.sampled_from([100, 250, 500, 1000]),
+    num=st.integers(1, 2),
+)
+def test_score_placement_is_what_score_node_scores(
+    cpu_left: int, gpus: list[int], cpu: int, milli: int, num: int
+) -> None:
+    """The per-GPU helper the extender calls agrees with score_node on every state: it is the
+    score of score_node's own pick and no candidate GPU scores higher."""
+    state = NodeState(cpu_left, 1 << 20, tuple(gpus), "H100")
+    request = Request(cpu, 0, 1, milli) if milli < 1000 else Request(cpu, 0, num, 1000)
+    for policy in (Policy.GPUPART, Policy.FGD):
+        placement = score_node(policy, state, request, model=_CPU_MODEL)
+        if placement is None:
+            continue
+        assert (
+            score_placement(policy, state, request, placement.gpus, model=_CPU_MODEL)
+            == placement.score
+        )
+        if request.is_shared:
+            fitting = [i for i, share in enumerate(gpus) if share >= milli]
+            best = max(
+                score_placement(policy, state, request, (i,), model=_CPU_MODEL) for i in fitting
+            )
+            assert best == placement.score

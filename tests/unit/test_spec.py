@@ -7,8 +7,8 @@ import pytest
 from gpupart.core.api.spec import (
     Disruption,
     Mode,
-    check_mps_fits,
     parse_partition,
+    plan_gpu,
     plan_gpu_layout,
 )
 from gpupart.core.errors import InfeasibleLayout, InvalidInput, UnknownProfile
@@ -43,10 +43,10 @@ def with_spec(**changes):
 
 def test_mig_partition_parses():
     spec = parse_partition(MIG)
-    assert (spec.name, spec.generation, spec.mode, spec.priority) == ("mig", 3, Mode.MIG, 5)
+    assert (spec.name, spec.generation, spec.config.mode, spec.priority) == ("mig", 3, Mode.MIG, 5)
     assert spec.gpus == (0, 1)
-    assert spec.mig_counts == {"1g.10gb": 2, "3g.40gb": 1}
-    assert spec.disruption is Disruption.WHEN_IDLE
+    assert spec.config.mig_counts == {"1g.10gb": 2, "3g.40gb": 1}
+    assert spec.config.disruption is Disruption.WHEN_IDLE
     labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "pool": "b"}
     assert spec.node_selector.matches(labels)
     assert not spec.node_selector.matches(labels | {"pool": "c"})
@@ -60,9 +60,10 @@ def test_mps_and_time_slicing_and_none_parse():
             mps={"maxClients": 8, "defaultMemory": "10Gi", "defaultComputePercent": 25},
         )
     )
-    assert mps.mps is not None and mps.mps.default_memory_mib == 10240
+    assert mps.config.mps is not None and mps.config.mps.default_memory_mib == 10240
+    assert (mps.config.replicas, mps.config.mps.default_compute_percent) == (8, 25)
     sliced = parse_partition(with_spec(mode="TimeSlicing", mig=None, timeSlicing={"replicas": 4}))
-    assert sliced.replicas == 4
+    assert sliced.config.replicas == 4 and sliced.config.mps is None
     plain = parse_partition(with_spec(mode="None", mig=None, gpus=None, nodeSelector=None))
     assert plain.gpus is None and plain.node_selector.matches({})
 
@@ -119,18 +120,26 @@ def test_layout_per_product_and_its_errors():
         plan_gpu_layout(too_many, require_gpu_model("A100-SXM4-80GB"))
 
 
+def test_mps_default_memory_reads_decimal_and_binary_units():
+    for text, mib in (("4000M", 3815), ("4000Mi", 4000), ("4G", 3815), ("4Gi", 4096)):
+        spec = parse_partition(
+            with_spec(mode="MPS", mig=None, mps={"maxClients": 4, "defaultMemory": text})
+        )
+        assert spec.config.mps is not None and spec.config.mps.default_memory_mib == mib, text
+
+
 def test_mps_defaults_must_fit_the_gpu():
     spec = parse_partition(
         with_spec(mode="MPS", mig=None, mps={"maxClients": 32, "defaultMemory": "4Gi"})
     )
     with pytest.raises(InvalidInput, match="32 clients × 4096 MiB"):
-        check_mps_fits(spec, require_gpu_model("A100-SXM4-80GB"))
-    check_mps_fits(spec, require_gpu_model("H200"))
+        plan_gpu(spec, require_gpu_model("A100-SXM4-80GB"))
+    assert plan_gpu(spec, require_gpu_model("H200")) == ()
 
 
 def test_dynamic_mig_defaults_and_fields():
     on = parse_partition(with_spec(mig={"dynamic": {}}))
-    assert on.dynamic is not None and on.mig == ()
+    assert on.dynamic is not None and on.config.mig == ()
     assert (on.dynamic.profiles, on.dynamic.min_idle_s, on.dynamic.carve_idle_gpus) == (
         None,
         60,
@@ -150,7 +159,7 @@ def test_dynamic_mig_defaults_and_fields():
     )
     assert full.dynamic is not None
     assert full.dynamic.profiles == ("1g.10gb", "3g.40gb")
-    assert full.mig == (("1g.10gb", 2),) == full.dynamic.warm
+    assert full.config.mig == (("1g.10gb", 2),) == full.dynamic.warm
     assert (full.dynamic.min_idle_s, full.dynamic.carve_idle_gpus) == (300, False)
     # the warm mix is what an otherwise idle GPU keeps, checked against the model like devices
     assert [i.profile for i in plan_gpu_layout(full, require_gpu_model("A100-SXM4-80GB"))] == [

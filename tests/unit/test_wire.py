@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Disruption, Mode, MpsSettings
+from gpupart.core.api.spec import Disruption, GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
@@ -39,24 +39,34 @@ instances = st.builds(
     st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]),
 )
 layouts = st.lists(instances, max_size=4).map(lambda xs: tuple(sorted(xs)))
-mps = st.none() | st.builds(
-    MpsSettings,
-    st.integers(1, 48),
-    st.none() | st.integers(1, 10**6),
-    st.none() | st.integers(1, 100),
+mig_counts = st.dictionaries(st.sampled_from(["1g.10gb", "2g.20gb"]), st.integers(0, 7)).map(
+    lambda d: tuple(sorted(d.items()))
+)
+mps_settings = st.builds(
+    MpsSettings, st.none() | st.integers(1, 10**6), st.none() | st.integers(1, 100)
+)
+disruptions = st.sampled_from(Disruption)
+# Each mode with the settings the operator writes for it (spec parsing gives no other shape).
+configs = st.one_of(
+    st.builds(GpuConfig, st.just(Mode.MIG), mig_counts, disruption=disruptions),
+    st.builds(
+        GpuConfig,
+        st.just(Mode.MPS),
+        mps=mps_settings,
+        replicas=st.integers(1, 48),
+        disruption=disruptions,
+    ),
+    st.builds(
+        GpuConfig, st.just(Mode.TIME_SLICING), replicas=st.integers(1, 64), disruption=disruptions
+    ),
+    st.builds(GpuConfig, st.just(Mode.NONE), disruption=disruptions),
 )
 groups = st.builds(
     DesiredGroup,
     partition=names,
     generation=st.integers(0, 10**6),
     gpus=st.none() | st.lists(st.integers(0, 15), unique=True).map(tuple),
-    mode=st.sampled_from(Mode),
-    mig=st.dictionaries(st.sampled_from(["1g.10gb", "2g.20gb"]), st.integers(0, 7)).map(
-        lambda d: tuple(sorted(d.items()))
-    ),
-    mps=mps,
-    replicas=st.none() | st.integers(1, 64),
-    disruption=st.sampled_from(Disruption),
+    config=configs,
 )
 reports = st.builds(
     NodeReport,
@@ -97,6 +107,38 @@ assignments = st.builds(
 @given(st.lists(groups, max_size=3).map(tuple))
 def test_law_desired_round_trips(value):
     assert decode_desired(encode_desired(value)) == value
+
+
+def test_desired_bytes_are_the_wire_format_v1():
+    """The per-GPU configuration is flat in each group, MPS client slots as `mps.maxClients`
+    and time-slicing's as `replicas`, exactly as nodes running older agents read it."""
+    groups = (
+        DesiredGroup("m", 2, (0,), GpuConfig(Mode.MIG, (("1g.10gb", 0), ("3g.40gb", 2)))),
+        DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(4096, None), replicas=8)),
+        DesiredGroup("t", 1, (1, 2), GpuConfig(Mode.TIME_SLICING, replicas=4)),
+    )
+    text = encode_desired(groups)
+    assert json.loads(text) == {
+        "version": "v1",
+        "groups": [
+            {"partition": "m", "generation": 2, "gpus": [0], "mode": "MIG",
+             "mig": {"1g.10gb": 0, "3g.40gb": 2}, "mps": None, "replicas": None,
+             "disruption": "WhenIdle"},
+            {"partition": "s", "generation": 1, "gpus": None, "mode": "MPS", "mig": {},
+             "mps": {"maxClients": 8, "defaultMemoryMiB": 4096}, "replicas": None,
+             "disruption": "WhenIdle"},
+            {"partition": "t", "generation": 1, "gpus": [1, 2], "mode": "TimeSlicing", "mig": {},
+             "mps": None, "replicas": 4, "disruption": "WhenIdle"},
+        ],
+    }  # fmt: skip
+    assert decode_desired(text) == groups
+
+
+def test_desired_settings_of_another_mode_are_read_and_dropped():
+    raw = {"partition": "p", "generation": 1, "mode": "MIG", "mig": {}, "replicas": 3,
+           "mps": {"maxClients": 2}, "disruption": "Never"}  # fmt: skip
+    (group,) = decode_desired(json.dumps({"version": "v1", "groups": [raw]}))
+    assert group.config == GpuConfig(Mode.MIG, disruption=Disruption.NEVER)
 
 
 @given(reports)

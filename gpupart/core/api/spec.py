@@ -40,6 +40,11 @@ class Mode(StrEnum):
     TIME_SLICING = "TimeSlicing"
     NONE = "None"
 
+    @property
+    def is_shared(self) -> bool:
+        """Whether pods share the GPU through client slots (MPS or time-slicing)."""
+        return self in (Mode.MPS, Mode.TIME_SLICING)
+
 
 class Disruption(StrEnum):
     WHEN_IDLE = "WhenIdle"
@@ -80,9 +85,33 @@ class NodeSelector:
 
 @dataclass(frozen=True, slots=True)
 class MpsSettings:
-    max_clients: int
+    """The MPS daemon's per-client defaults (`spec.mps`); None leaves an even share per client."""
+
     default_memory_mib: int | None = None
     default_compute_percent: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    """What one GPU should be: the mode and its settings.
+
+    One value from `spec` (where a partition asks for it) through the desired annotation (where
+    the operator writes it per node) to the node agent (where it is the GPU's target).
+    """
+
+    mode: Mode
+    mig: tuple[tuple[str, int], ...] = ()
+    """MIG instances per profile: the static layout (`spec.mig.devices`) or dynamic MIG's warm mix."""
+    mps: MpsSettings | None = None
+    """Set in mode MPS."""
+    replicas: int = 0
+    """Client slots per shared GPU (`nvidia.com/gpu.shared` devices, NVIDIA's "replicas"):
+    `spec.mps.maxClients` in mode MPS, `spec.timeSlicing.replicas` in mode TimeSlicing, else 0."""
+    disruption: Disruption = Disruption.WHEN_IDLE
+
+    @property
+    def mig_counts(self) -> dict[str, int]:
+        return dict(self.mig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +121,11 @@ class PartitionSpec:
     node_selector: NodeSelector
     gpus: tuple[int, ...] | None
     """GPU indices on each selected node; None means every GPU."""
-    mode: Mode
-    mig: tuple[tuple[str, int], ...] = ()
-    """The static layout (`spec.mig.devices`); with dynamic MIG, its warm mix."""
+    config: GpuConfig
+    """What each selected GPU becomes."""
     dynamic: DynamicMig | None = None
     """`spec.mig.dynamic`: instances created on demand; None keeps the static layout."""
-    mps: MpsSettings | None = None
-    replicas: int | None = None
-    disruption: Disruption = Disruption.WHEN_IDLE
     priority: int = 0
-
-    @property
-    def mig_counts(self) -> dict[str, int]:
-        return dict(self.mig)
 
 
 def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
@@ -136,20 +157,16 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
                 f"is set but mode is {mode}; set only {_MODE_BLOCKS[mode] or 'no block'}",
             )
     mig, dynamic = _parse_mig(spec) if mode is Mode.MIG else ((), None)
+    node_selector = _parse_selector(spec.optional_record("nodeSelector"))
+    gpus = _parse_gpus(spec)
+    mps, replicas = None, 0
+    if mode is Mode.MPS:
+        mps, replicas = _parse_mps(spec.record("mps"))
+    elif mode is Mode.TIME_SLICING:
+        replicas = spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
+    config = GpuConfig(mode, mig, mps, replicas, _parse_disruption(spec))
     parsed = PartitionSpec(
-        name=name,
-        generation=generation,
-        node_selector=_parse_selector(spec.optional_record("nodeSelector")),
-        gpus=_parse_gpus(spec),
-        mode=mode,
-        mig=mig,
-        dynamic=dynamic,
-        mps=_parse_mps(spec.record("mps")) if mode is Mode.MPS else None,
-        replicas=spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
-        if mode is Mode.TIME_SLICING
-        else None,
-        disruption=_parse_disruption(spec),
-        priority=_parse_priority(spec),
+        name, generation, node_selector, gpus, config, dynamic, _parse_priority(spec)
     )
     spec.done()
     return parsed
@@ -318,9 +335,10 @@ def _parse_dynamic(dynamic: Record) -> DynamicMig:
     return parsed
 
 
-def _parse_mps(mps: Record) -> MpsSettings:
-    max_clients = mps.integer("maxClients", minimum=1)
-    if max_clients > MPS_MAX_CLIENTS:
+def _parse_mps(mps: Record) -> tuple[MpsSettings, int]:
+    """The MPS defaults and the replicas (`maxClients`)."""
+    replicas = mps.integer("maxClients", minimum=1)
+    if replicas > MPS_MAX_CLIENTS:
         raise InvalidInput(
             mps.path("maxClients"), f"CUDA MPS serves at most {MPS_MAX_CLIENTS} clients per GPU"
         )
@@ -331,7 +349,7 @@ def _parse_mps(mps: Record) -> MpsSettings:
     if mps.has("defaultComputePercent"):
         compute = mps.integer("defaultComputePercent", minimum=1, maximum=100)
     mps.done()
-    return MpsSettings(max_clients, memory, compute)
+    return MpsSettings(memory, compute), replicas
 
 
 def _parse_disruption(spec: Record) -> Disruption:
@@ -354,26 +372,28 @@ def plan_gpu_layout(spec: PartitionSpec, model: GpuModel) -> Layout:
     With dynamic MIG that is the warm mix (what an otherwise idle GPU is kept at).
     """
     where = "spec.mig.dynamic.warm" if spec.dynamic is not None else "spec.mig.devices"
-    require_counts(model, spec.mig_counts, where=where)
-    return solve_layout(model, spec.mig_counts)
+    counts = spec.config.mig_counts
+    require_counts(model, counts, where=where)
+    return solve_layout(model, counts)
 
 
 def plan_gpu(spec: PartitionSpec, model: GpuModel) -> Layout:
     """Check that `spec` fits each selected GPU of `model`: its MIG layout (empty in other modes)."""
-    if spec.mode is Mode.MIG:
+    if spec.config.mode is Mode.MIG:
         return plan_gpu_layout(spec, model)
-    check_mps_fits(spec, model)
+    _check_mps_fits(spec.config, model)
     return ()
 
 
-def check_mps_fits(spec: PartitionSpec, model: GpuModel) -> None:
+def _check_mps_fits(config: GpuConfig, model: GpuModel) -> None:
     """MPS defaults must fit the GPU: clients × memory ≤ GPU memory."""
-    if spec.mps is None or spec.mps.default_memory_mib is None:
+    if config.mps is None or config.mps.default_memory_mib is None:
         return
-    total = spec.mps.max_clients * spec.mps.default_memory_mib
+    memory = config.mps.default_memory_mib
+    total = config.replicas * memory
     if total > model.memory_mib:
         raise InvalidInput(
             "spec.mps",
-            f"{spec.mps.max_clients} clients × {spec.mps.default_memory_mib} MiB = {total} MiB, "
+            f"{config.replicas} clients × {memory} MiB = {total} MiB, "
             f"more than the {model.memory_mib} MiB of a {model.product}",
         )

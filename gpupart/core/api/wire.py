@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from gpupart.core.api.records import Record
-from gpupart.core.api.spec import Disruption, Mode, MpsSettings
+from gpupart.core.api.spec import Disruption, GpuConfig, Mode, MpsSettings
 from gpupart.core.errors import InvalidInput, WireFormatError
 from gpupart.core.mig.layout import Layout, MigInstance, Placement
 
@@ -43,11 +43,7 @@ class DesiredGroup:
     partition: str
     generation: int
     gpus: tuple[int, ...] | None
-    mode: Mode
-    mig: tuple[tuple[str, int], ...] = ()
-    mps: MpsSettings | None = None
-    replicas: int | None = None
-    disruption: Disruption = Disruption.WHEN_IDLE
+    config: GpuConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +78,7 @@ class InventoryGpu:
     memory_mib: int
     mode: Mode
     mig_devices: tuple[MigDevice, ...] = ()
-    max_clients: int = 0
+    replicas: int = 0
     """Client slots when the GPU is shared (MPS or time-slicing), else 0."""
 
 
@@ -181,37 +177,52 @@ def _counts(record: Record, key: str) -> tuple[tuple[str, int], ...]:
     return pairs
 
 
-def _read_mps(record: Record) -> MpsSettings | None:
-    mps = record.optional_record("mps")
-    if mps is None:
-        return None
-    settings = MpsSettings(
-        mps.integer("maxClients", minimum=1),
-        mps.optional_integer("defaultMemoryMiB", minimum=1),
-        mps.optional_integer("defaultComputePercent", minimum=1),
-    )
-    mps.done()
-    return settings
+def _config_json(config: GpuConfig) -> dict[str, Any]:
+    """A GPU's configuration as the desired annotation writes it (inside its group's object)."""
+    mps = None
+    if config.mode is Mode.MPS and config.mps is not None:
+        mps = {"maxClients": config.replicas}
+        if config.mps.default_memory_mib is not None:
+            mps["defaultMemoryMiB"] = config.mps.default_memory_mib
+        if config.mps.default_compute_percent is not None:
+            mps["defaultComputePercent"] = config.mps.default_compute_percent
+    return {
+        "mode": config.mode.value,
+        "mig": dict(config.mig),
+        "mps": mps,
+        "replicas": (config.replicas or None) if config.mode is Mode.TIME_SLICING else None,
+        "disruption": config.disruption.value,
+    }
+
+
+def _read_config(record: Record) -> GpuConfig:
+    """`_config_json`'s inverse; the settings of modes other than the record's are read and dropped."""
+    mode = _enum(record, "mode", Mode)
+    mig = _counts(record, "mig")
+    mps, replicas = None, 0
+    block = record.optional_record("mps")
+    if block is not None:
+        clients = block.integer("maxClients", minimum=1)
+        settings = MpsSettings(
+            block.optional_integer("defaultMemoryMiB", minimum=1),
+            block.optional_integer("defaultComputePercent", minimum=1),
+        )
+        block.done()
+        if mode is Mode.MPS:
+            mps, replicas = settings, clients
+    sliced = record.integer("replicas", 0)
+    if mode is Mode.TIME_SLICING:
+        replicas = max(1, sliced)  # a time-sliced GPU offers at least one slot
+    return GpuConfig(mode, mig, mps, replicas, _enum(record, "disruption", Disruption))
 
 
 def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:
     def group(g: DesiredGroup) -> dict[str, Any]:
-        mps = None
-        if g.mps is not None:
-            mps = {"maxClients": g.mps.max_clients}
-            if g.mps.default_memory_mib is not None:
-                mps["defaultMemoryMiB"] = g.mps.default_memory_mib
-            if g.mps.default_compute_percent is not None:
-                mps["defaultComputePercent"] = g.mps.default_compute_percent
         return {
             "partition": g.partition,
             "generation": g.generation,
             "gpus": None if g.gpus is None else list(g.gpus),
-            "mode": g.mode.value,
-            "mig": dict(g.mig),
-            "mps": mps,
-            "replicas": g.replicas,
-            "disruption": g.disruption.value,
+            **_config_json(g.config),
         }
 
     return _encode({"groups": [group(g) for g in groups]})
@@ -226,11 +237,7 @@ def decode_desired(text: str) -> tuple[DesiredGroup, ...]:
             partition=g.string("partition"),
             generation=g.integer("generation", minimum=0),
             gpus=tuple(gpus) if g.has("gpus") else None,
-            mode=_enum(g, "mode", Mode),
-            mig=_counts(g, "mig"),
-            mps=_read_mps(g),
-            replicas=g.integer("replicas", 0) or None,
-            disruption=_enum(g, "disruption", Disruption),
+            config=_read_config(g),
         )
 
     def read(record: Record) -> tuple[DesiredGroup, ...]:
@@ -293,7 +300,7 @@ def encode_inventory(inventory: Inventory) -> str:
                     "migDevices": [
                         {"uuid": d.uuid, **_layout_json((d.instance,))[0]} for d in gpu.mig_devices
                     ],
-                    "maxClients": gpu.max_clients,
+                    "maxClients": gpu.replicas,
                 }
                 for gpu in gpus
             ],
@@ -314,7 +321,7 @@ def decode_inventory(text: str) -> Inventory:
             memory_mib=g.integer("memoryMiB", minimum=0),
             mode=_enum(g, "mode", Mode),
             mig_devices=devices,
-            max_clients=g.integer("maxClients", 0, minimum=0),
+            replicas=g.integer("maxClients", 0, minimum=0),
         )
 
     def read(record: Record) -> Inventory:

@@ -33,7 +33,9 @@ class Partition:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class LabeledNode:
+    """A node as partition resolution sees it: its labels (selection, product) and its report."""
+
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     report: NodeReport | None = None
@@ -78,7 +80,7 @@ def winner_order(partitions: Sequence[Partition]) -> list[Partition]:
     return sorted(partitions, key=lambda p: (-p.spec.priority, p.created, p.spec.name))
 
 
-def resolve(partitions: Sequence[Partition], nodes: Sequence[NodeView]) -> Resolution:
+def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Resolution:
     live = [p for p in winner_order(partitions) if not p.deleting]
     desired: dict[str, list[DesiredGroup]] = {}
     per_partition: dict[str, list[tuple[str, NodeStatus]]] = {p.spec.name: [] for p in live}
@@ -106,16 +108,7 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[NodeView]) -> Resol
                 every = tuple(range(node.gpu_count))
             for index in granted if granted is not None else every:
                 claimed[index] = spec.name
-            group = DesiredGroup(
-                partition=spec.name,
-                generation=spec.generation,
-                gpus=granted,
-                mode=spec.mode,
-                mig=spec.mig,
-                mps=spec.mps,
-                replicas=spec.replicas,
-                disruption=spec.disruption,
-            )
+            group = DesiredGroup(spec.name, spec.generation, granted, spec.config)
             desired.setdefault(node.name, []).append(group)
             per_partition[spec.name].append((node.name, _node_status(group, node.report)))
     statuses = {
@@ -131,7 +124,7 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[NodeView]) -> Resol
     )
 
 
-def released(partition_name: str, nodes: Sequence[NodeView]) -> list[str]:
+def released(partition_name: str, nodes: Sequence[LabeledNode]) -> list[str]:
     """Nodes whose agent still reports applying `partition_name`: deletion waits for them."""
     return [
         node.name
@@ -140,9 +133,9 @@ def released(partition_name: str, nodes: Sequence[NodeView]) -> list[str]:
     ]
 
 
-def _problem_on(spec: PartitionSpec, node: NodeView) -> str:
+def _problem_on(spec: PartitionSpec, node: LabeledNode) -> str:
     """Why `spec` cannot apply to this node's GPUs, or ''."""
-    if spec.mode not in (Mode.MIG, Mode.MPS):
+    if spec.config.mode not in (Mode.MIG, Mode.MPS):
         return ""
     product = node.labels.get(PRODUCT_LABEL)
     if product is None:
@@ -163,7 +156,7 @@ def _problem_on(spec: PartitionSpec, node: NodeView) -> str:
 
 
 def _grant(
-    spec: PartitionSpec, node: NodeView, claimed: Mapping[int | None, str]
+    spec: PartitionSpec, node: LabeledNode, claimed: Mapping[int | None, str]
 ) -> tuple[tuple[int, ...] | None, dict[int | None, str]]:
     """GPUs of this node that `spec` gets after the winners before it (None: all), and those lost.
 
@@ -278,12 +271,6 @@ def merge_conditions(
             }
         )
     return merged
-
-
-def transitions(old: Sequence[Mapping[str, str]], new: Sequence[Condition]) -> list[Condition]:
-    """Conditions whose status flipped: each becomes a Kubernetes Event."""
-    before = {c.get("type"): c.get("status") for c in old}
-    return [c for c in new if before.get(c.type) != c.status]
 
 
 def _indices_text(indices: Mapping[int | None, str] | Sequence[int]) -> str:

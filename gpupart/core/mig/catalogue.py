@@ -7,6 +7,8 @@ Sources: NVIDIA MIG User Guide "Supported MIG Profiles" and `nvidia-smi mig -lgi
 outputs published by NVIDIA engineers (mig-parted, gpu-operator). Memory in MiB is what NVML's
 `memorySizeMB` reports where such output was seen; rows marked `derived` are the share of the
 card's memory by memory slices, to be replaced by NVML's figure when a GPU is at hand.
+
+Over 400 lines on purpose: most of it is the product tables, which read best as one list.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 @dataclass(frozen=True, slots=True)
 class SharedContainer:
-    """One container that asks for shared-GPU client slots, with its own limits (0 = the GPU's default)."""
+    """One container that asks for shared-GPU replicas (client slots), with its own limits (0 = the GPU's default)."""
 
     name: str
-    slots: int
+    replicas: int
     memory_mib: int = 0
     compute_percent: int = 0
     init: bool = False
@@ -171,10 +171,10 @@ def admit_shared(pods: Iterable[AssignedPod], *, node: str, ids: Sequence[str]) 
     pod = awaiting[0]
     served = {g.name for g in pod.given}
     container = next(c for c in pod.containers if c.name not in served)
-    if container.slots != len(ids):
+    if container.replicas != len(ids):
         raise InvalidInput(
             "Allocate",
-            f"pod {pod.key} container {container.name} asks for {container.slots} shared slot(s), "
+            f"pod {pod.key} container {container.name} asks for {container.replicas} shared slot(s), "
             f"the kubelet allocated {len(ids)}",
         )
     return SharedAdmission(pod, container)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.errors import InvalidInput
-from gpupart.core.node.devices import Device, GpuView
+from gpupart.core.node.devices import Device, OfferedGpu
 from gpupart.core.node.mps import CONTAINER_PIPE_DIRECTORY, client_env
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -38,7 +38,7 @@ class ContainerAllocation:
     cdi_devices: tuple[str, ...] = ()
 
 
-def _gpu_nodes(gpus: Sequence[GpuView], caps: Sequence[int]) -> tuple[DeviceNode, ...]:
+def _gpu_nodes(gpus: Sequence[OfferedGpu], caps: Sequence[int]) -> tuple[DeviceNode, ...]:
     paths = [*CONTROL_NODES]
     paths += sorted({f"/dev/nvidia{g.minor}" for g in gpus})
     paths += [f"/dev/nvidia-caps/nvidia-cap{m}" for m in sorted(set(caps))]
@@ -47,7 +47,7 @@ def _gpu_nodes(gpus: Sequence[GpuView], caps: Sequence[int]) -> tuple[DeviceNode
 
 def exclusive_allocation(devices: Sequence[Device], *, cdi: bool = True) -> ContainerAllocation:
     """MIG devices or whole GPUs: the UUIDs, the parent GPUs' nodes and the MIG capability nodes."""
-    if any(d.gpu.mode in (Mode.MPS, Mode.TIME_SLICING) for d in devices):
+    if any(d.gpu.mode.is_shared for d in devices):
         raise InvalidInput("devices_ids", "shared slots are allocated through the assigned pod")
     uuids = [d.mig.uuid if d.mig is not None else d.gpu.uuid for d in devices]
     if any(not u for u in uuids):
@@ -61,7 +61,7 @@ def exclusive_allocation(devices: Sequence[Device], *, cdi: bool = True) -> Cont
 
 
 def shared_allocation(
-    gpu: GpuView, *, memory_mib: int, compute_percent: int, cdi: bool = True
+    gpu: OfferedGpu, *, memory_mib: int, compute_percent: int, cdi: bool = True
 ) -> ContainerAllocation:
     """One client of a shared GPU; on MPS with the pipe directory, shm and the client's limits."""
     envs = {VISIBLE_DEVICES_ENV: gpu.uuid}

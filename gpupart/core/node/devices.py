@@ -35,7 +35,7 @@ class MigSlice:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuView:
+class OfferedGpu:
     """One GPU as the device plugin offers it after a reconcile pass."""
 
     index: int
@@ -46,8 +46,8 @@ class GpuView:
     numa_node: int | None
     mode: Mode
     mig: tuple[MigSlice, ...] = ()
-    slots: int = 0
-    """Shared client slots (MPS max clients or time-slicing replicas); 0 unless shared."""
+    replicas: int = 0
+    """Client slots when shared (MPS clients or time-slicing replicas); 0 unless shared."""
     mps_pipe_directory: str = ""
     """Host path of the GPU's MPS pipe directory when the mode is MPS."""
     mps_memory_mib: int = 0
@@ -60,7 +60,7 @@ class Device:
 
     id: str
     resource: str
-    gpu: GpuView
+    gpu: OfferedGpu
     mig: MigSlice | None = None
 
 
@@ -68,7 +68,7 @@ def slot_id(gpu_uuid: str, n: int) -> str:
     return f"{gpu_uuid}{SLOT_SEPARATOR}{n}"
 
 
-def node_devices(gpus: Iterable[GpuView]) -> dict[str, tuple[Device, ...]]:
+def node_devices(gpus: Iterable[OfferedGpu]) -> dict[str, tuple[Device, ...]]:
     """Every resource this node offers and its devices; a GPU in MIG mode with no instance offers nothing."""
     found: dict[str, list[Device]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
@@ -76,16 +76,16 @@ def node_devices(gpus: Iterable[GpuView]) -> dict[str, tuple[Device, ...]]:
             for mig in sorted(gpu.mig, key=lambda m: m.instance):
                 resource = mig_resource_name(mig.instance.profile)
                 found.setdefault(resource, []).append(Device(mig.uuid, resource, gpu, mig))
-        elif gpu.mode in (Mode.MPS, Mode.TIME_SLICING):
+        elif gpu.mode.is_shared:
             found.setdefault(GPU_SHARED, []).extend(
-                Device(slot_id(gpu.uuid, n), GPU_SHARED, gpu) for n in range(gpu.slots)
+                Device(slot_id(gpu.uuid, n), GPU_SHARED, gpu) for n in range(gpu.replicas)
             )
         else:
             found.setdefault(GPU, []).append(Device(gpu.uuid, GPU, gpu))
     return {resource: tuple(devices) for resource, devices in sorted(found.items())}
 
 
-def managed_capacity(gpus: Iterable[GpuView]) -> dict[str, int]:
+def managed_capacity(gpus: Iterable[OfferedGpu]) -> dict[str, int]:
     """What the node offers of the extender-managed resources: MiB and percent on shared GPUs.
 
     kube-scheduler counts these per node against the Node's allocatable (its filter, its
@@ -93,7 +93,7 @@ def managed_capacity(gpus: Iterable[GpuView]) -> dict[str, int]:
     there, a pod asking for `gpupart.io/gpu-memory` fits no node. The extender still decides
     per GPU.
     """
-    shared = [g for g in gpus if g.mode in (Mode.MPS, Mode.TIME_SLICING)]
+    shared = [g for g in gpus if g.mode.is_shared]
     return {
         GPU_MEMORY: sum(g.memory_mib for g in shared),
         GPU_COMPUTE: 100 * len(shared),

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.errors import PlanBlocked
 from gpupart.core.mig.planning import GpuInstanceState, Step, plan_layout
 from gpupart.core.node.mps import MpsLimits, mps_limits
-from gpupart.core.node.targets import GpuTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +83,7 @@ class GpuNow:
         return self.remembered
 
 
-def plan_mode(now: GpuNow, target: GpuTarget) -> tuple[GpuStep, ...]:
+def plan_mode(now: GpuNow, target: GpuConfig) -> tuple[GpuStep, ...]:
     """Steps from `now` to the target's mode (not to its MIG layout: `plan_counts` does that).
 
     Empty when the GPU is in that mode already (the MPS daemon serving the target's limits).
@@ -112,7 +111,7 @@ def plan_mode(now: GpuNow, target: GpuTarget) -> tuple[GpuStep, ...]:
     if now.mode is not target.mode:
         _require_idle(now)
     if target.mode is Mode.MPS and target.mps is not None:
-        limits = mps_limits(target.mps, now.memory_mib)
+        limits = mps_limits(target, now.memory_mib)
         return () if now.mps_serving == limits else (StartMpsDaemon(now.gpu, limits),)
     return _stop_mps(now)
 

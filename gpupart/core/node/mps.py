@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpupart.core.api.spec import MpsSettings
+from gpupart.core.api.spec import GpuConfig, MpsSettings
 from gpupart.core.errors import InvalidInput
 
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
@@ -20,21 +20,25 @@ class MpsLimits:
     """What one GPU's MPS daemon enforces by default for each client."""
 
     max_clients: int
+    """The GPU's replicas. The field names are the keys of the node agent's marker file for the
+    daemon, so they stay as written on disk (MPS's own word, "clients")."""
     memory_mib: int
     compute_percent: int
 
 
-def mps_limits(settings: MpsSettings, gpu_memory_mib: int) -> MpsLimits:
+def mps_limits(config: GpuConfig, gpu_memory_mib: int) -> MpsLimits:
     """Defaults: the partition's figures, else an even share of memory and SMs per client."""
-    if settings.max_clients < 1:
+    replicas = config.replicas
+    if replicas < 1:
         raise InvalidInput("mps.maxClients", "must be at least 1")
-    memory = settings.default_memory_mib or gpu_memory_mib // settings.max_clients
-    compute = settings.default_compute_percent or max(1, 100 // settings.max_clients)
+    settings = config.mps or MpsSettings()
+    memory = settings.default_memory_mib or gpu_memory_mib // replicas
+    compute = settings.default_compute_percent or max(1, 100 // replicas)
     if memory > gpu_memory_mib:
         raise InvalidInput(
             "mps.defaultMemory", f"{memory} MiB is more than the GPU's {gpu_memory_mib} MiB"
         )
-    return MpsLimits(settings.max_clients, max(1, memory), min(100, compute))
+    return MpsLimits(replicas, max(1, memory), min(100, compute))
 
 
 def daemon_commands(limits: MpsLimits) -> tuple[str, ...]:

@@ -1,44 +1,25 @@
-"""What each GPU of a node should be, from the desired annotation's groups (first group naming a GPU wins)."""
+"""What each GPU of a node should be (a GpuConfig), from the desired annotation's groups; first naming a GPU wins."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 
-from gpupart.core.api.spec import Disruption, Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup
 from gpupart.core.errors import InvalidInput
 
-
-@dataclass(frozen=True, slots=True)
-class GpuTarget:
-    """One GPU's wanted configuration; `partition` is None when no partition selects the GPU."""
-
-    mode: Mode
-    mig: tuple[tuple[str, int], ...] = ()
-    mps: MpsSettings | None = None
-    replicas: int = 0
-    disruption: Disruption = Disruption.WHEN_IDLE
-    partition: str | None = None
-
-    @property
-    def slots(self) -> int:
-        if self.mode is Mode.MPS and self.mps is not None:
-            return self.mps.max_clients
-        if self.mode is Mode.TIME_SLICING:
-            return max(1, self.replicas)
-        return 0
+UNPARTITIONED = GpuConfig(Mode.NONE)
+"""The target of a GPU that no partition selects: a whole GPU."""
 
 
-UNPARTITIONED = GpuTarget(Mode.NONE)
-
-
-def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[int, GpuTarget]:
+def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[int, GpuConfig]:
     """Each GPU index's target; the operator orders groups by priority, so the first match wins.
 
     A GPU that no group names returns to a whole GPU (the partition that held it was removed).
     A group that names a GPU twice, or one this node does not have, is InvalidInput: the
     operator never writes one, so the whole desired state is suspect and nothing is applied.
+    MIG profiles asked zero times are left out of the target.
     """
     groups = tuple(groups)
     indices = tuple(indices)
@@ -48,14 +29,8 @@ def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[
         target = UNPARTITIONED
         for group in groups:
             if group.gpus is None or index in group.gpus:
-                target = GpuTarget(
-                    mode=group.mode,
-                    mig=tuple((p, n) for p, n in group.mig if n),
-                    mps=group.mps,
-                    replicas=group.replicas or 0,
-                    disruption=group.disruption,
-                    partition=group.partition,
-                )
+                config = group.config
+                target = replace(config, mig=tuple((p, n) for p, n in config.mig if n))
                 break
         targets[index] = target
     return targets

@@ -20,21 +20,13 @@ from typing import Any
 
 from gpupart.core.api.spec import NodeSelector
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluation import (
-    SHARED_MODES,
-    Demand,
-    GpuView,
-    NodeView,
-    ScoringConfig,
-    Tenant,
-    must_avoid,
-    parse_label_selector,
-)
+from gpupart.core.scheduling.pods import Demand, must_avoid, parse_label_selector
+from gpupart.core.scheduling.terms import ScoringConfig
+from gpupart.core.scheduling.views import GpuView, NodeView, Tenant
 
 SEARCH_STEPS = 20_000
-"""Subsets tried per GPU before the best set found so far is taken: a GPU has a few dozen
-tenants at most, and the search finds the cheapest set within a few hundred steps in practice;
-the bound keeps one request's cost fixed whatever the GPU holds."""
+"""Subsets tried per GPU before the best set found so far is taken (docs/extender.md, Priority
+and preemption): the bound keeps one request's cost fixed whatever the GPU holds."""
 
 
 _OFFSET = 1 << 31
@@ -151,7 +143,7 @@ def choose_victims(
     if not request.shared:
         return None
     unplaced = sum(t.memory_mib for t in node.unplaced_tenants)
-    shared = [g for g in node.gpus if g.mode in SHARED_MODES]
+    shared = [g for g in node.gpus if g.mode.is_shared]
     room = sum(g.free_memory_mib for g in shared) - unplaced
     best: Victims | None = None
     for gpu in shared:
@@ -172,7 +164,7 @@ def _on_gpu(
     request = demand.request
     if request.memory_mib > gpu.memory_mib:
         return None
-    if gpu.max_clients and request.shared > gpu.max_clients:
+    if gpu.replicas and request.shared > gpu.replicas:
         return None
     if request.compute_percent > 100:
         return None
@@ -186,7 +178,7 @@ def _on_gpu(
     if node_room is not None and request.memory_mib:
         # Pods whose GPU is unknown use memory somewhere on the node: freed here, counted there.
         memory = max(memory, request.memory_mib - node_room)
-    slots = max(0, gpu.used_slots + request.shared - gpu.max_clients) if gpu.max_clients else 0
+    slots = max(0, gpu.used_replicas + request.shared - gpu.replicas) if gpu.replicas else 0
     compute = (
         max(0, gpu.used_compute_percent + request.compute_percent - 100)
         if request.compute_percent

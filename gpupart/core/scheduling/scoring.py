@@ -14,6 +14,9 @@ Policies:
 A `FragmentationModel` holds the typical-pod mix and the memo tables; it is created per workload
 and passed in, so nothing here is global. Node states that differ only in GPU order share memo
 entries, because fragmentation depends on the multiset of free shares, not on GPU indices.
+
+Over 400 lines on purpose: the four policies share the node-state helpers and the model's memo
+tables; apart, each would reach into the others' internals.
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ class GpuShape:
         if self.num_gpu == 0 or not self.gpu_spec:
             return True
         return model in self.gpu_spec
-
 
 
 TYPICAL_COVERAGE = 0.95
@@ -110,7 +112,7 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
-class Placement:
+class ScoredPlacement:
     """A scored way to put a pod on a node: higher `score` is better; `gpus` are GPU indices."""
 
     score: float
@@ -299,7 +301,7 @@ def score_node(
     *,
     model: FragmentationModel,
     rng: random.Random | None = None,
-) -> Placement | None:
+) -> ScoredPlacement | None:
     """Score one node for one pod under `policy`; None if the node cannot host the pod.
 
     `rng` is needed only by ``random``. GPU indices follow the paper: whole-GPU pods take the
@@ -310,9 +312,9 @@ def score_node(
     if policy is Policy.RANDOM:
         if rng is None:
             raise ValueError("the random policy needs an rng")
-        return Placement(rng.random(), _random_gpu(state, request, rng))
+        return ScoredPlacement(rng.random(), _random_gpu(state, request, rng))
     if policy is Policy.BESTFIT:
-        return Placement(float(bestfit_score(state, request)), _tightest_gpus(state, request))
+        return ScoredPlacement(float(bestfit_score(state, request)), _tightest_gpus(state, request))
     if policy is Policy.FGD:
         return _gradient(state, request, model.fragmentation, tightest_on_ties=False)
     return score_gpupart(state, request, model)
@@ -370,14 +372,16 @@ def _gradient(
     cost: Callable[[NodeState], float],
     *,
     tightest_on_ties: bool,
-) -> Placement:
+) -> ScoredPlacement:
     """FGD's score on the gradient of `cost`: whole-GPU pods take the lowest free GPUs; a shared
     pod the candidate GPU with the best score (the first, or with `tightest_on_ties` the one with
     the least free share, among equals)."""
     before = cost(state)
     if not request.is_shared:
         gpus = _lowest_free(state, request.num_gpu)
-        return Placement(float(_sigmoid_score(before - cost(take(state, request, gpus)))), gpus)
+        return ScoredPlacement(
+            float(_sigmoid_score(before - cost(take(state, request, gpus)))), gpus
+        )
     best_score = -1
     best_gpu = -1
     for index in _candidates(state, request):
@@ -388,7 +392,7 @@ def _gradient(
             and state.gpu_left[index] < state.gpu_left[best_gpu]
         ):
             best_score, best_gpu = score, index
-    return Placement(float(best_score), (best_gpu,))
+    return ScoredPlacement(float(best_score), (best_gpu,))
 
 
 def gpupart_cost(state: NodeState, model: FragmentationModel, *, takes_gpu: bool = True) -> float:
@@ -405,7 +409,7 @@ def gpupart_cost(state: NodeState, model: FragmentationModel, *, takes_gpu: bool
     return fragmentation + stranded if takes_gpu else max(fragmentation, stranded)
 
 
-def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> Placement:
+def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> ScoredPlacement:
     """Ours: FGD's gradient over fragmentation plus GPU share stranded without CPU.
 
     Node cost C(n) = F(n) + S(n): FGD's expected fragmentation F against the typical-pod mix,

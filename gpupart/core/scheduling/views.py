@@ -1,0 +1,225 @@
+"""Node views for scheduling: one node's GPUs and the pods holding them, built from the inventory, and anonymised.
+
+`assemble_node` builds a `NodeView` from the node agent's inventory and the node's pods;
+`anonymous` blanks its identity so nodes in the same state share verdicts (memo keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from gpupart.core.api.resources import GpuRequest
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import InventoryGpu, PodAssignment
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Tenant:
+    """A pod that holds GPU capacity on a node (bound, or assumed by the extender)."""
+
+    pod: str
+    """namespace/name"""
+    namespace: str
+    labels: tuple[tuple[str, str], ...] = ()
+    priority: int = 0
+    count: int = 1
+    """Whole GPUs or MIG slices held; shared pods: client slots."""
+    profile: str = ""
+    """MIG profile, for MIG tenants."""
+    memory_mib: int = 0
+    compute_percent: int = 0
+
+    def label(self, key: str) -> str:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU of a node as the node agent reported it, with the shared pods assigned to it."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    mode: Mode
+    replicas: int = 0
+    slices: tuple[str, ...] = ()
+    """MIG profiles of the GPU's MIG devices."""
+    tenants: tuple[Tenant, ...] = ()
+    used_memory_mib: int = 0
+    used_compute_percent: int = 0
+    used_replicas: int = 0
+
+    @property
+    def free_memory_mib(self) -> int:
+        return max(0, self.memory_mib - self.used_memory_mib)
+
+    @property
+    def contention(self) -> float:
+        """The busiest of memory, compute and client slots, as a share in [0, 1]."""
+        parts = [self.used_compute_percent / 100.0]
+        if self.memory_mib:
+            parts.append(self.used_memory_mib / self.memory_mib)
+        if self.replicas:
+            parts.append(self.used_replicas / self.replicas)
+        return min(1.0, max(parts))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """Everything the extender knows about one node's GPUs: inventory plus the pods using them."""
+
+    name: str
+    gpus: tuple[GpuView, ...] = ()
+    whole_tenants: tuple[Tenant, ...] = ()
+    mig_tenants: tuple[Tenant, ...] = ()
+    unplaced_tenants: tuple[Tenant, ...] = ()
+    """Shared-GPU pods on the node without an assignment the extender can read (GPU unknown)."""
+    cpu_milli: int | None = None
+    """Allocatable CPU in millicores (`Node.status.allocatable.cpu`); None: unknown."""
+    cpu_used_milli: int = 0
+    """CPU requests of the pods on the node (bound or assumed), GPU pods or not."""
+    problem: str = ""
+    """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
+    version: int = field(default=0, compare=False)
+    """Bumped by the cache on every change; memo keys use it."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedPod:
+    """A pod bound (or assumed) on a node, as the node view needs it."""
+
+    tenant: Tenant
+    request: GpuRequest
+    """Empty for a pod that holds only CPU."""
+    assignment: PodAssignment | None = None
+    cpu_milli: int = 0
+    """The pod's CPU request (`pod_cpu_milli`); counted against the node's allocatable CPU."""
+
+
+def assemble_node(
+    name: str,
+    inventory: tuple[InventoryGpu, ...] | None,
+    pods: Iterable[PlacedPod],
+    *,
+    cpu_milli: int | None = None,
+    problem: str = "",
+    version: int = 0,
+) -> NodeView:
+    """A node view from the node agent's inventory, the node's allocatable CPU and its pods."""
+    if inventory is None:
+        return NodeView(name, problem=problem or "no GPU inventory", version=version)
+    by_gpu: dict[int, list[Tenant]] = {}
+    whole: list[Tenant] = []
+    mig: list[Tenant] = []
+    unplaced: list[Tenant] = []
+    shared_indices = {g.index for g in inventory if g.mode.is_shared}
+    cpu_used = 0
+    for placed in pods:
+        request, tenant = placed.request, placed.tenant
+        cpu_used += placed.cpu_milli
+        if request.whole_gpus:
+            whole.append(tenant)
+        elif request.mig:
+            for profile, count in request.mig:
+                mig.append(_replace_mig(tenant, profile, count))
+        elif request.shared:
+            gpu = placed.assignment.gpu if placed.assignment is not None else -1
+            if gpu in shared_indices:
+                by_gpu.setdefault(gpu, []).append(tenant)
+            else:
+                unplaced.append(tenant)
+    gpus = []
+    for g in sorted(inventory, key=lambda g: g.index):
+        tenants = tuple(by_gpu.get(g.index, ()))
+        gpus.append(
+            GpuView(
+                index=g.index,
+                uuid=g.uuid,
+                product=g.product,
+                memory_mib=g.memory_mib,
+                mode=g.mode,
+                replicas=g.replicas,
+                slices=tuple(d.instance.profile for d in g.mig_devices),
+                tenants=tenants,
+                used_memory_mib=sum(t.memory_mib for t in tenants),
+                used_compute_percent=sum(t.compute_percent for t in tenants),
+                used_replicas=sum(t.count for t in tenants),
+            )
+        )
+    return NodeView(
+        name,
+        tuple(gpus),
+        tuple(whole),
+        tuple(mig),
+        tuple(unplaced),
+        cpu_milli=cpu_milli,
+        cpu_used_milli=cpu_used,
+        problem=problem,
+        version=version,
+    )
+
+
+def anonymous(node: NodeView) -> NodeView:
+    """The node without its identity: a key for verdicts shared by nodes in the same state.
+
+    Name, version, GPU UUIDs and the tenants' pod names are blanked and tenants put in a
+    canonical order; what `evaluate` decides on (inventory, usage, tenants' namespaces, labels
+    and requests, allocatable and requested CPU) is kept. Two nodes with equal anonymous views
+    get the same `Fit` for every demand, and the same `NoFit` up to the node name heading the
+    reason, except for kinds in `POD_NAMING_KINDS`, whose reasons list pods by name.
+    """
+    return NodeView(
+        "",
+        tuple(
+            GpuView(
+                g.index,
+                "",
+                g.product,
+                g.memory_mib,
+                g.mode,
+                g.replicas,
+                g.slices,
+                _anonymous_tenants(g.tenants),
+                g.used_memory_mib,
+                g.used_compute_percent,
+                g.used_replicas,
+            )
+            for g in node.gpus
+        ),
+        _anonymous_tenants(node.whole_tenants),
+        _anonymous_tenants(node.mig_tenants),
+        _anonymous_tenants(node.unplaced_tenants),
+        cpu_milli=node.cpu_milli,
+        cpu_used_milli=node.cpu_used_milli,
+        problem=node.problem,
+    )
+
+
+def _anonymous_tenants(tenants: tuple[Tenant, ...]) -> tuple[Tenant, ...]:
+    """The tenants without their pod names, in a canonical order (for state signatures)."""
+    # The constructor, not dataclasses.replace: this runs for every tenant at every watch
+    # event on its node (docs/extender.md, State ids).
+    return tuple(
+        sorted(
+            Tenant(
+                "",
+                t.namespace,
+                t.labels,
+                t.priority,
+                t.count,
+                t.profile,
+                t.memory_mib,
+                t.compute_percent,
+            )
+            for t in tenants
+        )
+    )
+
+
+def _replace_mig(tenant: Tenant, profile: str, count: int) -> Tenant:
+    return replace(tenant, count=count, profile=profile, memory_mib=0, compute_percent=0)
