@@ -228,7 +228,11 @@ def test_mode_plan_examples():
         (now(mps_started=True, mps_serving=FOUR), MPS4, ()),
         # Other limits on the running daemon: configured again, even in use (same mode).
         (
-            now(mps_started=True, mps_serving=mps_limits(GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=2), GIB80), in_use="pods a/b"),
+            now(
+                mps_started=True,
+                mps_serving=mps_limits(GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=2), GIB80),
+                in_use="pods a/b",
+            ),
             MPS4,
             (StartMpsDaemon(0, FOUR),),
         ),
