@@ -9,9 +9,11 @@ Rules, in order:
 - Among the ways to serve a pod: fewest instance operations (reusing an idle instance costs
   none, a create one, destroying an idle instance one), then least fragmentation left against
   the observed mix (`fragmentation`), then node name and GPU index.
-- Idle instances younger than the policy's `min_idle_s` are never destroyed; older ones only
-  when a creation needs their slices or to restore the warm mix on a GPU that holds nothing in
-  use or reserved. Nothing else changes, so a steady demand reaches a fixed point.
+- An idle instance is destroyed only when a pending pod's creation needs its slices, or, once
+  older than the policy's `min_idle_s` (the hysteresis), to restore the warm mix on a GPU that
+  holds nothing in use or reserved. The hysteresis never makes a pending pod wait: measured on
+  the saturated W2 workload it did (ADR 004). Nothing else changes, so a steady demand reaches
+  a fixed point.
 
 Within a node the choice is exact: when the greedy choice of GPUs fails, the pods planned on that
 node in this round are repacked over its GPUs by a bounded depth-first search.
@@ -113,33 +115,27 @@ class _Option:
 
 
 _Key = tuple[
-    GpuModel,
-    tuple[MigInstance, ...],
-    tuple[MigInstance, ...],
-    tuple[MigInstance, ...],
-    tuple[str, ...] | None,
-    bool,
+    GpuModel, tuple[MigInstance, ...], tuple[MigInstance, ...], tuple[str, ...] | None, bool
 ]
-"""A GPU up to its name: model, fixed instances, young idle, old idle, allowed profiles, carve."""
+"""A GPU up to its name: model, fixed instances, idle instances, allowed profiles, carve."""
 _Claims = tuple[tuple[str, int], ...]
 
 
 class _Work:
     """One GPU while a plan is made: its instances sorted by what may happen to them, its claims."""
 
-    __slots__ = ("gpu", "fixed", "young", "old", "key", "state", "claims", "warm")
+    __slots__ = ("gpu", "fixed", "idle", "young", "key", "state", "claims", "warm")
 
     def __init__(self, gpu: Gpu, now: float) -> None:
         self.gpu = gpu
         self.fixed = tuple(sorted(i for i in gpu.instances if i.fixed))
-        idle = sorted(i for i in gpu.instances if not i.fixed)
-        self.young = tuple(i for i in idle if now - i.since < gpu.policy.min_idle_s)
-        self.old = tuple(i for i in idle if now - i.since >= gpu.policy.min_idle_s)
+        self.idle = tuple(sorted(i for i in gpu.instances if not i.fixed))
+        self.young = tuple(i for i in self.idle if now - i.since < gpu.policy.min_idle_s)
+        """Idle instances the warm mix may not destroy yet (a pending pod may)."""
         self.key: _Key = (
             gpu.model,
             tuple(i.instance for i in self.fixed),
-            tuple(i.instance for i in self.young),
-            tuple(i.instance for i in self.old),
+            tuple(i.instance for i in self.idle),
             gpu.policy.profiles,
             gpu.policy.carve_idle_gpus,
         )
@@ -199,32 +195,31 @@ class _Solver:
         return found
 
     def _solve(self, key: _Key, claims: _Claims) -> _Option | None:
-        """The cheapest layout that keeps fixed and young instances and covers `claims`.
+        """The cheapest layout that keeps the fixed instances and covers `claims`.
 
-        Exact: every subset of old idle instances to destroy is tried, fewest first, until
+        Exact: every subset of idle instances to destroy is tried, fewest first, until
         destroying more cannot be cheaper than the best found.
         """
-        model, fixed, young, old, allowed, carve = key
+        model, fixed, idle, allowed, carve = key
         need = dict(claims)
         if not need:
-            layout = tuple(sorted((*fixed, *young, *old)))
+            layout = tuple(sorted((*fixed, *idle)))
             return _Option(layout, (), (), self.frag(model, layout))
-        reusable = layout_counts(young)
-        beyond = {p: n - reusable.get(p, 0) for p, n in need.items() if n > reusable.get(p, 0)}
-        if not _may_fit(model, (*fixed, *young), beyond):
+        if not _may_fit(model, fixed, need):
             return None  # no subset of idle instances to destroy can make room
         best: _Option | None = None
-        for drop in range(len(old) + 1):
+        for drop in range(len(idle) + 1):
             if best is not None and OPS_WEIGHT * drop >= best.cost:
                 break
-            for dropped in combinations(old, drop):
-                kept = (*fixed, *young, *(i for i in old if i not in dropped))
-                idle_counts = layout_counts((*young, *(i for i in old if i not in dropped)))
+            for dropped in combinations(idle, drop):
+                left = tuple(i for i in idle if i not in dropped)
+                kept = (*fixed, *left)
+                idle_counts = layout_counts(left)
                 new = {p: n - idle_counts.get(p, 0) for p, n in need.items()}
                 new = {p: n for p, n in new.items() if n > 0}
                 if any(allowed is not None and p not in allowed for p in new):
                     continue
-                if new and not carve and not fixed and not young and not old:
+                if new and not carve and not fixed and not idle:
                     continue
                 target = layout_counts(kept)
                 for p, n in new.items():
@@ -419,7 +414,7 @@ def _warm(solver: _Solver, works: list[_Work]) -> None:
         warm = work.gpu.policy.warm_counts
         if not warm or work.fixed or work.claims:
             continue
-        present = tuple(i.instance for i in (*work.young, *work.old))
+        present = tuple(i.instance for i in work.idle)
         if layout_counts(present) == warm:
             continue
         if not work.gpu.policy.carve_idle_gpus and not present:
@@ -443,9 +438,7 @@ def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]
             actual = [GpuInstanceState(i.instance, in_use=i.fixed) for i in gpu.instances]
             steps = plan_layout(gpu.index, actual, option.layout)
             plans.append(GpuPlan(gpu.node, gpu.index, steps, option.layout))
-        reusable = sorted(
-            i.instance for i in (*work.young, *work.old) if i.instance in option.layout
-        )
+        reusable = sorted(i.instance for i in work.idle if i.instance in option.layout)
         created = sorted(option.created)
         for pod, profile in work.claims:
             pick = next((i for i in reusable if i.profile == profile), None)
@@ -482,7 +475,7 @@ def _reason(works: list[_Work], request: Demand, now: float) -> str:
 
 def _free_slices(work: _Work) -> int:
     used = 0
-    for i in (*work.fixed, *work.young):
+    for i in work.fixed:
         used |= i.instance.placement.mask
     return (~used & ((1 << work.gpu.model.memory_slices) - 1)).bit_count()
 
@@ -491,7 +484,7 @@ def _holds(work: _Work, request: Demand, now: float) -> str:
     disallowed = [p for p in request.profiles if not work.gpu.policy.allows(p)]
     if disallowed:
         return f"may not create {disallowed[0]} (not in its partition's profiles)"
-    parts = [i.describe(now) for i in (*work.fixed, *work.young)]
+    parts = [i.describe(now) for i in work.fixed]
     parts += [f"{p} planned for {pod}" for pod, p in work.claims]
     if not work.gpu.instances and not work.gpu.policy.carve_idle_gpus and not work.claims:
         return "is empty and its partition does not carve idle GPUs"
