@@ -273,6 +273,26 @@ def test_served_demand_matches_an_exhaustive_search(scenario, gpu_count):
     assert checked > 30
 
 
+@pytest.mark.parametrize("gpu_count", [2, 3])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_served_demand_matches_an_exhaustive_search_across_two_nodes(scenario, gpu_count):
+    # the choice between nodes is greedy; this checks it loses no pod the exhaustive search serves
+    first, second = SCENARIOS[scenario]
+    gpus = [Gpu("node-a", 0, A100, first)]
+    if gpu_count == 3:
+        gpus.append(Gpu("node-a", 1, A100))
+    gpus.append(Gpu("node-b", 0, A100, second))
+    options = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+    checked = 0
+    for size in range(1, 5 if gpu_count == 2 else 4):
+        for multiset in itertools.combinations_with_replacement(options, size):
+            demand = [Demand(f"p{k}", (p,), pending_since=k) for k, p in enumerate(multiset)]
+            result = plan(gpus, demand, now=100.0)
+            assert result.served() == lexicographic_oracle(gpus, demand, 100.0), multiset
+            checked += 1
+    assert checked > 30
+
+
 def test_a_pod_asking_two_instances_is_served_on_one_node_or_not_at_all():
     gpus = [
         Gpu(

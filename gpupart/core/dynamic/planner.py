@@ -29,7 +29,7 @@ Pure and deterministic: no clock (the caller passes `now`), no randomness.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from math import inf
@@ -312,12 +312,13 @@ class _Solver:
         return value
 
     def fit(
-        self, geometry: _Geometry, counts: Mapping[str, int], keep: frozenset[_Spot]
+        self, geometry: _Geometry, vector: tuple[int, ...], keep: frozenset[_Spot]
     ) -> tuple[_Spot, ...] | None:
-        """`fit_layout` on spots: the first layout with `counts` holding `keep`, most room first."""
-        vector = tuple(counts.get(p.name, 0) for p in geometry.profiles)
+        """`fit_layout` on spots: the first layout with `vector` (counts in the model's profile
+        order) holding `keep`, most room first."""
         candidates = geometry.layouts.get(vector)
         if candidates is None:
+            counts = {p.name: n for p, n in zip(geometry.profiles, vector, strict=True) if n}
             candidates = geometry.layouts[vector] = tuple(
                 (frozenset(spots), spots)
                 for spots in (
@@ -376,24 +377,34 @@ class _Solver:
             fixed_mask |= ((1 << size) - 1) << start
         if not _room(geometry, fixed, fixed_mask, items):
             return None  # no subset of idle instances to destroy can make room
-        need = dict(claims)
-        fixed_counts = Counter(name for _, _, name in fixed)
+        index = {p.name: p.index for p in geometry.profiles}
+        need = [(index[name], count) for name, count in claims]
+        base = [0] * len(geometry.profiles)
+        for _, _, name in fixed:
+            base[index[name]] += 1
         best: _Option | None = None
         for drop in range(len(idle) + 1):
             if best is not None and OPS_WEIGHT * drop >= best.cost:
                 break
             for dropped in combinations(idle, drop):
                 left = [spot for spot in idle if spot not in dropped]
-                idle_counts = Counter(name for _, _, name in left)
-                new = {p: n - idle_counts[p] for p, n in need.items() if n > idle_counts[p]}
-                if allowed is not None and any(p not in allowed for p in new):
+                idle_counts = [0] * len(base)
+                for _, _, name in left:
+                    idle_counts[index[name]] += 1
+                new = [(k, n - idle_counts[k]) for k, n in need if n > idle_counts[k]]
+                if (
+                    new
+                    and allowed is not None
+                    and any(geometry.profiles[k].name not in allowed for k, _ in new)
+                ):
                     continue
                 if new and not carve and not fixed and not idle:
                     continue
-                target = fixed_counts + idle_counts
-                target.update(new)
+                target = [a + b for a, b in zip(base, idle_counts, strict=True)]
+                for k, n in new:
+                    target[k] += n
                 kept = frozenset((*fixed, *left))
-                found = self.fit(geometry, target, kept)
+                found = self.fit(geometry, tuple(target), kept)
                 if found is None:
                     continue
                 created = tuple(spot for spot in found if spot not in kept)
@@ -516,6 +527,16 @@ def _serve(solver: _Solver, nodes: _Nodes, request: Demand) -> bool:
         if _repack(solver, node, request.pod, profiles):
             nodes.changed(name)
             return True
+    # across nodes: only when the pod fits some node without this round's claims, so that
+    # moving earlier pods can help (in a saturated cluster most pods fail that cheap test)
+    if len(nodes.gpus) > 1 and any(
+        _greedy(solver, node, profiles, fresh=True) is not None for node in nodes.gpus.values()
+    ):
+        works = [work for node in nodes.gpus.values() for work in node]
+        if _repack(solver, works, request.pod, profiles):
+            for name in nodes.gpus:
+                nodes.changed(name)
+            return True
     return False
 
 
@@ -527,18 +548,24 @@ def _current(solver: _Solver, work: _Work) -> _Option:
 
 
 def _greedy(
-    solver: _Solver, node: list[_Work], profiles: tuple[str, ...], bound: float = inf
+    solver: _Solver,
+    node: list[_Work],
+    profiles: tuple[str, ...],
+    bound: float = inf,
+    *,
+    fresh: bool = False,
 ) -> _Choice | None:
     """For each instance in turn, the GPU of `node` where adding it costs least, and the total
     cost (weighted cost, operations); None when one instance fits nowhere. A GPU whose lower
-    bound exceeds `bound` (or the best found) is skipped: it cannot be the answer."""
+    bound exceeds `bound` (or the best found) is skipped: it cannot be the answer. `fresh`:
+    as if nothing were claimed on the node yet."""
     extra: dict[int, _Claims] = {}
     chosen: list[_Work] = []
     cost, ops = 0.0, 0
     for profile in profiles:
         best: tuple[tuple[float, int, int], _Work] | None = None
         for position, work in enumerate(node):
-            claims = extra.get(position, work.counts)
+            claims = extra.get(position, () if fresh else work.counts)
             limit = bound if best is None else min(bound, best[0][0])
             if not claims and solver.lower(work.state, profile) > limit:
                 continue
@@ -551,30 +578,39 @@ def _greedy(
         if best is None:
             return None
         (delta_cost, delta_ops, position), work = best
-        extra[position] = solver.plus(extra.get(position, work.counts), profile)
+        extra[position] = solver.plus(extra.get(position, () if fresh else work.counts), profile)
         chosen.append(work)
         cost += delta_cost
         ops += delta_ops
     return (cost, ops), chosen
 
 
-def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: tuple[str, ...]) -> bool:
-    """Redistribute this round's claims on `node` plus `pod`'s over its GPUs; exact within budget."""
-    items = [(c_pod, p) for work in node for c_pod, p in work.claims]
+def _repack(solver: _Solver, works: list[_Work], pod: str, profiles: tuple[str, ...]) -> bool:
+    """Redistribute this round's claims on `works` plus `pod`'s over them, each pod's instances
+    on one node; exact within `REPACK_BUDGET` GPU evaluations."""
+    items = [(c_pod, p) for work in works for c_pod, p in work.claims]
     if not items and len(profiles) == 1:
         return False  # the greedy pass already tried every GPU for this one instance
     items += [(pod, p) for p in profiles]
-    if _slices(node, (p for _, p in items)) > sum(_free_slices(work) for work in node):
+    if len({work.gpu.model for work in works}) == 1 and _slices(works, (p for _, p in items)) > sum(
+        _free_slices(work) for work in works
+    ):
         return False
     items.sort(key=lambda item: _size(item[1]))
-    assignment: list[list[tuple[str, str]]] = [[] for _ in node]
+    assignment: list[list[tuple[str, str]]] = [[] for _ in works]
+    homes: dict[str, str] = {}
+    """The node of each pod with an instance placed."""
     budget = [REPACK_BUDGET]
 
     def place(position: int) -> bool:
         if position == len(items):
             return True
+        owner = items[position][0]
+        home = homes.get(owner)
         tried: set[tuple[int, _Claims]] = set()
-        for g, work in enumerate(node):
+        for g, work in enumerate(works):
+            if home is not None and work.gpu.node != home:
+                continue
             claims = _claims_key(p for _, p in (*assignment[g], items[position]))
             state = (work.state, _claims_key(p for _, p in assignment[g]))
             if state in tried:  # an identical GPU already failed for this item
@@ -586,14 +622,17 @@ def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: tuple[str, .
             if solver.option(work.state, claims) is None:
                 continue
             assignment[g].append(items[position])
+            homes[owner] = work.gpu.node
             if place(position + 1):
                 return True
             assignment[g].pop()
+            if home is None:
+                del homes[owner]
         return False
 
     if not place(0):
         return False
-    for work, claims in zip(node, assignment, strict=True):
+    for work, claims in zip(works, assignment, strict=True):
         work.claims = claims
         work.counts = _claims_key(p for _, p in claims)
     return True
