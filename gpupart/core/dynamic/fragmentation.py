@@ -9,10 +9,10 @@ loses every free slice. 0 on a fully used GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from gpupart.core.dynamic.model import Mix
-from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel
+from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel, MediaEngines
 from gpupart.core.mig.layout import MigInstance, Placement
 
 
@@ -27,6 +27,20 @@ def fragmentation(model: GpuModel, layout: Iterable[MigInstance], mix: Mix) -> f
         instances += 1
         engines += taken.engines
         counts[taken.name] = counts.get(taken.name, 0) + 1
+    return stranded(model, used, compute, instances, engines, counts, mix)
+
+
+def stranded(
+    model: GpuModel,
+    used: int,
+    compute: int,
+    instances: int,
+    engines: MediaEngines,
+    counts: Mapping[str, int],
+    mix: Mix,
+) -> float:
+    """`fragmentation` of a layout given by its totals: the used-slice mask, compute slices,
+    instance count, media engines and instances per profile."""
     free = ((1 << model.memory_slices) - 1) & ~used
     if not free:
         return 0.0

@@ -10,7 +10,8 @@ from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance
 
 DEFAULT_MIN_IDLE_S = 60
-"""An idle instance younger than this is never destroyed (hysteresis)."""
+"""An idle instance younger than this is not merged into the warm mix (hysteresis); a pending
+pod that needs its slices may reclaim it at once."""
 MAX_MIN_IDLE_S = 86_400
 
 
@@ -20,7 +21,8 @@ class Use(StrEnum):
     IN_USE = "in-use"
     """Bound to a running or bound pod: never destroyed or moved."""
     IDLE = "idle"
-    """Free since `Instance.since`: reusable as is; destroyable once older than the hysteresis."""
+    """Free since `Instance.since`: reusable as is; destroyable for a pending pod, or for the warm
+    mix once older than the hysteresis."""
     RESERVED = "reserved"
     """Planned or created for a pending pod: treated as in use."""
 

@@ -1,35 +1,51 @@
 """The dynamic MIG planner: pending demand in, per-GPU NVML steps and a reservation per instance out.
 
 Rules, in order:
-- An instance in use or reserved is never destroyed or moved: it is `keep` for the exact solver
-  (`gpupart.core.mig.layout.fit_layout`), and `plan_layout` refuses a plan that would touch it anyway.
+- An instance in use or reserved is never destroyed or moved: every layout considered contains
+  it (the layouts of `gpupart.core.mig.layout.layouts_with_counts`, as `fit_layout` ranks
+  them), and `plan_layout` refuses a plan that would touch it anyway.
 - Pods are served by priority (higher first), then by how long they have waited (aging, so a
   large request is not starved by a stream of small ones), then by name; a pod is served only
   if every instance it asks for fits on one node, together with everything served before it.
-- Among the ways to serve a pod: fewest instance operations (reusing an idle instance costs
-  none, a create one, destroying an idle instance one), then least fragmentation left against
-  the observed mix (`fragmentation`), then node name and GPU index.
-- Idle instances younger than the policy's `min_idle_s` are never destroyed; older ones only
-  when a creation needs their slices or to restore the warm mix on a GPU that holds nothing in
-  use or reserved. Nothing else changes, so a steady demand reaches a fixed point.
+- Among the ways to serve a pod: least `OPS_WEIGHT` x instance operations (reusing an idle
+  instance costs none, a create one, destroying an idle instance one) + fragmentation left
+  against the observed mix (`fragmentation`), then fewest operations, node name, GPU index.
+- An idle instance is destroyed only when a pending pod's creation needs its slices, or, once
+  older than the policy's `min_idle_s` (the hysteresis), to restore the warm mix on a GPU that
+  holds nothing in use or reserved. The hysteresis never makes a pending pod wait: measured on
+  the saturated W2 workload it did (ADR 004). Nothing else changes, so a steady demand reaches
+  a fixed point.
 
 Within a node the choice is exact: when the greedy choice of GPUs fails, the pods planned on that
 node in this round are repacked over its GPUs by a bounded depth-first search.
+
+Speed (about 1,000 GPUs per decision): GPU states are numbered once, instances are plain tuples
+(dataclass hashing dominated before), per-GPU answers are memoised by (state, claims), each
+node's answer is kept until a claim changes that node, and a GPU whose lower bound on cost
+cannot beat the best found is not solved (`_Solver.lower`); none of this changes an answer.
 Pure and deterministic: no clock (the caller passes `now`), no randomness.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from math import inf
 
-from gpupart.core.dynamic.fragmentation import fragmentation
-from gpupart.core.dynamic.model import Demand, Gpu, Mix, Use
+from gpupart.core.dynamic.fragmentation import stranded
+from gpupart.core.dynamic.model import Demand, Gpu, Instance, Mix, Use
 from gpupart.core.errors import InvalidInput
-from gpupart.core.mig.catalogue import GpuModel, parse_profile_name
-from gpupart.core.mig.layout import Layout, MigInstance, Placement, fit_layout, layout_counts
+from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel, MediaEngines, parse_profile_name
+from gpupart.core.mig.layout import (
+    Layout,
+    MigInstance,
+    Placement,
+    fit_layout,
+    layout_counts,
+    layouts_with_counts,
+)
 from gpupart.core.mig.planning import (
     CreateGpuInstance,
     DestroyGpuInstance,
@@ -94,13 +110,25 @@ class Plan:
         return frozenset(r.pod for r in self.reservations)
 
 
+_Spot = tuple[int, int, str]
+"""An instance inside the solver: (start slot, memory slices, profile); tuples hash fast."""
+
+
+def _spot(instance: MigInstance) -> _Spot:
+    return (instance.placement.start, instance.placement.size, instance.profile)
+
+
+def _instance(spot: _Spot) -> MigInstance:
+    return MigInstance(Placement(spot[0], spot[1]), spot[2])
+
+
 @dataclass(frozen=True, slots=True)
 class _Option:
     """One way to give a GPU its claims: the layout, what it creates and destroys, its cost."""
 
-    layout: Layout
-    created: tuple[MigInstance, ...]
-    destroyed: tuple[MigInstance, ...]
+    layout: tuple[_Spot, ...]
+    created: tuple[_Spot, ...]
+    destroyed: tuple[_Spot, ...]
     frag: float
 
     @property
@@ -112,34 +140,64 @@ class _Option:
         return OPS_WEIGHT * self.ops + self.frag
 
 
-_Key = tuple[
-    GpuModel,
-    tuple[MigInstance, ...],
-    tuple[MigInstance, ...],
-    tuple[MigInstance, ...],
-    tuple[str, ...] | None,
-    bool,
-]
-"""A GPU up to its name: model, fixed instances, young idle, old idle, allowed profiles, carve."""
+@dataclass(frozen=True, slots=True)
+class _Profile:
+    """A profile as the solver needs it: sizes, limits, and the slice mask of every start."""
+
+    name: str
+    index: int
+    memory: int
+    compute: int
+    engines: MediaEngines
+    masks: tuple[tuple[int, int], ...]
+    """(start, mask) per legal start, in start order."""
+
+
+class _Geometry:
+    """One GPU model's profiles, indexed once per plan."""
+
+    __slots__ = ("model", "profiles", "by_name", "layouts")
+
+    def __init__(self, model: GpuModel) -> None:
+        self.model = model
+        self.profiles = tuple(
+            _Profile(
+                p.name,
+                k,
+                p.memory_slices,
+                p.compute_slices,
+                p.engines,
+                tuple((start, Placement(start, p.memory_slices).mask) for start in p.starts),
+            )
+            for k, p in enumerate(model.profiles)
+        )
+        self.by_name = {p.name: p for p in self.profiles}
+        self.layouts: dict[
+            tuple[int, ...], tuple[tuple[frozenset[_Spot], tuple[_Spot, ...]], ...]
+        ] = {}
+        """Every layout per count vector as spots, most room first (`layouts_with_counts`)."""
+
+
+_Key = tuple[int, tuple[_Spot, ...], tuple[_Spot, ...], tuple[str, ...] | None, bool]
+"""A GPU up to its name: model number, fixed instances, idle instances, allowed profiles, carve."""
 _Claims = tuple[tuple[str, int], ...]
 
 
 class _Work:
     """One GPU while a plan is made: its instances sorted by what may happen to them, its claims."""
 
-    __slots__ = ("gpu", "fixed", "young", "old", "key", "state", "claims", "warm")
+    __slots__ = ("gpu", "fixed", "idle", "young", "key", "state", "claims", "counts", "warm")
 
-    def __init__(self, gpu: Gpu, now: float) -> None:
+    def __init__(self, gpu: Gpu, now: float, model_number: int) -> None:
         self.gpu = gpu
-        self.fixed = tuple(sorted(i for i in gpu.instances if i.fixed))
-        idle = sorted(i for i in gpu.instances if not i.fixed)
-        self.young = tuple(i for i in idle if now - i.since < gpu.policy.min_idle_s)
-        self.old = tuple(i for i in idle if now - i.since >= gpu.policy.min_idle_s)
+        self.fixed = tuple(sorted((i for i in gpu.instances if i.fixed), key=_start))
+        self.idle = tuple(sorted((i for i in gpu.instances if not i.fixed), key=_start))
+        self.young = tuple(i for i in self.idle if now - i.since < gpu.policy.min_idle_s)
+        """Idle instances the warm mix may not destroy yet (a pending pod may)."""
         self.key: _Key = (
-            gpu.model,
-            tuple(i.instance for i in self.fixed),
-            tuple(i.instance for i in self.young),
-            tuple(i.instance for i in self.old),
+            model_number,
+            tuple(_spot(i.instance) for i in self.fixed),
+            tuple(_spot(i.instance) for i in self.idle),
             gpu.policy.profiles,
             gpu.policy.carve_idle_gpus,
         )
@@ -147,8 +205,18 @@ class _Work:
         """The solver's number for `key` (set by `plan`)."""
         self.claims: list[tuple[str, str]] = []
         """(pod, profile) served on this GPU by this plan."""
+        self.counts: _Claims = ()
+        """`claims` as profile counts (the solver's key)."""
         self.warm: _Option | None = None
         """The change that restores the warm mix, on a GPU without claims."""
+
+    def claim(self, pod: str, profile: str) -> None:
+        self.claims.append((pod, profile))
+        self.counts = _claims_key(p for _, p in self.claims)
+
+
+def _start(instance: Instance) -> int:
+    return instance.instance.placement.start
 
 
 def _claims_key(profiles: Iterable[str]) -> _Claims:
@@ -160,18 +228,28 @@ class _Solver:
 
     def __init__(self, mix: Mix) -> None:
         self.mix = mix
+        self.geometries: list[_Geometry] = []
+        self.model_numbers: dict[int, int] = {}
         self.memo: dict[tuple[int, _Claims], _Option | None] = {}
         self.states: dict[_Key, int] = {}
         self.sums: dict[tuple[_Claims, str], _Claims] = {}
         self.keys: list[_Key] = []
-        self.frag_memo: dict[tuple[GpuModel, Layout], float] = {}
+        self.deltas: dict[tuple[int, _Claims, str], tuple[float, int] | None] = {}
+        self.frag_memo: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        self.lowers: dict[tuple[int, str], float] = {}
 
-    def frag(self, model: GpuModel, layout: Layout) -> float:
-        key = (model, layout)
-        value = self.frag_memo.get(key)
-        if value is None:
-            value = self.frag_memo[key] = fragmentation(model, layout, self.mix)
-        return value
+    def model_number(self, model: GpuModel) -> int:
+        """A small number per distinct model (by identity first: hashing a model is slow)."""
+        number = self.model_numbers.get(id(model))
+        if number is None:
+            number = next(
+                (k for k, g in enumerate(self.geometries) if g.model == model),
+                len(self.geometries),
+            )
+            if number == len(self.geometries):
+                self.geometries.append(_Geometry(model))
+            self.model_numbers[id(model)] = number
+        return number
 
     def plus(self, claims: _Claims, profile: str) -> _Claims:
         """`claims` with one more `profile` (memoised: the same few sums recur on every GPU)."""
@@ -184,7 +262,7 @@ class _Solver:
         return found
 
     def intern(self, key: _Key) -> int:
-        """A small number for a GPU state: memo keys then hash an int, not the whole model."""
+        """A small number for a GPU state: memo keys then hash an int, not the whole state."""
         state = self.states.get(key)
         if state is None:
             state = self.states[key] = len(self.keys)
@@ -198,70 +276,157 @@ class _Solver:
         found = self.memo[memo_key] = self._solve(self.keys[state], claims)
         return found
 
-    def _solve(self, key: _Key, claims: _Claims) -> _Option | None:
-        """The cheapest layout that keeps fixed and young instances and covers `claims`.
+    def delta(self, state: int, claims: _Claims, profile: str) -> tuple[float, int] | None:
+        """What adding one `profile` to a GPU holding `claims` costs: (weighted cost, operations)."""
+        key = (state, claims, profile)
+        if key in self.deltas:
+            return self.deltas[key]
+        before = self.option(state, claims)
+        after = self.option(state, self.plus(claims, profile))
+        found = None
+        if before is not None and after is not None:
+            found = (after.cost - before.cost, after.ops - before.ops)
+        self.deltas[key] = found
+        return found
 
-        Exact: every subset of old idle instances to destroy is tried, fewest first, until
-        destroying more cannot be cheaper than the best found.
+    def frag(self, geometry: _Geometry, layout: Sequence[_Spot]) -> float:
+        used = 0
+        counts = [0] * len(geometry.profiles)
+        for start, size, name in layout:
+            used |= ((1 << size) - 1) << start
+            counts[geometry.by_name[name].index] += 1
+        key = (id(geometry), used, tuple(counts))
+        value = self.frag_memo.get(key)
+        if value is None:
+            compute = instances = 0
+            engines = NO_MEDIA
+            by_name: dict[str, int] = {}
+            for profile, count in zip(geometry.profiles, counts, strict=True):
+                if count:
+                    compute += count * profile.compute
+                    instances += count
+                    engines += profile.engines.times(count)
+                    by_name[profile.name] = count
+            value = stranded(geometry.model, used, compute, instances, engines, by_name, self.mix)
+            self.frag_memo[key] = value
+        return value
+
+    def fit(
+        self, geometry: _Geometry, vector: tuple[int, ...], keep: frozenset[_Spot]
+    ) -> tuple[_Spot, ...] | None:
+        """`fit_layout` on spots: the first layout with `vector` (counts in the model's profile
+        order) holding `keep`, most room first."""
+        candidates = geometry.layouts.get(vector)
+        if candidates is None:
+            counts = {p.name: n for p, n in zip(geometry.profiles, vector, strict=True) if n}
+            candidates = geometry.layouts[vector] = tuple(
+                (frozenset(spots), spots)
+                for spots in (
+                    tuple(sorted(_spot(i) for i in layout))
+                    for layout in layouts_with_counts(geometry.model, counts)
+                )
+            )
+        for present, spots in candidates:
+            if keep <= present:
+                return spots
+        return None
+
+    def lower(self, state: int, profile: str) -> float:
+        """A lower bound on `delta` for a GPU without claims: 0 when an idle instance of
+        `profile` is there to reuse (the layout stays as it is), else at least one operation
+        against the fragmentation it may remove; `inf` when the profile cannot fit at all."""
+        key = (state, profile)
+        found = self.lowers.get(key)
+        if found is None:
+            number, fixed, idle, _, _ = self.keys[state]
+            geometry = self.geometries[number]
+            wanted = geometry.by_name.get(profile)
+            fixed_mask = 0
+            for start, size, _ in fixed:
+                fixed_mask |= ((1 << size) - 1) << start
+            if wanted is None or not _room(geometry, fixed, fixed_mask, [wanted]):
+                found = inf
+            else:
+                before = self.option(state, ())
+                change = OPS_WEIGHT - (before.frag if before is not None else 0.0)
+                reuse = any(name == profile for _, _, name in idle)
+                found = min(0.0, change) if reuse else change
+            self.lowers[key] = found
+        return found
+
+    def _solve(self, key: _Key, claims: _Claims) -> _Option | None:
+        """The cheapest layout that keeps the fixed instances and covers `claims`.
+
+        Exact over which idle instances to destroy: every subset is tried, fewest first, until
+        destroying more cannot be cheaper than the best found; for each, the exact solver
+        (`fit_layout`) places the instances to create where they leave the most room.
         """
-        model, fixed, young, old, allowed, carve = key
-        need = dict(claims)
-        if not need:
-            layout = tuple(sorted((*fixed, *young, *old)))
-            return _Option(layout, (), (), self.frag(model, layout))
-        reusable = layout_counts(young)
-        beyond = {p: n - reusable.get(p, 0) for p, n in need.items() if n > reusable.get(p, 0)}
-        if not _may_fit(model, (*fixed, *young), beyond):
+        number, fixed, idle, allowed, carve = key
+        geometry = self.geometries[number]
+        if not claims:
+            layout = tuple(sorted((*fixed, *idle)))
+            return _Option(layout, (), (), self.frag(geometry, layout))
+        items = []
+        for name, count in claims:
+            profile = geometry.by_name.get(name)
+            if profile is None:
+                return None
+            items += [profile] * count
+        fixed_mask = 0
+        for start, size, _ in fixed:
+            fixed_mask |= ((1 << size) - 1) << start
+        if not _room(geometry, fixed, fixed_mask, items):
             return None  # no subset of idle instances to destroy can make room
+        index = {p.name: p.index for p in geometry.profiles}
+        need = [(index[name], count) for name, count in claims]
+        base = [0] * len(geometry.profiles)
+        for _, _, name in fixed:
+            base[index[name]] += 1
         best: _Option | None = None
-        for drop in range(len(old) + 1):
+        for drop in range(len(idle) + 1):
             if best is not None and OPS_WEIGHT * drop >= best.cost:
                 break
-            for dropped in combinations(old, drop):
-                kept = (*fixed, *young, *(i for i in old if i not in dropped))
-                idle_counts = layout_counts((*young, *(i for i in old if i not in dropped)))
-                new = {p: n - idle_counts.get(p, 0) for p, n in need.items()}
-                new = {p: n for p, n in new.items() if n > 0}
-                if any(allowed is not None and p not in allowed for p in new):
+            for dropped in combinations(idle, drop):
+                left = [spot for spot in idle if spot not in dropped]
+                idle_counts = [0] * len(base)
+                for _, _, name in left:
+                    idle_counts[index[name]] += 1
+                new = [(k, n - idle_counts[k]) for k, n in need if n > idle_counts[k]]
+                if (
+                    new
+                    and allowed is not None
+                    and any(geometry.profiles[k].name not in allowed for k, _ in new)
+                ):
                     continue
-                if new and not carve and not fixed and not young and not old:
+                if new and not carve and not fixed and not idle:
                     continue
-                target = layout_counts(kept)
-                for p, n in new.items():
-                    target[p] = target.get(p, 0) + n
-                if any(model.find_profile(p) is None for p in target):
-                    continue
-                found = fit_layout(model, target, keep=kept)
+                target = [a + b for a, b in zip(base, idle_counts, strict=True)]
+                for k, n in new:
+                    target[k] += n
+                kept = frozenset((*fixed, *left))
+                found = self.fit(geometry, tuple(target), kept)
                 if found is None:
                     continue
-                created = tuple(i for i in found if i not in kept)
-                option = _Option(found, created, tuple(dropped), self.frag(model, found))
+                created = tuple(spot for spot in found if spot not in kept)
+                option = _Option(found, created, dropped, self.frag(geometry, found))
                 if best is None or (option.cost, option.ops) < (best.cost, best.ops):
                     best = option
         return best
 
 
-def _may_fit(model: GpuModel, kept: Sequence[MigInstance], need: Mapping[str, int]) -> bool:
-    """A necessary condition for `need` beside `kept`: slices and compute left, and for each
-    profile a legal start clear of `kept` (cheap; the exact solver decides)."""
-    used = 0
-    compute = 0
-    for instance in kept:
-        used |= instance.placement.mask
-        compute += model.require_profile(instance.profile).compute_slices
-    memory = compute_needed = 0
-    for name, count in need.items():
-        profile = model.find_profile(name)
-        if profile is None:
-            return False
-        memory += count * profile.memory_slices
-        compute_needed += count * profile.compute_slices
-        if not any(
-            not Placement(start, profile.memory_slices).mask & used for start in profile.starts
-        ):
-            return False
-    free = model.memory_slices - used.bit_count()
-    return memory <= free and compute + compute_needed <= model.compute_slices
+def _room(
+    geometry: _Geometry, fixed: Sequence[_Spot], fixed_mask: int, items: Sequence[_Profile]
+) -> bool:
+    """A necessary condition for `items` beside the fixed instances: slices and compute left,
+    and for each profile a legal start clear of them (cheap; the exact search decides)."""
+    compute = sum(geometry.by_name[name].compute for _, _, name in fixed)
+    memory = sum(p.memory for p in items)
+    compute += sum(p.compute for p in items)
+    if memory > geometry.model.memory_slices - fixed_mask.bit_count():
+        return False
+    if compute > geometry.model.compute_slices:
+        return False
+    return all(any(not mask & fixed_mask for _, mask in p.masks) for p in set(items))
 
 
 def plan(
@@ -284,12 +449,15 @@ def plan(
     if mix is None:
         mix = Mix.of(Counter(p for d in pending for p in d.profiles))
     solver = _Solver(mix)
-    works = [_Work(gpu, now) for gpu in sorted(gpus, key=lambda g: (g.node, g.index))]
+    works = [
+        _Work(gpu, now, solver.model_number(gpu.model))
+        for gpu in sorted(gpus, key=lambda g: (g.node, g.index))
+    ]
     for work in works:
         work.state = solver.intern(work.key)
-    nodes: dict[str, list[_Work]] = {}
+    nodes = _Nodes()
     for work in works:
-        nodes.setdefault(work.gpu.node, []).append(work)
+        nodes.gpus.setdefault(work.gpu.node, []).append(work)
     unserved: list[tuple[str, str]] = []
     for request in pending:
         if not request.profiles:
@@ -309,77 +477,140 @@ def _size(profile: str) -> tuple[int, int, str]:
     return (-gigabytes, -compute, profile)
 
 
-def _serve(solver: _Solver, nodes: Mapping[str, list[_Work]], request: Demand) -> bool:
+_Choice = tuple[tuple[float, int], list[_Work]]
+"""A node's cheapest way to take a request: (weighted cost, operations), GPU per instance."""
+
+
+class _Nodes:
+    """The GPUs by node, and each node's answer per request shape, kept until its claims change:
+    one pod's claims touch one node, so the next pod re-scores only that node."""
+
+    __slots__ = ("gpus", "versions", "answers")
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, list[_Work]] = {}
+        self.versions: dict[str, int] = {}
+        self.answers: dict[tuple[str, tuple[str, ...]], tuple[int, float, _Choice | None]] = {}
+
+    def choice(
+        self, solver: _Solver, name: str, profiles: tuple[str, ...], bound: float
+    ) -> _Choice | None:
+        """The node's cheapest way to take `profiles`; an answer costlier than `bound` may be
+        wrong or None (GPUs that cannot beat it are skipped), one within it is exact."""
+        version = self.versions.get(name, 0)
+        found = self.answers.get((name, profiles))
+        if found is not None and found[0] == version and bound <= found[1]:
+            return found[2]
+        choice = _greedy(solver, self.gpus[name], profiles, bound)
+        self.answers[(name, profiles)] = (version, bound, choice)
+        return choice
+
+    def changed(self, name: str) -> None:
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+
+def _serve(solver: _Solver, nodes: _Nodes, request: Demand) -> bool:
     """Claim GPUs for every instance of `request` on the best node; False when no node can."""
-    profiles = sorted(request.profiles, key=_size)
+    profiles = tuple(sorted(request.profiles, key=_size))
     best: tuple[tuple[float, int, str], list[_Work]] | None = None
-    for name, node in nodes.items():
-        found = _greedy(solver, node, profiles)
+    for name in nodes.gpus:
+        bound = best[0][0] if best is not None and len(profiles) == 1 else inf
+        found = nodes.choice(solver, name, profiles, bound)
         if found is not None and (best is None or (*found[0], name) < best[0]):
             best = ((*found[0], name), found[1])
     if best is not None:
         for work, profile in zip(best[1], profiles, strict=True):
-            work.claims.append((request.pod, profile))
+            work.claim(request.pod, profile)
+        nodes.changed(best[0][2])
         return True
-    return any(_repack(solver, node, request.pod, profiles) for node in nodes.values())
+    for name, node in nodes.gpus.items():
+        if _repack(solver, node, request.pod, profiles):
+            nodes.changed(name)
+            return True
+    # across nodes: only when the pod fits some node without this round's claims, so that
+    # moving earlier pods can help (in a saturated cluster most pods fail that cheap test)
+    if len(nodes.gpus) > 1 and any(
+        _greedy(solver, node, profiles, fresh=True) is not None for node in nodes.gpus.values()
+    ):
+        works = [work for node in nodes.gpus.values() for work in node]
+        if _repack(solver, works, request.pod, profiles):
+            for name in nodes.gpus:
+                nodes.changed(name)
+            return True
+    return False
 
 
 def _current(solver: _Solver, work: _Work) -> _Option:
-    option = solver.option(work.state, _claims_key(p for _, p in work.claims))
+    option = solver.option(work.state, work.counts)
     if option is None:  # claims are only ever added when an option exists
         raise AssertionError("a GPU's claims have no layout")
     return option
 
 
 def _greedy(
-    solver: _Solver, node: list[_Work], profiles: list[str]
-) -> tuple[tuple[float, int], list[_Work]] | None:
+    solver: _Solver,
+    node: list[_Work],
+    profiles: tuple[str, ...],
+    bound: float = inf,
+    *,
+    fresh: bool = False,
+) -> _Choice | None:
     """For each instance in turn, the GPU of `node` where adding it costs least, and the total
-    cost (weighted cost, operations); None when one instance fits nowhere."""
-    extra: dict[int, list[str]] = {}
+    cost (weighted cost, operations); None when one instance fits nowhere. A GPU whose lower
+    bound exceeds `bound` (or the best found) is skipped: it cannot be the answer. `fresh`:
+    as if nothing were claimed on the node yet."""
+    extra: dict[int, _Claims] = {}
     chosen: list[_Work] = []
     cost, ops = 0.0, 0
     for profile in profiles:
         best: tuple[tuple[float, int, int], _Work] | None = None
         for position, work in enumerate(node):
-            if position in extra:
-                base = _claims_key([*(p for _, p in work.claims), *extra[position]])
-            else:
-                base = _claims_key(p for _, p in work.claims) if work.claims else ()
-            before = solver.option(work.state, base)
-            after = solver.option(work.state, solver.plus(base, profile))
-            if before is None or after is None:
+            claims = extra.get(position, () if fresh else work.counts)
+            limit = bound if best is None else min(bound, best[0][0])
+            if not claims and solver.lower(work.state, profile) > limit:
                 continue
-            key = (after.cost - before.cost, after.ops - before.ops, position)
+            found = solver.delta(work.state, claims, profile)
+            if found is None:
+                continue
+            key = (found[0], found[1], position)
             if best is None or key < best[0]:
                 best = (key, work)
         if best is None:
             return None
         (delta_cost, delta_ops, position), work = best
-        extra.setdefault(position, []).append(profile)
+        extra[position] = solver.plus(extra.get(position, () if fresh else work.counts), profile)
         chosen.append(work)
         cost += delta_cost
         ops += delta_ops
     return (cost, ops), chosen
 
 
-def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: list[str]) -> bool:
-    """Redistribute this round's claims on `node` plus `pod`'s over its GPUs; exact within budget."""
-    items = [(c_pod, p) for work in node for c_pod, p in work.claims]
+def _repack(solver: _Solver, works: list[_Work], pod: str, profiles: tuple[str, ...]) -> bool:
+    """Redistribute this round's claims on `works` plus `pod`'s over them, each pod's instances
+    on one node; exact within `REPACK_BUDGET` GPU evaluations."""
+    items = [(c_pod, p) for work in works for c_pod, p in work.claims]
     if not items and len(profiles) == 1:
         return False  # the greedy pass already tried every GPU for this one instance
     items += [(pod, p) for p in profiles]
-    if _slices(node, (p for _, p in items)) > sum(_free_slices(work) for work in node):
+    if len({work.gpu.model for work in works}) == 1 and _slices(works, (p for _, p in items)) > sum(
+        _free_slices(work) for work in works
+    ):
         return False
     items.sort(key=lambda item: _size(item[1]))
-    assignment: list[list[tuple[str, str]]] = [[] for _ in node]
+    assignment: list[list[tuple[str, str]]] = [[] for _ in works]
+    homes: dict[str, str] = {}
+    """The node of each pod with an instance placed."""
     budget = [REPACK_BUDGET]
 
     def place(position: int) -> bool:
         if position == len(items):
             return True
+        owner = items[position][0]
+        home = homes.get(owner)
         tried: set[tuple[int, _Claims]] = set()
-        for g, work in enumerate(node):
+        for g, work in enumerate(works):
+            if home is not None and work.gpu.node != home:
+                continue
             claims = _claims_key(p for _, p in (*assignment[g], items[position]))
             state = (work.state, _claims_key(p for _, p in assignment[g]))
             if state in tried:  # an identical GPU already failed for this item
@@ -391,15 +622,19 @@ def _repack(solver: _Solver, node: list[_Work], pod: str, profiles: list[str]) -
             if solver.option(work.state, claims) is None:
                 continue
             assignment[g].append(items[position])
+            homes[owner] = work.gpu.node
             if place(position + 1):
                 return True
             assignment[g].pop()
+            if home is None:
+                del homes[owner]
         return False
 
     if not place(0):
         return False
-    for work, claims in zip(node, assignment, strict=True):
+    for work, claims in zip(works, assignment, strict=True):
         work.claims = claims
+        work.counts = _claims_key(p for _, p in claims)
     return True
 
 
@@ -419,7 +654,7 @@ def _warm(solver: _Solver, works: list[_Work]) -> None:
         warm = work.gpu.policy.warm_counts
         if not warm or work.fixed or work.claims:
             continue
-        present = tuple(i.instance for i in (*work.young, *work.old))
+        present = tuple(i.instance for i in work.idle)
         if layout_counts(present) == warm:
             continue
         if not work.gpu.policy.carve_idle_gpus and not present:
@@ -428,9 +663,11 @@ def _warm(solver: _Solver, works: list[_Work]) -> None:
         layout = fit_layout(work.gpu.model, warm, keep=young, prefer=present)
         if layout is None:
             continue  # the young idle instances are in the way until they age
-        created = tuple(i for i in layout if i not in present)
-        destroyed = tuple(i for i in present if i not in layout)
-        work.warm = _Option(layout, created, destroyed, solver.frag(work.gpu.model, layout))
+        created = tuple(_spot(i) for i in layout if i not in present)
+        destroyed = tuple(_spot(i) for i in present if i not in layout)
+        spots = tuple(sorted(_spot(i) for i in layout))
+        geometry = solver.geometries[work.key[0]]
+        work.warm = _Option(spots, created, destroyed, solver.frag(geometry, spots))
 
 
 def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]) -> Plan:
@@ -440,13 +677,13 @@ def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]
         option = work.warm or _current(solver, work)
         gpu = work.gpu
         if option.ops:
+            layout = tuple(sorted(_instance(spot) for spot in option.layout))
             actual = [GpuInstanceState(i.instance, in_use=i.fixed) for i in gpu.instances]
-            steps = plan_layout(gpu.index, actual, option.layout)
-            plans.append(GpuPlan(gpu.node, gpu.index, steps, option.layout))
-        reusable = sorted(
-            i.instance for i in (*work.young, *work.old) if i.instance in option.layout
-        )
-        created = sorted(option.created)
+            steps = plan_layout(gpu.index, actual, layout)
+            plans.append(GpuPlan(gpu.node, gpu.index, steps, layout))
+        kept = frozenset(option.layout)
+        reusable = [i.instance for i in work.idle if _spot(i.instance) in kept]
+        created = [_instance(spot) for spot in option.created]
         for pod, profile in work.claims:
             pick = next((i for i in reusable if i.profile == profile), None)
             if pick is not None:
@@ -482,7 +719,7 @@ def _reason(works: list[_Work], request: Demand, now: float) -> str:
 
 def _free_slices(work: _Work) -> int:
     used = 0
-    for i in (*work.fixed, *work.young):
+    for i in work.fixed:
         used |= i.instance.placement.mask
     return (~used & ((1 << work.gpu.model.memory_slices) - 1)).bit_count()
 
@@ -491,7 +728,7 @@ def _holds(work: _Work, request: Demand, now: float) -> str:
     disallowed = [p for p in request.profiles if not work.gpu.policy.allows(p)]
     if disallowed:
         return f"may not create {disallowed[0]} (not in its partition's profiles)"
-    parts = [i.describe(now) for i in (*work.fixed, *work.young)]
+    parts = [i.describe(now) for i in work.fixed]
     parts += [f"{p} planned for {pod}" for pod, p in work.claims]
     if not work.gpu.instances and not work.gpu.policy.carve_idle_gpus and not work.claims:
         return "is empty and its partition does not carve idle GPUs"

@@ -126,6 +126,12 @@ def fit_layout(
     return best
 
 
+def layouts_with_counts(model: GpuModel, counts: Mapping[str, int]) -> tuple[Layout, ...]:
+    """Every valid layout with exactly `counts`, in the order `fit_layout` prefers (most room
+    for more instances first), for callers that search them many times."""
+    return _layout_table(model).by_counts.get(require_counts(model, counts), ())
+
+
 def solve_layout(
     model: GpuModel,
     counts: Mapping[str, int],

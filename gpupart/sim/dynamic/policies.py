@@ -127,7 +127,9 @@ class Ours:
             for key in sorted(set(steps) | set(reservations))
         )
         wake = None
-        if result.unserved:  # an idle instance coming of age may make room
+        if (
+            self.policy.warm_counts
+        ):  # an idle instance coming of age may be merged into the warm mix
             ages = [
                 s.idle_since + self.policy.min_idle_s
                 for gpu in cluster.gpus.values()
