@@ -22,12 +22,13 @@ from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, share
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
+from gpupart_extender.answers import DETAILED_NODES
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
-from gpupart_extender.service import DETAILED_NODES, ExtenderService
+from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 ALL = ["node-mig", "node-mps", "node-whole", "node-bare"]
@@ -250,7 +251,7 @@ def test_bind_writes_assignment_then_binding_and_reserves(
     assignment = decode_assignment(annotations[ASSIGNMENT_ANNOTATION])
     # Same app as infer-1 on GPU 0: the extender picks GPU 1.
     assert (assignment.node, assignment.gpu, assignment.memory_mib) == ("node-mps", 1, 8000)
-    view = cache.view("node-mps")
+    view = cache.snapshot.view("node-mps")
     assert view is not None and view.gpus[1].used_memory_mib == 8000  # assumed until watched
 
 
@@ -316,7 +317,7 @@ def test_failed_api_write_releases_the_reservation(
         },
     )
     assert "binding team-a/new to node-mps failed" in res.json()["Error"]
-    assert cache.counts()["assumed"] == 0
+    assert cache.snapshot.counts()["assumed"] == 0
 
 
 def test_bind_args_are_validated(client: TestClient) -> None:
