@@ -25,6 +25,9 @@ the room its victims free. The nominated pod itself is evaluated without its own
 
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
+
+Over 400 lines for a reason: every write path (events, relists, reservations, publishing) is
+here so that one lock and one publish cover them all; reading objects lives in `objects.py`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ state's current `Snapshot` once and answers from it, without the writer lock (a 
 events never holds up filter); only bind takes that lock, to evaluate on fresh state and
 reserve as one step. Reservations (filter's holds, bound pods not yet watched, preemption
 proposals) live in one store, `cache.reservations`, swept in one pass.
+
+Over 400 lines for a reason: the five verbs, each short, and their logging; the memo, the JSON
+pieces, preemption's choice and the reading of objects live in modules of their own.
 """
 
 from __future__ import annotations

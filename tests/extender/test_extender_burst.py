@@ -35,7 +35,7 @@ PODS = 3000
 EVENTS = 5000
 SLOWDOWN = 10
 """Burst p99 at most this times the quiet p99 (measured on 2 busy cores, 300 nodes: quiet p50
-~0.9 ms, p99 2.2-3.5 ms; during ~3,000 events p50 ~2 ms, p99 5.5-5.7 ms)."""
+0.8-1.0 ms, p99 2.2-2.5 ms; during ~3,000 events p50 1.6-2.1 ms, p99 3.6-5.7 ms)."""
 FLOOR_S = 0.05
 """A bound never tighter than this: a scheduler hiccup on a shared machine is not a stall."""
 
