@@ -53,12 +53,11 @@ class Proposal:
 
 @dataclass(frozen=True, slots=True)
 class Expired:
-    """What one sweep dropped: assumed pods and proposals (their nodes' views change), and holds."""
+    """What one sweep dropped that the snapshot shows: assumed pods and proposals."""
 
     assumed: tuple[PodEntry, ...]
     proposals: tuple[str, ...]
     """Uids of the pods that lost a proposal."""
-    holds: int
 
 
 class Reservations:
@@ -156,4 +155,4 @@ class Reservations:
                     lapsed.append(uid)
             assumed = [u for u, a in self._assumed.items() if a.expires <= now]
             dropped = tuple(e for u in assumed if (e := self._drop_assumed(u)) is not None)
-            return Expired(dropped, tuple(lapsed), len(holds))
+            return Expired(dropped, tuple(lapsed))

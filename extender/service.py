@@ -179,13 +179,14 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        snap = self.cache.snapshot
         given = _views_from_objects(nodes)
-        own = _own_views(snap, pod)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         with self._memo_lock:
+            # Read under the memo lock: kept batches only ever move forward to newer snapshots.
+            snap = self.cache.snapshot
+            own = _own_views(snap, pod)
             memo = self._memo_for(self.model(now))
             batch, _, shape = memo.answers(snap, names, demand, given, own=own)
             given = {**given, **own}
@@ -249,9 +250,10 @@ class ExtenderService:
     ) -> _Reply:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        snap = self.cache.snapshot
-        given, own = _views_from_objects(nodes), _own_views(snap, pod)
+        given = _views_from_objects(nodes)
         with self._memo_lock:
+            snap = self.cache.snapshot
+            own = _own_views(snap, pod)
             memo = self._memo_for(self.model(now))
             batch, passed_only, _ = memo.answers(
                 snap, names, demand, given, survivors=True, own=own

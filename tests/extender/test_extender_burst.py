@@ -10,22 +10,19 @@ Over real uvicorn on loopback:
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
-import uvicorn
 from extender_objects import FakeBinder, args, node, pod, shared, shared_gpu
+from extender_server import served
 
 from gpupart.core.api.wire import PodAssignment
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
-from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
@@ -56,27 +53,12 @@ def _holder(k: int, round_: int) -> dict[str, Any]:
     return pod(f"holder-{k}", shared(memory), node=name, assignment=a)
 
 
-@contextmanager
-def _served(cache: ClusterCache) -> Iterator[httpx.Client]:
+def _served(cache: ClusterCache) -> AbstractContextManager[httpx.Client]:
     settings = ExtenderSettings(url_prefix="/gpupart")
     service = ExtenderService(
         cache, settings.scoring(), binder=FakeBinder(), metrics=Metrics(), ttl_seconds=30
     )
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, service), log_level="warning"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-            yield http
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    return served(create_app(settings, service))
 
 
 def _filter(http: httpx.Client, k: int) -> float:

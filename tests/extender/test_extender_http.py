@@ -8,24 +8,19 @@ nodeCacheCapable false with full NodeLists, health, readiness and metrics.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
+from extender_server import served
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
 from gpupart_extender.answers import DETAILED_NODES
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
-from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpupart_extender.service import ExtenderService
@@ -359,19 +354,6 @@ def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
 
 
 def test_real_uvicorn_on_loopback(settings: ExtenderSettings, service: ExtenderService) -> None:
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, service), log_level="warning"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-            out = http.post("/gpupart/filter", json=args(pod("new", shared(1000)), ALL)).json()
-            assert out["NodeNames"] == ["node-mps"]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with served(create_app(settings, service)) as http:
+        out = http.post("/gpupart/filter", json=args(pod("new", shared(1000)), ALL)).json()
+        assert out["NodeNames"] == ["node-mps"]
