@@ -13,6 +13,7 @@ import time
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Body, FastAPI, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,8 +33,10 @@ from .models import (
     ExtenderPreemptionResult,
     HostPriority,
 )
-from .service import ExtenderService, FilterOutcome, NodeVictims, explain
+from .preemption import NodeVictims
+from .service import ExtenderService, FilterOutcome
 from .settings import ExtenderSettings
+from .texts import explain
 
 log = logging.getLogger(__name__)
 _JSON = "application/json"
@@ -156,7 +159,9 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         started = time.perf_counter()
         args = await _parse(request, ExtenderPreemptionArgs)
         try:
-            kept = service.preempt(args.Pod, _candidates(args))
+            # On the thread pool: preempt writes its proposals under the writer lock, which a
+            # relist may hold for a while; the event loop never waits for it.
+            kept = await run_in_threadpool(service.preempt, args.Pod, _candidates(args))
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             # No Error field in the result: a 400 fails this preemption attempt, and
             # kube-scheduler tries again on the pod's next cycle.
@@ -240,9 +245,10 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        for kind, count in service.cache.counts().items():
+        snap = service.cache.snapshot
+        for kind, count in snap.counts().items():
             metrics.cache.labels(kind).set(count)
-        for kind, count in service.cache.unreadable_counts().items():
+        for kind, count in snap.unreadable_counts().items():
             metrics.unreadable.labels(kind).set(count)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

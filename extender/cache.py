@@ -1,12 +1,21 @@
-"""The extender's picture of the cluster: Nodes (GPU inventory) and Pods (GPU requests, assignments).
+"""The one writer of the extender's picture of the cluster: watch events in, immutable snapshots out.
 
-Fed by events (`apply`) and relists (`replace`), from the watch loop in `kube.py` or from tests;
-no I/O here. Pods the extender has bound but the watch has not yet shown ("assumed") count
-against capacity until the watch confirms them or their TTL lapses.
+Fed by events (`apply`) and relists (`replace`) from the watch threads in `kube.py` (or tests),
+and by the service's reservations (`assume`, `forget`, `propose`, `expire`); no I/O here. After
+every change the nodes it touched are rebuilt at once, on the writer's thread: the node view,
+its version, its state id and the GPU shapes of its pods. Then a new `Snapshot` is published
+by swapping one reference: requests read `snapshot` without any lock, so a burst of watch
+events never makes a filter request wait (the writer lock is taken by writers only, and by
+bind, which must evaluate and reserve as one step).
 
-An object the cache cannot read is never fatal: a Pod is skipped, a Node kept with the problem as
-its reason, and both are listed in `unreadable()` (logged once per object and resourceVersion) for
-the metrics and `diagnose`; the watch goes on with the other objects.
+The state id interns `scheduling.anonymous(view)`: nodes with equal inventory, allocatable CPU
+and usage (GPU and CPU, up to pod names) share an id, so the service evaluates each distinct
+state once per pod shape. Ids are never reused: when the intern table outgrows `max_states`
+it starts afresh with new ids, and an answer kept for an old id simply never matches again.
+
+An object that cannot be read is never fatal: a Pod is skipped, a Node kept with the problem as
+its reason, and both are listed in the snapshot's `unreadable` (logged once per object and
+resourceVersion) for the metrics and `diagnose`; the watch goes on with the other objects.
 
 Preemption (docs/adr-005-preemption.md): PodDisruptionBudgets are kept for the preempt verb's
 violation count, and a pending pod nominated to a node (`status.nominatedNodeName`, set by
@@ -17,11 +26,8 @@ the room its victims free. The nominated pod itself is evaluated without its own
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
-After every change the nodes it touched are rebuilt at once (on the watch thread, not in a
-request): the node view, its version, its *state id* and the GPU shapes of its pods. The state
-id interns `scheduling.anonymous(view)`: nodes with equal inventory, allocatable CPU and usage
-(GPU and CPU, up to pod names) share an id, so the service evaluates each distinct state once per pod shape. A request
-then maps names to `(version, state id)` with one dict lookup per node (`signatures()`).
+Over 400 lines for a reason: every write path (events, relists, reservations, publishing) is
+here so that one lock and one publish cover them all; reading objects lives in `objects.py`.
 """
 
 from __future__ import annotations
@@ -31,32 +37,36 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpupart.core.api.resources import parse_pod_request
-from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
-    ASSIGNMENT_ANNOTATION,
-    INVENTORY_ANNOTATION,
-    InventoryGpu,
-    PodAssignment,
-    decode_allocation,
-    decode_assignment,
-    decode_inventory,
-)
-from gpupart.core.errors import GpupartError
-from gpupart.core.node.admission import admission_complete, shared_containers
-from gpupart.core.scheduling.pods import node_cpu_milli, pod_cpu_milli, tenant_of
 from gpupart.core.scheduling.preemption import Budget, parse_budget
 from gpupart.core.scheduling.shares import Shape, demand_shape
-from gpupart.core.scheduling.views import NodeView, PlacedPod, anonymous, assemble_node
+from gpupart.core.scheduling.views import NodeView, anonymous
+
+from .objects import (
+    NODE,
+    PDB,
+    POD,
+    NodeEntry,
+    PodEntry,
+    Unreadable,
+    UnreadablePod,
+    key_of,
+    meta_of,
+    problem_of,
+    read_node,
+    read_nomination,
+    read_pod,
+    uid_of,
+)
+from .reservations import Proposal, Reservations
+from .snapshot import NodeState, Snapshot, assemble_view
+
+__all__ = ["NODE", "PDB", "POD", "WATCH_FAILING_AFTER", "ClusterCache"]
+"""The kinds are re-exported: they name what `apply` and `replace` are fed."""
 
 log = logging.getLogger(__name__)
 
-NODE = "Node"
-POD = "Pod"
-PDB = "PodDisruptionBudget"
 WATCH_FAILING_AFTER = 3
 """Consecutive failures of one kind's list or watch after which the extender is not ready."""
 _LOG_SIZE = 100_000
@@ -64,236 +74,44 @@ _LOG_SIZE = 100_000
 _DONE_PHASES = ("Succeeded", "Failed")
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEntry:
-    inventory: tuple[InventoryGpu, ...] | None
-    problem: str
-    cpu_milli: int | None = None
-    """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, object] = field(default=(None, None), compare=False)
-    """The annotation text and allocatable CPU value it was read from."""
-    serial_admission: bool = False
-    """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
-    unreadable: bool = False
-    """The Node or its inventory could not be read (`problem` says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PodEntry:
-    uid: str
-    key: str
-    node: str
-    placed: PlacedPod
-    awaiting: bool = False
-    """A live shared-GPU pod with an assignment whose containers the device plugin has not all
-    served yet (no complete `gpupart.io/allocation` record)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unreadable:
-    """An object the cache could not read, at the resourceVersion it was seen."""
-
-    kind: str
-    name: str
-    version: str
-    problem: str
-
-
-class UnreadablePod(Exception):
-    """A bound pod whose GPU request, CPU request or assignment cannot be read."""
-
-
-@dataclass(frozen=True, slots=True)
-class Assumed:
-    entry: PodEntry
-    expires: float
-
-
-def read_node(node: Mapping[str, Any], previous: NodeEntry | None = None) -> NodeEntry:
-    """Inventory from a Node object's annotation (or the problem that keeps it from being read),
-    and its allocatable CPU; `previous` itself when both texts are the ones it was read from.
-    Never raises: a node that cannot be read is kept with the reason (`unreadable`)."""
-    try:
-        return _read_node(node, previous)
-    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
-        return NodeEntry(None, f"Node unreadable: {_problem(error)}", unreadable=True)
-
-
-def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry:
-    annotations = _meta(node).get("annotations") or {}
-    text = annotations.get(INVENTORY_ANNOTATION)
-    status = node.get("status")
-    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    source = (text, allocatable.get("cpu") if isinstance(allocatable, Mapping) else None)
-    if previous is not None and previous.source == source:
-        # A status heartbeat (every node, every few seconds): decoding the inventory again
-        # cost ~0.1 ms a node, a steady load on large clusters for nothing.
-        return previous
-    cpu = node_cpu_milli(node)
-    if text is None:
-        return NodeEntry(
-            None,
-            f"no GPU inventory (annotation {INVENTORY_ANNOTATION} not written by the node agent)",
-            cpu,
-            source,
-        )
-    try:
-        inventory = decode_inventory(text)
-        return NodeEntry(inventory.gpus, "", cpu, source, inventory.serial_admission)
-    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
-        problem = f"GPU inventory unreadable: {_problem(error)}"
-        return NodeEntry(None, problem, cpu, source, unreadable=True)
-
-
-def _problem(error: BaseException) -> str:
-    """Why an object could not be read, in one bounded line (a bug names its exception)."""
-    text = str(error) if isinstance(error, GpupartError) else f"{type(error).__name__}: {error}"
-    return text[:500]
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
-    """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither.
-
-    Raises UnreadablePod when what it holds cannot be read: the cache skips it and says so,
-    rather than count it as holding nothing (or fail the watch).
-    """
-    try:
-        return _read_pod(pod)
-    except Exception as error:  # noqa: BLE001 - whatever breaks, it is this pod's problem
-        raise UnreadablePod(_problem(error)) from None
-
-
-def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    node = spec.get("nodeName")
-    if not node or status.get("phase") in _DONE_PHASES:
-        return None
-    annotations = meta.get("annotations") or {}
-    request = parse_pod_request(pod)
-    cpu = pod_cpu_milli(pod)
-    if request.empty and cpu == 0:
-        return None
-    assignment = None
-    text = annotations.get(ASSIGNMENT_ANNOTATION)
-    if text is not None:
-        try:
-            assignment = decode_assignment(text)
-        except GpupartError:
-            assignment = None  # unplaced: it still counts against the node, on no GPU in particular
-    awaiting = (
-        bool(request.shared)
-        and assignment is not None
-        and meta.get("deletionTimestamp") is None
-        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
-    )
-    # A CPU-only pod is no GPU tenant of the view; its labels and priority are kept for the
-    # preempt verb (kube-scheduler may name it as a victim, and PDBs may cover it).
-    tenant = tenant_of(pod, request)
-    return PodEntry(
-        str(meta.get("uid") or tenant.pod),
-        tenant.pod,
-        str(node),
-        PlacedPod(tenant, request, assignment, cpu),
-        awaiting,
-    )
-
-
-def read_nomination(pod: Mapping[str, Any], gpu: tuple[int, str] | None = None) -> PodEntry | None:
-    """The reservation of a pending pod nominated to a node (`status.nominatedNodeName`), on
-    `gpu` (index, UUID: the GPU the preempt verb chose there) or on no GPU in particular; None
-    for pods that are bound, finished, deleting, not nominated or ask for no GPU. Never raises:
-    a pod whose request cannot be read reserves nothing (filter refuses it anyway)."""
-    try:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        status = pod.get("status") or {}
-        node = status.get("nominatedNodeName")
-        if (
-            not node
-            or spec.get("nodeName")
-            or status.get("phase") in _DONE_PHASES
-            or meta.get("deletionTimestamp") is not None
-        ):
-            return None
-        request = parse_pod_request(pod)
-        if request.empty:
-            return None
-        assignment = None
-        if gpu is not None and request.shared:
-            index, uuid = gpu
-            assignment = PodAssignment(
-                str(node), index, uuid, request.memory_mib, request.compute_percent
-            )
-        tenant = tenant_of(pod, request)
-        uid = str(meta.get("uid") or tenant.pod)
-        return PodEntry(
-            uid, tenant.pod, str(node), PlacedPod(tenant, request, assignment, pod_cpu_milli(pod))
-        )
-    except Exception:  # noqa: BLE001 - one pod's problem; it reserves nothing
-        return None
-
-
-def _served(pod: Mapping[str, Any], record: object) -> bool:
-    """Whether the device plugin has served every container of the pod that asks for slots.
-
-    The same rule as the plugin's (`AssignedPod.complete`): a record it cannot read counts as
-    served, and so does a pod whose containers it cannot read (the plugin never serves those,
-    so waiting for them would hold the node for nothing).
-    """
-    if record is None:
-        return False
-    if not isinstance(record, str):
-        return True
-    try:
-        return admission_complete(shared_containers(pod), decode_allocation(record))
-    except GpupartError:
-        return True
-
-
 class ClusterCache:
-    """Thread-safe store of nodes, pods and assumed pods; `lock()` holds it across many reads."""
+    """Nodes, pods, budgets and reservations, changed under one writer lock, read as `snapshot`."""
 
     def __init__(self, *, max_states: int = 200_000) -> None:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         """Notified after every change, for binds that wait for a node's admission to finish."""
+        self.reservations = Reservations()
         self._nodes: dict[str, NodeEntry] = {}
         self._pods: dict[str, PodEntry] = {}
         self._by_node: dict[str, dict[str, PodEntry]] = {}
-        self._assumed: dict[str, Assumed] = {}
-        self._assumed_on: dict[str, dict[str, Assumed]] = {}
-        """The same assumed pods by node: a view reads its node's only."""
         self._nominated: dict[str, tuple[PodEntry, Mapping[str, Any]]] = {}
         """Pending pods nominated to a node: their reservation, and the object it was read from."""
         self._nominated_on: dict[str, dict[str, PodEntry]] = {}
-        self._proposals: dict[str, dict[str, tuple[int, float, tuple[str, ...]]]] = {}
-        """Per pod uid, per node: the GPU the preempt verb freed for it there, until when."""
         self._budgets: dict[str, Budget] = {}
-        self._views: dict[str, NodeView] = {}
         self._versions: dict[str, int] = {}
         self._clock = 0
         self._log: list[str] = []
         self._log_start = 0
-        """`_log[i]` is the node of touch number `_log_start + i + 1` (`_clock` counts touches)."""
         self._dirty: set[str] = set()
-        self._sigs: dict[str, tuple[int, int]] = {}
+        """Nodes changed since the last publish."""
+        self._stale: set[str] = set()
+        """What else changed since the last publish: "nominations", "budgets", "unreadable",
+        "proposals", "counts" (the rest of the snapshot is reused)."""
         self._states: dict[NodeView, int] = {}
+        self._next_state = 0
         self._max_states = max_states
+        self._node_states: dict[str, NodeState] = {}
+        self._sigs: dict[str, tuple[int, int]] = {}
         self._shapes: dict[str, tuple[Shape, ...]] = {}
         self._mix: Counter[Shape] = Counter()
-        self.generation = 0
-        """Bumped when state ids are renumbered (the intern table outgrew `max_states`)."""
-        self.synced: dict[str, bool] = {NODE: False, POD: False}
         self._unreadable: dict[tuple[str, str], Unreadable] = {}
+        self.synced: dict[str, bool] = {NODE: False, POD: False}
+        self._health = threading.Lock()
         self._failures: dict[str, tuple[int, str]] = {}
         """Per kind: consecutive failed lists or watches, and the last error."""
+        self.snapshot = Snapshot.empty()
+        """The current picture: replaced, never changed."""
 
     # -- feeding --
 
@@ -301,15 +119,13 @@ class ClusterCache:
         """One watch event: ADDED, MODIFIED, DELETED (BOOKMARK and others change nothing)."""
         with self._lock:
             self._apply(kind, event, obj)
-            self._refresh()
-            self._changed.notify_all()
+            self._publish()
 
     def _apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         if event not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        meta = _meta(obj)
         if kind == NODE:
-            name = str(meta.get("name") or "")
+            name = str(meta_of(obj).get("name") or "")
             if not name:
                 return
             if event == "DELETED":
@@ -322,7 +138,7 @@ class ClusterCache:
                 self._nodes[name] = node_entry
             self._touch(name)
         elif kind == POD:
-            uid = str(meta.get("uid") or "") or _key(obj)
+            uid = uid_of(obj)
             status = obj.get("status")
             if event == "DELETED" or (
                 isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES
@@ -339,7 +155,8 @@ class ClusterCache:
             self._apply_budget(event, obj)
 
     def _apply_budget(self, event: str, obj: Mapping[str, Any]) -> None:
-        key = _key(obj)
+        key = key_of(obj)
+        self._stale.add("budgets")
         if event == "DELETED":
             self._budgets.pop(key, None)
             self._readable(PDB, key)
@@ -349,7 +166,7 @@ class ClusterCache:
             self._readable(PDB, key)
         except Exception as error:  # noqa: BLE001 - one budget's problem; it is not counted
             self._budgets.pop(key, None)
-            self._unreadable_seen(PDB, key, key, obj, _problem(error))
+            self._unreadable_seen(PDB, key, key, obj, problem_of(error))
 
     def _read_node(self, name: str, obj: Mapping[str, Any]) -> NodeEntry:
         entry = read_node(obj, self._nodes.get(name))
@@ -363,7 +180,7 @@ class ClusterCache:
         try:
             entry = read_pod(obj)
         except UnreadablePod as error:
-            self._unreadable_seen(POD, uid, _key(obj), obj, str(error))
+            self._unreadable_seen(POD, uid, key_of(obj), obj, str(error))
             return None
         self._readable(POD, uid)
         return entry
@@ -372,17 +189,19 @@ class ClusterCache:
         self, kind: str, key: str, name: str, obj: Mapping[str, Any], problem: str
     ) -> None:
         """Remember an unreadable object; logged once per object and resourceVersion."""
-        version = str(_meta(obj).get("resourceVersion") or "")
+        version = str(meta_of(obj).get("resourceVersion") or "")
         found = Unreadable(kind, name, version, problem)
         if self._unreadable.get((kind, key)) != found:
             log.warning(
                 "Skipped unreadable object",
                 extra={"kv": {"kind": kind, "name": name, "rv": version, "err": problem}},
             )
-        self._unreadable[kind, key] = found
+            self._unreadable[kind, key] = found
+            self._stale.add("unreadable")
 
     def _readable(self, kind: str, key: str) -> None:
-        self._unreadable.pop((kind, key), None)
+        if self._unreadable.pop((kind, key), None) is not None:
+            self._stale.add("unreadable")
 
     def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full list (start, or relist after 410 Gone): what is absent is gone."""
@@ -392,7 +211,7 @@ class ClusterCache:
                 fresh = {
                     name: self._read_node(name, o)
                     for o in listed
-                    if (name := str(_meta(o).get("name") or ""))
+                    if (name := str(meta_of(o).get("name") or ""))
                 }
                 for name in set(self._nodes) | set(fresh):
                     if self._nodes.get(name) != fresh.get(name):
@@ -403,7 +222,7 @@ class ClusterCache:
                 seen: dict[str, PodEntry | None] = {}
                 listed_by_uid: dict[str, Mapping[str, Any]] = {}
                 for o in listed:
-                    uid = str(_meta(o).get("uid") or "") or _key(o)
+                    uid = uid_of(o)
                     seen[uid] = self._read_pod(uid, o)
                     listed_by_uid[uid] = o
                 for uid in set(self._pods) - set(seen):
@@ -419,21 +238,21 @@ class ClusterCache:
                 keys = set()
                 for o in listed:
                     self._apply_budget("ADDED", o)
-                    keys.add(_key(o))
+                    keys.add(key_of(o))
             for gone in [k for k in self._unreadable if k[0] == kind and k[1] not in keys]:
                 del self._unreadable[gone]
             self.synced[kind] = True
-            self._refresh()
-            self._changed.notify_all()
+            self._stale.add("unreadable")
+            self._publish()
 
     def _set_pod(self, uid: str, entry: PodEntry | None) -> None:
         old = self._pods.get(uid)
-        assumed = self._assumed.get(uid)
-        if entry is not None and assumed is not None:
+        if entry is not None:
             # The watch now shows the pod bound: the reservation has served its purpose.
             self._drop_assumed(uid)
         if old == entry:
             return
+        self._stale.add("counts")
         if old is not None:
             self._pods.pop(uid, None)
             self._by_node.get(old.node, {}).pop(uid, None)
@@ -447,12 +266,13 @@ class ClusterCache:
         """Keep, move or drop the reservation of a pending pod nominated to a node."""
         old = self._nominated.get(uid)
         entry = None
-        if obj is not None and uid not in self._assumed and uid not in self._pods:
+        if obj is not None and not self.reservations.is_assumed(uid) and uid not in self._pods:
             entry = read_nomination(obj)
             if entry is not None:
                 entry = read_nomination(obj, self._proposed_gpu(uid, entry.node))
         if old is not None and old[0] == entry:
             return
+        self._stale.add("nominations")
         if old is not None:
             del self._nominated[uid]
             on_node = self._nominated_on[old[0].node]
@@ -466,109 +286,140 @@ class ClusterCache:
             self._touch(entry.node)
 
     def _proposed_gpu(self, uid: str, node: str) -> tuple[int, str] | None:
-        proposal = self._proposals.get(uid, {}).get(node)
+        proposal = self.reservations.proposal(uid, node)
         inventory = (self._nodes.get(node) or NodeEntry(None, "")).inventory
         if proposal is None or inventory is None:
             return None
-        return next(((g.index, g.uuid) for g in inventory if g.index == proposal[0]), None)
+        return next(((g.index, g.uuid) for g in inventory if g.index == proposal.gpu), None)
 
     def _touch(self, node: str) -> None:
         self._clock += 1
         self._versions[node] = self._clock
-        self._views.pop(node, None)
         self._dirty.add(node)
         self._log.append(node)
         if len(self._log) > _LOG_SIZE:
+            # A new list: published snapshots keep reading the old one, which no longer grows.
             # Callers further behind than this start over (changed_since answers None).
             drop = len(self._log) // 2
-            del self._log[:drop]
+            self._log = self._log[drop:]
             self._log_start += drop
 
-    def _refresh(self) -> None:
-        """Rebuild view, state id and pod shapes of every node changed since the last refresh."""
-        if not self._dirty:
+    # -- publishing --
+
+    def _publish(self) -> None:
+        """Rebuild every node changed since the last publish, then swap in a new snapshot."""
+        if not self._dirty and not self._stale:
             return
         if len(self._states) > self._max_states:
-            # Renumber: states no node is in any more are dropped with the old ids.
+            # A fresh intern table; new ids follow the old ones, so no kept answer can match.
             self._states = {}
-            self._sigs = {}
-            self.generation += 1
             self._dirty.update(self._nodes)
         dirty, self._dirty = self._dirty, set()
         for name in dirty:
-            old = self._shapes.pop(name, ())
-            if old:
-                self._mix.subtract(old)
-            view = self.view(name)
-            if view is None:
-                self._sigs.pop(name, None)
-                continue
-            key = anonymous(view)
-            state = self._states.get(key)
-            if state is None:
-                state = len(self._states)
-                self._states[key] = state
-            self._sigs[name] = (view.version, state)
-            shapes = self._pod_shapes(name, view)
-            if shapes:
-                self._shapes[name] = shapes
-                self._mix.update(shapes)
-        self._mix = +self._mix  # drop shapes counted down to zero
+            self._rebuild(name)
+        if dirty:
+            self._mix = +self._mix  # drop shapes counted down to zero
+        old, stale = self.snapshot, self._stale
+        self.snapshot = Snapshot(
+            nodes=dict(self._node_states) if dirty else old.nodes,
+            signatures=dict(self._sigs) if dirty else old.signatures,
+            nominations=(
+                {uid: held[0] for uid, held in self._nominated.items()}
+                if "nominations" in stale
+                else old.nominations
+            ),
+            proposals=self.reservations.proposals() if "proposals" in stale else old.proposals,
+            budgets=(
+                tuple(self._budgets[k] for k in sorted(self._budgets))
+                if "budgets" in stale
+                else old.budgets
+            ),
+            mix=Counter(self._mix) if dirty else old.mix,
+            clock=self._clock,
+            log=self._log,
+            log_start=self._log_start,
+            unreadable=(
+                tuple(sorted(self._unreadable.values(), key=lambda u: (u.kind, u.name)))
+                if "unreadable" in stale
+                else old.unreadable
+            ),
+            pods=len(self._pods),
+            assumed=self.reservations.assumed_count(),
+        )
+        self._stale = set()
+        self._changed.notify_all()
 
-    def _pod_shapes(self, name: str, view: NodeView) -> tuple[Shape, ...]:
-        gpus = {g.index: g for g in view.gpus}
-        shapes = []
-        for entry in self._by_node.get(name, {}).values():
-            placed = entry.placed
-            a = placed.assignment
-            shape = demand_shape(placed.request, gpus.get(a.gpu) if a else None, placed.cpu_milli)
-            if shape is not None:
-                shapes.append(shape)
-        return tuple(shapes)
+    def _rebuild(self, name: str) -> None:
+        old = self._shapes.pop(name, ())
+        if old:
+            self._mix.subtract(old)
+        entry = self._nodes.get(name)
+        if entry is None:
+            self._node_states.pop(name, None)
+            self._sigs.pop(name, None)
+            return
+        counted = (
+            *self._by_node.get(name, {}).values(),
+            *self.reservations.assumed_on(name),
+        )
+        nominated = tuple(self._nominated_on.get(name, {}).values())
+        view = assemble_view(name, entry, (*counted, *nominated), self._versions.get(name, 0))
+        key = anonymous(view)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = self._next_state
+            self._next_state += 1
+        sig = self._sigs[name] = (view.version, state)
+        awaiting = tuple(sorted(e.key for e in counted if e.awaiting))
+        self._node_states[name] = NodeState(entry, view, sig, counted, nominated, awaiting)
+        shapes = _pod_shapes(self._by_node.get(name, {}).values(), view)
+        if shapes:
+            self._shapes[name] = shapes
+            self._mix.update(shapes)
 
-    # -- assumed pods (bound by us, not yet seen bound) --
+    # -- reservations that change node views (bind, preempt) --
 
     def assume(self, entry: PodEntry, *, expires: float) -> None:
+        """Count a pod we bound on its node until the watch shows it (or `expires` passes)."""
         with self._lock:
-            self._drop_assumed(entry.uid)
+            old = self.reservations.assume(entry, expires)
+            if old is not None:
+                self._touch(old.node)
             self._set_nominated(entry.uid, None)  # bound now: the reservation has served
-            assumed = self._assumed[entry.uid] = Assumed(entry, expires)
-            self._assumed_on.setdefault(entry.node, {})[entry.uid] = assumed
             self._touch(entry.node)
-            self._refresh()
+            self._stale.add("counts")
+            self._publish()
 
     def forget(self, uid: str) -> None:
+        """Drop an assumed pod (its bind failed)."""
         with self._lock:
             if self._drop_assumed(uid):
-                self._refresh()
-                self._changed.notify_all()
+                self._publish()
 
     def _drop_assumed(self, uid: str) -> bool:
-        assumed = self._assumed.pop(uid, None)
-        if assumed is None:
+        entry = self.reservations.release_assumed(uid)
+        if entry is None:
             return False
-        on_node = self._assumed_on[assumed.entry.node]
-        del on_node[uid]
-        if not on_node:
-            del self._assumed_on[assumed.entry.node]
-        self._touch(assumed.entry.node)
+        self._touch(entry.node)
+        self._stale.add("counts")
         return True
 
-    def expire(self, now: float) -> int:
-        """Drop assumed pods and preemption proposals whose TTL has passed; returns how many
-        assumed pods went."""
-        with self._lock:
-            for uid, proposals in list(self._proposals.items()):
-                for node in [n for n, (_, until, _v) in proposals.items() if until <= now]:
-                    del proposals[node]
-                if not proposals:
-                    del self._proposals[uid]
-            gone = [uid for uid, a in self._assumed.items() if a.expires <= now]
-            for uid in gone:
-                self.forget(uid)
-            return len(gone)
-
-    # -- preemption --
+    def expire(self, now: float, *, wait: bool = True) -> int:
+        """Drop every reservation whose time has passed (holds, assumed pods, proposals), in
+        one sweep; returns how many assumed pods went. `wait=False`: do nothing (0) when a
+        writer holds the lock now, for callers on the event loop (the next call sweeps)."""
+        if not self._lock.acquire(blocking=wait):
+            return 0
+        try:
+            expired = self.reservations.expire(now)
+            for entry in expired.assumed:
+                self._touch(entry.node)
+            if expired.proposals:
+                self._stale.add("proposals")
+            self._publish()
+            return len(expired.assumed)
+        finally:
+            self._lock.release()
 
     def propose(
         self, uid: str, node: str, gpu: int, victims: Iterable[str], *, expires: float
@@ -576,144 +427,29 @@ class ClusterCache:
         """The preempt verb freed GPU `gpu` of `node` for pod `uid` by evicting `victims`: if
         kube-scheduler nominates the pod there, its reservation goes on that GPU."""
         with self._lock:
-            self._proposals.setdefault(uid, {})[node] = (gpu, expires, tuple(victims))
+            self.reservations.propose(uid, node, Proposal(gpu, tuple(victims), expires))
+            self._stale.add("proposals")
             held = self._nominated.get(uid)
             if held is not None and held[0].node == node:
                 obj = held[1]
                 self._set_nominated(uid, None)
                 self._set_nominated(uid, obj)
-                self._refresh()
-                self._changed.notify_all()
+            self._publish()
 
-    def evicted_for(self, uid: str, node: str) -> tuple[str, ...]:
-        """The victims the preempt verb chose for pod `uid` on `node` (kube-scheduler evicts
-        them once it nominates the pod there); the pod's own evaluation counts them gone even
-        before the watch shows them deleted."""
-        with self._lock:
-            proposal = self._proposals.get(uid, {}).get(node)
-            return proposal[2] if proposal is not None else ()
-
-    def nomination(self, uid: str) -> PodEntry | None:
-        """The reservation pod `uid` holds as a nominated pod, if any."""
-        with self._lock:
-            held = self._nominated.get(uid)
-            return held[0] if held is not None else None
-
-    def nominated_on(self, node: str) -> list[PodEntry]:
-        with self._lock:
-            return list(self._nominated_on.get(node, {}).values())
-
-    def pods_on(self, node: str) -> list[PodEntry]:
-        """The pods bound (or assumed) on `node` that the cache counts."""
-        with self._lock:
-            return self._bound(node)
-
-    def budgets(self) -> list[Budget]:
-        with self._lock:
-            return [self._budgets[k] for k in sorted(self._budgets)]
-
-    def view_excluding(self, name: str, uids: Iterable[str]) -> NodeView | None:
-        """The node's view without the pods `uids` (bound, assumed or nominated): what it would
-        be with them gone. Not kept; None for a node the cache has not seen."""
-        skip = set(uids)
-        with self._lock:
-            if name not in self._nodes:
-                return None
-            entries = self._entries(name)
-            if not any(e.uid in skip for e in entries):
-                return self.view(name)  # none of them here: the kept view (a bind, mostly)
-            return self._assemble(name, [e for e in entries if e.uid not in skip])
-
-    # -- shared-GPU admission, one pod per node at a time --
-
-    def serial_admission(self, node: str) -> bool:
-        entry = self._nodes.get(node)
-        return entry is not None and entry.serial_admission
-
-    def awaiting(self, node: str) -> list[str]:
-        """Pods on `node` (bound or assumed) that its device plugin has not fully served yet."""
-        with self._lock:
-            found = [e.key for e in self._by_node.get(node, {}).values() if e.awaiting]
-            found += [
-                a.entry.key for a in self._assumed_on.get(node, {}).values() if a.entry.awaiting
-            ]
-            return sorted(found)
-
-    def wait_for_change(self, timeout: float) -> None:
-        """Block until the next change or `timeout` seconds; call under `lock()`."""
-        self._changed.wait(timeout)
-
-    # -- reading --
+    # -- bind: evaluate and reserve as one step --
 
     @contextmanager
     def lock(self) -> Iterator[None]:
+        """The writer lock: no change is published while it is held (bind only: a request on
+        the event loop reads `snapshot` instead)."""
         with self._lock:
             yield
 
-    def view(self, name: str) -> NodeView | None:
-        """The node's current view, None for a node the cache has not seen."""
-        view = self._views.get(name)
-        if view is not None:
-            return view
-        with self._lock:
-            if name not in self._nodes:
-                return None
-            view = self._views[name] = self._assemble(name, self._entries(name))
-            return view
+    def wait_for_change(self, timeout: float) -> None:
+        """Block until the next publish or `timeout` seconds; call under `lock()`."""
+        self._changed.wait(timeout)
 
-    def _bound(self, name: str) -> list[PodEntry]:
-        found = list(self._by_node.get(name, {}).values())
-        found += [a.entry for a in self._assumed_on.get(name, {}).values()]
-        return found
-
-    def _entries(self, name: str) -> list[PodEntry]:
-        """Everything the node's view counts: bound, assumed and nominated pods."""
-        return [*self._bound(name), *self._nominated_on.get(name, {}).values()]
-
-    def _assemble(self, name: str, entries: Iterable[PodEntry]) -> NodeView:
-        entry = self._nodes[name]
-        placed = [e.placed for e in entries]
-        version = self._versions.get(name, 0)
-        try:
-            return assemble_node(
-                name,
-                entry.inventory,
-                placed,
-                cpu_milli=entry.cpu_milli,
-                problem=entry.problem,
-                version=version,
-            )
-        except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
-            problem = f"cannot be evaluated: {_problem(error)}"
-            return assemble_node(name, None, (), problem=problem, version=version)
-
-    def signatures(self) -> Mapping[str, tuple[int, int]]:
-        """Node name -> (version, state id), current for every known node; read under `lock()`.
-
-        The tuple object is replaced whenever the node changes, so callers may compare it by
-        identity.
-        """
-        return self._sigs
-
-    @property
-    def clock(self) -> int:
-        """Counts node changes; read under `lock()`, with `changed_since`."""
-        return self._clock
-
-    def changed_since(self, clock: int) -> set[str] | None:
-        """Nodes whose signature may differ from what it was at `clock`; None when the record
-        no longer reaches back that far (everything may have changed). Read under `lock()`."""
-        if clock < self._log_start:
-            return None
-        return set(self._log[clock - self._log_start :])
-
-    def has_pod(self, uid: str) -> bool:
-        with self._lock:
-            return uid in self._pods or uid in self._assumed
-
-    def node_names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._nodes)
+    # -- watch health --
 
     @property
     def ready(self) -> bool:
@@ -721,55 +457,30 @@ class ClusterCache:
 
     def watch_failed(self, kind: str, error: str) -> None:
         """The list or watch of `kind` failed (the watcher retries it)."""
-        with self._lock:
+        with self._health:
             count = self._failures.get(kind, (0, ""))[0] + 1
             self._failures[kind] = (count, error[:500])
 
     def watch_ok(self, kind: str) -> None:
         """The watch of `kind` has been working (events applied, or a full watch period)."""
-        with self._lock:
+        with self._health:
             self._failures.pop(kind, None)
 
     def failing(self) -> dict[str, tuple[int, str]]:
         """Kinds whose watch failed `WATCH_FAILING_AFTER` times or more in a row, with the last
         error: the cache may be stale, so the extender is not ready."""
-        with self._lock:
+        with self._health:
             return {k: f for k, f in self._failures.items() if f[0] >= WATCH_FAILING_AFTER}
 
-    def unreadable(self) -> list[Unreadable]:
-        """Objects skipped (Pods) or kept with their problem (Nodes) because they could not be
-        read, by kind and name."""
-        with self._lock:
-            return sorted(self._unreadable.values(), key=lambda u: (u.kind, u.name))
 
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return {
-                "nodes": len(self._nodes),
-                "pods": len(self._pods),
-                "assumed": len(self._assumed),
-                "nominated": len(self._nominated),
-                "budgets": len(self._budgets),
-            }
-
-    def unreadable_counts(self) -> dict[str, int]:
-        with self._lock:
-            found = Counter(kind for kind, _ in self._unreadable)
-            return {NODE: found[NODE], POD: found[POD], PDB: found[PDB]}
-
-    def observed_mix(self) -> Counter[Shape]:
-        """How many bound GPU pods have each (GPU count, milli per GPU, CPU): the policy's mix.
-
-        Kept up to date incrementally; this returns a copy.
-        """
-        with self._lock:
-            return Counter(self._mix)
-
-    def observed_shapes(self) -> list[Shape]:
-        """(GPU count, milli per GPU, CPU) of every bound GPU pod, for the policy's mix."""
-        return list(self.observed_mix().elements())
-
-
-def _key(obj: Mapping[str, Any]) -> str:
-    meta = _meta(obj)
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+def _pod_shapes(entries: Iterable[PodEntry], view: NodeView) -> tuple[Shape, ...]:
+    """(GPU count, milli per GPU, CPU) of the node's bound GPU pods, for the policy's mix."""
+    gpus = {g.index: g for g in view.gpus}
+    shapes = []
+    for entry in entries:
+        placed = entry.placed
+        a = placed.assignment
+        shape = demand_shape(placed.request, gpus.get(a.gpu) if a else None, placed.cpu_milli)
+        if shape is not None:
+            shapes.append(shape)
+    return tuple(shapes)

@@ -11,8 +11,9 @@ from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.scheduling.shares import fragmentation_model_of
 from gpupart.core.scheduling.views import PlacedPod, Tenant
-from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry
+from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
+from gpupart_extender.objects import PodEntry
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
@@ -20,27 +21,27 @@ from gpupart_extender.settings import ExtenderSettings
 def test_events_build_node_views_with_versions() -> None:
     c = ClusterCache()
     c.apply(NODE, "ADDED", node("n1", [shared_gpu(0, memory=1000)]))
-    v1 = c.view("n1")
+    v1 = c.snapshot.view("n1")
     assert v1 is not None and v1.gpus[0].memory_mib == 1000 and not v1.problem
     # A Node update that does not touch the inventory keeps the view (and the memo) valid.
     c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1000)]))
-    assert c.view("n1") is v1
+    assert c.snapshot.view("n1") is v1
     c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1200)]))  # read again
-    bigger = c.view("n1")
+    bigger = c.snapshot.view("n1")
     assert bigger is not None and bigger.gpus[0].memory_mib == 1200
     c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0, memory=1000)]))
-    v1 = c.view("n1")
+    v1 = c.snapshot.view("n1")
     assert v1 is not None and v1.gpus[0].memory_mib == 1000
     placed = pod("a", shared(400), node="n1", assignment=PodAssignment("n1", 0, "GPU-0000", 400))
     c.apply(POD, "ADDED", placed)
-    v2 = c.view("n1")
+    v2 = c.snapshot.view("n1")
     assert v2 is not None and v2.version > v1.version and v2.gpus[0].used_memory_mib == 400
     placed["status"]["phase"] = "Succeeded"
     c.apply(POD, "MODIFIED", placed)
-    v3 = c.view("n1")
+    v3 = c.snapshot.view("n1")
     assert v3 is not None and v3.gpus[0].used_memory_mib == 0
     c.apply(NODE, "DELETED", node("n1", None))
-    assert c.view("n1") is None
+    assert c.snapshot.view("n1") is None
 
 
 def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None:
@@ -51,36 +52,38 @@ def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None
     c.apply(POD, "ADDED", pod("cpu", {"cpu": "1"}, node="n1"))
     c.apply(POD, "ADDED", pod("broken", {"nvidia.com/gpu": "lots", "cpu": "250m"}, node="n1"))
     c.apply(POD, "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
-    assert c.counts()["pods"] == 1  # "cpu"; "broken" is skipped and listed as unreadable
-    assert [(u.kind, u.name) for u in c.unreadable()] == [(POD, "team-a/broken")]
-    view = c.view("n1")
+    assert c.snapshot.counts()["pods"] == 1  # "cpu"; "broken" is skipped and listed as unreadable
+    assert [(u.kind, u.name) for u in c.snapshot.unreadable] == [(POD, "team-a/broken")]
+    view = c.snapshot.view("n1")
     assert view is not None and view.cpu_milli == 8000 and view.cpu_used_milli == 1000
     assert not view.gpus[0].tenants and not view.unplaced_tenants and not view.whole_tenants
-    assert c.observed_mix() == Counter()
+    assert c.snapshot.mix == Counter()
 
 
 def test_cpu_is_part_of_the_node_state_and_of_the_mix() -> None:
     c = ClusterCache()
     c.replace(NODE, [node("n1", [shared_gpu(0)], cpu="16"), node("n2", [shared_gpu(0)], cpu="16")])
     c.replace(POD, [])
-    assert c.signatures()["n1"][1] == c.signatures()["n2"][1]
+    assert c.snapshot.signatures["n1"][1] == c.snapshot.signatures["n2"][1]
     c.apply(POD, "ADDED", pod("batch", {"cpu": "3500m"}, node="n1"))
-    assert c.signatures()["n1"][1] != c.signatures()["n2"][1]  # CPU use alone tells them apart
+    assert (
+        c.snapshot.signatures["n1"][1] != c.snapshot.signatures["n2"][1]
+    )  # CPU use alone tells them apart
     c.apply(POD, "ADDED", pod("batch", {"cpu": "3500m"}, node="n2", namespace="team-b"))
-    assert c.signatures()["n1"][1] == c.signatures()["n2"][1]
+    assert c.snapshot.signatures["n1"][1] == c.snapshot.signatures["n2"][1]
     # A GPU pod's CPU request is in its mix shape: (GPU count, milli per GPU, CPU).
     a = PodAssignment("n1", 0, "GPU-0000", 0)
     c.apply(POD, "ADDED", pod("gpu", {"nvidia.com/gpu": 1, "cpu": "4"}, node="n1"))
     c.apply(POD, "ADDED", pod("mps", {**shared(compute=50), "cpu": "2"}, node="n1", assignment=a))
-    assert c.observed_mix() == Counter({(1, 1000, 4000): 1, (1, 500, 2000): 1})
-    view = c.view("n1")
+    assert c.snapshot.mix == Counter({(1, 1000, 4000): 1, (1, 500, 2000): 1})
+    view = c.snapshot.view("n1")
     assert view is not None and view.cpu_used_milli == 3500 + 4000 + 2000
     # An allocatable change is a node change; a Node without allocatable CPU says None.
-    before = c.signatures()["n2"]
+    before = c.snapshot.signatures["n2"]
     c.apply(NODE, "MODIFIED", node("n2", [shared_gpu(0)], cpu="32"))
-    assert c.signatures()["n2"] is not before and c.view("n2").cpu_milli == 32000  # type: ignore[union-attr]
+    assert c.snapshot.signatures["n2"] is not before and c.snapshot.view("n2").cpu_milli == 32000  # type: ignore[union-attr]
     c.apply(NODE, "MODIFIED", node("n2", [shared_gpu(0)]))
-    assert c.view("n2").cpu_milli is None  # type: ignore[union-attr]
+    assert c.snapshot.view("n2").cpu_milli is None  # type: ignore[union-attr]
 
 
 def test_bad_inventory_is_a_problem_not_a_crash() -> None:
@@ -88,7 +91,7 @@ def test_bad_inventory_is_a_problem_not_a_crash() -> None:
     bad = node("n1", None)
     bad["metadata"]["annotations"]["gpupart.io/inventory"] = '{"version":"v9"}'
     c.apply(NODE, "ADDED", bad)
-    view = c.view("n1")
+    view = c.snapshot.view("n1")
     assert view is not None and "GPU inventory unreadable" in view.problem and "v9" in view.problem
 
 
@@ -96,7 +99,7 @@ def test_relist_drops_what_is_gone() -> None:
     c = ClusterCache()
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
-    assert c.ready and c.counts() == {
+    assert c.ready and c.snapshot.counts() == {
         "nodes": 2,
         "pods": 2,
         "assumed": 0,
@@ -105,7 +108,7 @@ def test_relist_drops_what_is_gone() -> None:
     }
     c.replace(NODE, [node("n1", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1")])
-    assert c.node_names() == ["n1"] and c.counts()["pods"] == 1
+    assert c.snapshot.node_names() == ["n1"] and c.snapshot.counts()["pods"] == 1
 
 
 def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
@@ -120,10 +123,10 @@ def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
         PlacedPod(Tenant("team-a/a", "team-a", memory_mib=600), request, assignment),
     )
     c.assume(entry, expires=10.0)
-    assert c.view("n1").gpus[0].used_memory_mib == 600  # type: ignore[union-attr]
+    assert c.snapshot.view("n1").gpus[0].used_memory_mib == 600  # type: ignore[union-attr]
     c.apply(POD, "ADDED", pod("a", shared(600), node="n1", assignment=assignment))
-    assert c.counts()["assumed"] == 0
-    assert c.view("n1").gpus[0].used_memory_mib == 600  # type: ignore[union-attr]  # counted once
+    assert c.snapshot.counts()["assumed"] == 0
+    assert c.snapshot.view("n1").gpus[0].used_memory_mib == 600  # type: ignore[union-attr]  # counted once
     c.assume(PodEntry("uid-x", "team-a/x", "n1", entry.placed), expires=10.0)
     assert c.expire(9.0) == 0 and c.expire(10.0) == 1
 
@@ -150,8 +153,8 @@ def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
             pod("batch", {"cpu": "36"}, node="drained"),
         ],
     )
-    assert c.observed_mix() == Counter({(1, 500, 4000): 2})
-    assert fragmentation_model_of(c.observed_mix()).cpu_per_gpu == 8.0
+    assert c.snapshot.mix == Counter({(1, 500, 4000): 2})
+    assert fragmentation_model_of(c.snapshot.mix).cpu_per_gpu == 8.0
     service = ExtenderService(
         c, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
     )
@@ -165,4 +168,4 @@ def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
     # Bound by us, the pod's CPU counts on the node before the watch shows it.
     assert service.filter(hungry, ["roomy"]).passed == ["roomy"]
     assert service.bind("team-a", "new", "uid-team-a-new", "roomy") == ""
-    assert c.view("roomy").cpu_used_milli == 24000  # type: ignore[union-attr]
+    assert c.snapshot.view("roomy").cpu_used_milli == 24000  # type: ignore[union-attr]

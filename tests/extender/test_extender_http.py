@@ -8,26 +8,22 @@ nodeCacheCapable false with full NodeLists, health, readiness and metrics.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from collections import Counter
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
+from extender_server import served
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
+from gpupart_extender.answers import DETAILED_NODES
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
-from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
-from gpupart_extender.service import DETAILED_NODES, ExtenderService
+from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 ALL = ["node-mig", "node-mps", "node-whole", "node-bare"]
@@ -250,7 +246,7 @@ def test_bind_writes_assignment_then_binding_and_reserves(
     assignment = decode_assignment(annotations[ASSIGNMENT_ANNOTATION])
     # Same app as infer-1 on GPU 0: the extender picks GPU 1.
     assert (assignment.node, assignment.gpu, assignment.memory_mib) == ("node-mps", 1, 8000)
-    view = cache.view("node-mps")
+    view = cache.snapshot.view("node-mps")
     assert view is not None and view.gpus[1].used_memory_mib == 8000  # assumed until watched
 
 
@@ -316,7 +312,7 @@ def test_failed_api_write_releases_the_reservation(
         },
     )
     assert "binding team-a/new to node-mps failed" in res.json()["Error"]
-    assert cache.counts()["assumed"] == 0
+    assert cache.snapshot.counts()["assumed"] == 0
 
 
 def test_bind_args_are_validated(client: TestClient) -> None:
@@ -358,19 +354,6 @@ def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
 
 
 def test_real_uvicorn_on_loopback(settings: ExtenderSettings, service: ExtenderService) -> None:
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, service), log_level="warning"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
-            out = http.post("/gpupart/filter", json=args(pod("new", shared(1000)), ALL)).json()
-            assert out["NodeNames"] == ["node-mps"]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with served(create_app(settings, service)) as http:
+        out = http.post("/gpupart/filter", json=args(pod("new", shared(1000)), ALL)).json()
+        assert out["NodeNames"] == ["node-mps"]

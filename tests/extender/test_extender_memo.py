@@ -21,9 +21,11 @@ from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
 from gpupart.core.scheduling.pods import parse_demand
 from gpupart.core.scheduling.terms import Weights
 from gpupart.core.scheduling.views import anonymous
-from gpupart_extender.cache import NODE, POD, ClusterCache, PodEntry, read_pod
+from gpupart_extender.answers import DETAILED_NODES
+from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
-from gpupart_extender.service import DETAILED_NODES, ExtenderService
+from gpupart_extender.objects import PodEntry, read_pod
+from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 NODES = ["n0", "n1", "n2", "n3"]
@@ -118,7 +120,7 @@ class _Clock:
 def _fresh_score(
     cache: ClusterCache, service: ExtenderService, clock: _Clock, p: Any, name: str
 ) -> int:
-    view = cache.view(name)
+    view = cache.snapshot.view(name)
     assert view is not None
     demand = parse_demand(p, group_label="app")
     fresh = evaluate(view, demand, config=service.scoring, model=service.model(clock()))
@@ -169,7 +171,7 @@ def _apply(
         demand = parse_demand(p, group_label="app")
         verdicts = {}
         for name in NODES:
-            view = cache.view(name)
+            view = cache.snapshot.view(name)
             assert view is not None
             verdicts[name] = evaluate(view, demand, config=service.scoring, model=model)
         # In full: the first failed nodes by (resolvable first, closest, name), "ghost"
@@ -231,7 +233,7 @@ def test_memoised_answers_equal_a_fresh_evaluation(
     for event in events:
         _apply(cache, service, clock, event, asked)
         # kept_lists=1: shapes take each other's kept list, answers must not change.
-        assert sum(len(m.batches) for m in service._memo.values()) <= kept_lists
+        assert sum(len(m.batches) for m in service._memo.shapes.values()) <= kept_lists
         clock.now += 7  # the model is looked at again now and then (refresh 60 s)
 
 
@@ -247,25 +249,27 @@ def test_nodes_in_the_same_state_share_a_state_id_up_to_pod_names() -> None:
             pod("web-2", shared(5000), node="n1", labels={"app": "a"}, assignment=a1),
         ],
     )
-    sigs = cache.signatures()
+    sigs = cache.snapshot.signatures
     assert sigs["n0"][1] == sigs["n1"][1] != sigs["n2"][1]
-    v0, v1 = cache.view("n0"), cache.view("n1")
+    v0, v1 = cache.snapshot.view("n0"), cache.snapshot.view("n1")
     assert v0 is not None and v1 is not None and anonymous(v0) == anonymous(v1)
     before = sigs["n2"]
     cache.apply(POD, "ADDED", pod("other", shared(5000), node="n2", labels={"app": "b"}))
-    assert cache.signatures()["n2"] is not before  # a change makes a new tuple
+    assert cache.snapshot.signatures["n2"] is not before  # a change makes a new tuple
 
 
-def test_state_ids_are_renumbered_when_the_table_outgrows_its_bound() -> None:
+def test_state_ids_are_never_reused_when_the_table_outgrows_its_bound() -> None:
     cache = ClusterCache(max_states=2)
     cache.replace(NODE, [node(n, _inventory(k)) for n, k in zip(NODES, [0, 1, 2, 0], strict=True)])
-    generation = cache.generation
-    cache.apply(POD, "ADDED", pod("a", shared(100), node="n0"))
-    assert cache.generation > generation
-    assert set(cache.signatures()) == set(NODES)
     service = ExtenderService(
         cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
     )
+    assert sorted(service.filter(pod("new", shared(1000)), NODES).passed) == ["n0", "n3"]
+    before = {sig[1] for sig in cache.snapshot.signatures.values()}
+    cache.apply(POD, "ADDED", pod("a", shared(100), node="n0"))  # the table starts afresh
+    after = {sig[1] for sig in cache.snapshot.signatures.values()}
+    assert set(cache.snapshot.signatures) == set(NODES) and not before & after
+    # Answers kept for the old ids never match again: the same service answers afresh.
     out = service.filter(pod("new", shared(1000)), NODES)
     assert sorted(out.passed) == ["n0", "n3"]
 
@@ -281,7 +285,7 @@ def test_in_use_reasons_name_each_nodes_own_pods_though_the_state_is_shared() ->
             for k in range(2)
         ],
     )
-    assert cache.signatures()["n0"][1] == cache.signatures()["n1"][1]
+    assert cache.snapshot.signatures["n0"][1] == cache.snapshot.signatures["n1"][1]
     service = ExtenderService(
         cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
     )

@@ -23,9 +23,10 @@ from poison import ABSURD_QUANTITIES, HUGE, LONG
 
 from gpupart.core.api.wire import INVENTORY_ANNOTATION, PodAssignment
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, PDB, POD, ClusterCache, read_pod
+from gpupart_extender.cache import NODE, PDB, POD, ClusterCache
 from gpupart_extender.kube import Watcher
 from gpupart_extender.metrics import Metrics
+from gpupart_extender.objects import read_pod
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 from gpupart_testsupport.ports import free_port
@@ -70,7 +71,7 @@ def service_for(cache: ClusterCache) -> ExtenderService:
 
 def test_poison_pods_are_skipped_and_listed_and_the_other_pods_still_count() -> None:
     cache = cache_with_poison()
-    skipped = {u.name: u.problem for u in cache.unreadable()}
+    skipped = {u.name: u.problem for u in cache.snapshot.unreadable}
     # The three: each skipped, with the field and the bound that refused it.
     memory = "resources.limits.gpupart.io/gpu-memory"
     for q in ("1E", "1Ei", "1e99999999"):
@@ -82,12 +83,14 @@ def test_poison_pods_are_skipped_and_listed_and_the_other_pods_still_count() -> 
     )
     assert "team-a/odd-limits" in skipped and "team-a/long-profile" in skipped
     assert all(len(problem) <= 500 for problem in skipped.values())
-    view = cache.view("n1")
+    view = cache.snapshot.view("n1")
     assert view is not None and view.gpus[0].used_memory_mib == 50000, "the holder still counts"
     # Every pod is counted, or listed, or holds nothing: none vanished without a word.
     for p in poison_pods():
         name = f"team-a/{p['metadata']['name']}"
-        assert cache.has_pod(p["metadata"]["uid"]) or name in skipped or read_pod(p) is None
+        on = cache.snapshot.pods_on(p["spec"].get("nodeName") or "")
+        counted = any(e.uid == p["metadata"]["uid"] for e in on)
+        assert counted or name in skipped or read_pod(p) is None
 
     service = service_for(cache)
     with TestClient(create_app(ExtenderSettings(url_prefix="/gpupart"), service)) as http:
@@ -117,7 +120,7 @@ def test_an_unreadable_pod_is_logged_once_per_resource_version(
     skipped = [r for r in caplog.records if r.getMessage() == "Skipped unreadable object"]
     assert [r.kv["rv"] for r in skipped] == ["7", "8"]  # type: ignore[attr-defined]
     cache.apply(POD, "DELETED", bad)
-    assert cache.unreadable() == []
+    assert cache.snapshot.unreadable == ()
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,8 @@ from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, PDB, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderPreemptionArgs
-from gpupart_extender.service import ExtenderService, NodeVictims
+from gpupart_extender.preemption import NodeVictims
+from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
 NO_RESERVE = ScoringConfig(reserve_fraction=0.0)
@@ -496,24 +497,27 @@ def test_a_nominated_pod_keeps_the_room_its_victims_freed() -> None:
         cache.apply(POD, "DELETED", pod(victim, MPS, node="n1"))
     high["status"]["nominatedNodeName"] = "n1"
     cache.apply(POD, "MODIFIED", high)
-    view = cache.view("n1")
+    view = cache.snapshot.view("n1")
     assert view is not None
     assert [t.pod for t in view.gpus[0].tenants] == ["team-a/infer"]  # on the GPU preempt freed
     low = pod("batch", {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 30000}, priority=0)
     assert "n1" in service.filter(low, ["n1"]).failed  # kept out
     assert service.filter(high, ["n1"]).passed == ["n1"]  # the pod itself is let in
     assert service.bind("team-a", "infer", uid("infer"), "n1") == ""
-    assert cache.nomination(uid("infer")) is None  # assumed (bound) now, not nominated
-    view = cache.view("n1")
+    assert cache.snapshot.nomination(uid("infer")) is None  # assumed (bound) now, not nominated
+    view = cache.snapshot.view("n1")
     assert view is not None and [t.pod for t in view.gpus[0].tenants] == ["team-a/infer"]
     # A nomination cleared (e.g. a higher-priority pod took the node) frees the room.
     other = pod("other", {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 10000}, priority=500)
     other["status"]["nominatedNodeName"] = "n2"
     cache.apply(POD, "ADDED", other)
-    assert cache.nomination(uid("other")) is not None
+    assert cache.snapshot.nomination(uid("other")) is not None
     other["status"]["nominatedNodeName"] = ""
     cache.apply(POD, "MODIFIED", other)
-    assert cache.nomination(uid("other")) is None and cache.counts()["nominated"] == 0
+    assert (
+        cache.snapshot.nomination(uid("other")) is None
+        and cache.snapshot.counts()["nominated"] == 0
+    )
 
 
 def test_an_unreadable_budget_is_listed_and_not_counted() -> None:
@@ -522,10 +526,10 @@ def test_an_unreadable_budget_is_listed_and_not_counted() -> None:
         PDB,
         [{"metadata": {"name": "bad", "namespace": "x"}, "spec": {"selector": {"matchLabels": 5}}}],
     )
-    assert cache.budgets() == [] and cache.unreadable_counts()[PDB] == 1
+    assert list(cache.snapshot.budgets) == [] and cache.snapshot.unreadable_counts()[PDB] == 1
     cache.apply(
         PDB, "MODIFIED", {"metadata": {"name": "bad", "namespace": "x"}, "spec": {}, "status": {}}
     )
-    assert len(cache.budgets()) == 1 and cache.unreadable_counts()[PDB] == 0
+    assert len(list(cache.snapshot.budgets)) == 1 and cache.snapshot.unreadable_counts()[PDB] == 0
     cache.apply(PDB, "DELETED", {"metadata": {"name": "bad", "namespace": "x"}})
-    assert cache.budgets() == []
+    assert list(cache.snapshot.budgets) == []

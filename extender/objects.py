@@ -1,0 +1,232 @@
+"""Reading Nodes, Pods and their reservations into the entries the cluster state keeps.
+
+Pure functions over API objects (raw JSON mappings): no I/O, no state. An object that cannot be
+read is never fatal: a Node is kept with the problem as its reason (`NodeEntry.unreadable`), a
+Pod raises `UnreadablePod` for the caller to skip and report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.wire import (
+    ALLOCATION_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    InventoryGpu,
+    PodAssignment,
+    decode_allocation,
+    decode_assignment,
+    decode_inventory,
+)
+from gpupart.core.errors import GpupartError
+from gpupart.core.node.admission import admission_complete, shared_containers
+from gpupart.core.scheduling.pods import node_cpu_milli, pod_cpu_milli, tenant_of
+from gpupart.core.scheduling.views import PlacedPod
+
+NODE = "Node"
+"""The kinds the watch feeds (names as in the API)."""
+POD = "Pod"
+PDB = "PodDisruptionBudget"
+_DONE_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    inventory: tuple[InventoryGpu, ...] | None
+    problem: str
+    cpu_milli: int | None = None
+    """Allocatable CPU (millicores); None when the Node does not say."""
+    source: tuple[object, object] = field(default=(None, None), compare=False)
+    """The annotation text and allocatable CPU value it was read from."""
+    serial_admission: bool = False
+    """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
+    unreadable: bool = False
+    """The Node or its inventory could not be read (`problem` says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodEntry:
+    uid: str
+    key: str
+    node: str
+    placed: PlacedPod
+    awaiting: bool = False
+    """A live shared-GPU pod with an assignment whose containers the device plugin has not all
+    served yet (no complete `gpupart.io/allocation` record)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An object the cache could not read, at the resourceVersion it was seen."""
+
+    kind: str
+    name: str
+    version: str
+    problem: str
+
+
+class UnreadablePod(Exception):
+    """A bound pod whose GPU request, CPU request or assignment cannot be read."""
+
+
+def read_node(node: Mapping[str, Any], previous: NodeEntry | None = None) -> NodeEntry:
+    """Inventory from a Node object's annotation (or the problem that keeps it from being read),
+    and its allocatable CPU; `previous` itself when both texts are the ones it was read from.
+    Never raises: a node that cannot be read is kept with the reason (`unreadable`)."""
+    try:
+        return _read_node(node, previous)
+    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
+        return NodeEntry(None, f"Node unreadable: {problem_of(error)}", unreadable=True)
+
+
+def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry:
+    annotations = meta_of(node).get("annotations") or {}
+    text = annotations.get(INVENTORY_ANNOTATION)
+    status = node.get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    source = (text, allocatable.get("cpu") if isinstance(allocatable, Mapping) else None)
+    if previous is not None and previous.source == source:
+        # A status heartbeat (every node, every few seconds): decoding the inventory again
+        # cost ~0.1 ms a node, a steady load on large clusters for nothing.
+        return previous
+    cpu = node_cpu_milli(node)
+    if text is None:
+        return NodeEntry(
+            None,
+            f"no GPU inventory (annotation {INVENTORY_ANNOTATION} not written by the node agent)",
+            cpu,
+            source,
+        )
+    try:
+        inventory = decode_inventory(text)
+        return NodeEntry(inventory.gpus, "", cpu, source, inventory.serial_admission)
+    except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
+        problem = f"GPU inventory unreadable: {problem_of(error)}"
+        return NodeEntry(None, problem, cpu, source, unreadable=True)
+
+
+def problem_of(error: BaseException) -> str:
+    """Why an object could not be read, in one bounded line (a bug names its exception)."""
+    text = str(error) if isinstance(error, GpupartError) else f"{type(error).__name__}: {error}"
+    return text[:500]
+
+
+def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
+    """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither.
+
+    Raises UnreadablePod when what it holds cannot be read: the cache skips it and says so,
+    rather than count it as holding nothing (or fail the watch).
+    """
+    try:
+        return _read_pod(pod)
+    except Exception as error:  # noqa: BLE001 - whatever breaks, it is this pod's problem
+        raise UnreadablePod(problem_of(error)) from None
+
+
+def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in _DONE_PHASES:
+        return None
+    annotations = meta.get("annotations") or {}
+    request = parse_pod_request(pod)
+    cpu = pod_cpu_milli(pod)
+    if request.empty and cpu == 0:
+        return None
+    assignment = None
+    text = annotations.get(ASSIGNMENT_ANNOTATION)
+    if text is not None:
+        try:
+            assignment = decode_assignment(text)
+        except GpupartError:
+            assignment = None  # unplaced: it still counts against the node, on no GPU in particular
+    awaiting = (
+        bool(request.shared)
+        and assignment is not None
+        and meta.get("deletionTimestamp") is None
+        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
+    )
+    # A CPU-only pod is no GPU tenant of the view; its labels and priority are kept for the
+    # preempt verb (kube-scheduler may name it as a victim, and PDBs may cover it).
+    tenant = tenant_of(pod, request)
+    return PodEntry(
+        str(meta.get("uid") or tenant.pod),
+        tenant.pod,
+        str(node),
+        PlacedPod(tenant, request, assignment, cpu),
+        awaiting,
+    )
+
+
+def read_nomination(pod: Mapping[str, Any], gpu: tuple[int, str] | None = None) -> PodEntry | None:
+    """The reservation of a pending pod nominated to a node (`status.nominatedNodeName`), on
+    `gpu` (index, UUID: the GPU the preempt verb chose there) or on no GPU in particular; None
+    for pods that are bound, finished, deleting, not nominated or ask for no GPU. Never raises:
+    a pod whose request cannot be read reserves nothing (filter refuses it anyway)."""
+    try:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        node = status.get("nominatedNodeName")
+        if (
+            not node
+            or spec.get("nodeName")
+            or status.get("phase") in _DONE_PHASES
+            or meta.get("deletionTimestamp") is not None
+        ):
+            return None
+        request = parse_pod_request(pod)
+        if request.empty:
+            return None
+        assignment = None
+        if gpu is not None and request.shared:
+            index, uuid = gpu
+            assignment = PodAssignment(
+                str(node), index, uuid, request.memory_mib, request.compute_percent
+            )
+        tenant = tenant_of(pod, request)
+        uid = str(meta.get("uid") or tenant.pod)
+        return PodEntry(
+            uid, tenant.pod, str(node), PlacedPod(tenant, request, assignment, pod_cpu_milli(pod))
+        )
+    except Exception:  # noqa: BLE001 - one pod's problem; it reserves nothing
+        return None
+
+
+def _served(pod: Mapping[str, Any], record: object) -> bool:
+    """Whether the device plugin has served every container of the pod that asks for slots.
+
+    The same rule as the plugin's (`AssignedPod.complete`): a record it cannot read counts as
+    served, and so does a pod whose containers it cannot read (the plugin never serves those,
+    so waiting for them would hold the node for nothing).
+    """
+    if record is None:
+        return False
+    if not isinstance(record, str):
+        return True
+    try:
+        return admission_complete(shared_containers(pod), decode_allocation(record))
+    except GpupartError:
+        return True
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    """`namespace/name` of an object (namespace `default` when it has none)."""
+    meta = meta_of(obj)
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    """The object's uid, or `namespace/name` when it has none (tests, hand-written pods)."""
+    return str(meta_of(obj).get("uid") or "") or key_of(obj)
