@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml tests/support/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gpupart simulate
 
-## lint: ruff, mypy --strict, import contracts
+## lint: ruff (check and format), mypy --strict, import contracts
 lint: $(STAMP) typecheck-tree
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	cd build/typecheck && ../../$(BIN)/mypy --config-file ../../pyproject.toml
 	$(BIN)/lint-imports
 
@@ -51,7 +52,7 @@ cluster-down:
 	$(BIN)/python -P scripts/cluster.py down
 
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/core tests/sim tests/adapters
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

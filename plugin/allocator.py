@@ -69,7 +69,9 @@ class Allocator:
                     memory, compute = client_limits(
                         container.memory_mib,
                         container.compute_percent,
-                        defaults=MpsLimits(gpu.replicas, gpu.mps_memory_mib, gpu.mps_compute_percent),
+                        defaults=MpsLimits(
+                            gpu.replicas, gpu.mps_memory_mib, gpu.mps_compute_percent
+                        ),
                         gpu_memory_mib=gpu.memory_mib,
                     )
                 given = GivenContainer(

@@ -241,7 +241,9 @@ class SimulatedGpus:
             states = {i: GpuInstanceState(i, r.compute_instances) for i, r in gpu.instances.items()}
             refused = step_refused(gpu.model, states, step)
             if refused is not None:
-                raise NvmlError(_NVML_KINDS[refused.refusal], what)  # as NVML: the kind, not the reason
+                raise NvmlError(
+                    _NVML_KINDS[refused.refusal], what
+                )  # as NVML: the kind, not the reason
             record = gpu.instances.get(step.instance)
             if (
                 isinstance(step, DestroyComputeInstance | DestroyGpuInstance)

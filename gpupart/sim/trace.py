@@ -58,7 +58,6 @@ class Node:
         return self.gpus * MILLI
 
 
-
 @dataclass(frozen=True, slots=True)
 class Pod(GpuShape):
     """One workload request from a trace."""

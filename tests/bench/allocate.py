@@ -58,7 +58,9 @@ RESOURCE = "nvidia.com/mig-1g.18gb"
 
 
 def desired(counts: dict[str, int]) -> str:
-    return encode_desired((DesiredGroup("bench", 1, None, GpuConfig(Mode.MIG, tuple(counts.items()))),))
+    return encode_desired(
+        (DesiredGroup("bench", 1, None, GpuConfig(Mode.MIG, tuple(counts.items()))),)
+    )
 
 
 def client(socket: str, ids: list[str]) -> None:

@@ -669,7 +669,7 @@ def test_the_crd_refuses_every_poison_partition_at_admission(
     for number, (case, spec, field) in enumerate(PARTITION_CASES):
         if case == "gpus 100000 long":
             # kube-apiserver itself spends its whole 60 s request timeout on a list this long
-            # (504), before any of our rules; core parsing refuses it (tests/unit).
+            # (504), before any of our rules; core parsing refuses it (tests/core).
             continue
         body = {**partition(spec, name=f"{RUN}-poison-{number}")}
         body["metadata"]["labels"] = {"e2e-run": RUN}
