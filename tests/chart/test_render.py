@@ -138,8 +138,7 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         ("", "nodes", "watch"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
-        ("", "pods", "patch"),
-        ("", "pods/binding", "create"),
+        ("", "pods/binding", "create"),  # its metadata carries the assignment annotation
         ("policy", "poddisruptionbudgets", "list"),  # the preempt verb's PDB count
         ("policy", "poddisruptionbudgets", "watch"),
     }

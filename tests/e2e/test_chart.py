@@ -95,12 +95,12 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
             [
                 "watch nodes",
                 "watch pods",
-                "patch pods",
-                "create pods --subresource=binding",
+                "create pods --subresource=binding",  # carries the assignment annotation
                 "watch poddisruptionbudgets.policy",
             ],
             [
                 "patch nodes",
+                "patch pods",
                 "delete pods",
                 "get secrets",
                 "create pods",
