@@ -60,6 +60,8 @@ class DynamicMig:
     warm: tuple[tuple[str, int], ...] = ()
     """Instances kept ready on GPUs that hold nothing in use or reserved."""
     min_idle_s: int = DEFAULT_MIN_IDLE_S
+    """Seconds idle before an instance may be merged back to restore the warm mix (the
+    hysteresis); a pending pod whose creation needs its slices reclaims it at any age."""
     carve_idle_gpus: bool = True
     """Whether a GPU with no instance at all may be carved."""
 
