@@ -51,6 +51,12 @@ class PassResult:
     views: tuple[OfferedGpu, ...]
     failed: int
 
+    @property
+    def waiting(self) -> bool:
+        """A GPU waits on something no event announces: pods PodResources still lists (Blocked),
+        or a MIG mode change waiting for its GPU reset (Pending); another pass may apply it."""
+        return any(g.state in (GpuState.BLOCKED, GpuState.PENDING) for g in self.report.gpus)
+
 
 class Actuator:
     """Applies desired groups to this node's GPUs through a GpuBackend."""
