@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         settings = node_settings.from_args(args)
         backend = _backend(settings)
     except GpupartError as error:
-        log.error("Failed to start node agent err=%s", error)
+        log.error("Failed to start node agent", extra=logs.kv(err=error))
         return 2
     from kubernetes import client
 
@@ -157,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
             # Stands in for the admin's GPU reset that a real MIG mode change waits for.
             for index in backend.reset_idle():
-                log.info("Reset simulated GPU gpu=%d reason=pending MIG mode change", index)
+                log.info(
+                    "Reset simulated GPU",
+                    extra=logs.kv(gpu=index, reason="pending MIG mode change"),
+                )
         return agent.reconcile(desired)
 
     if settings.once:
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("Received signal signal=%d", signum)
+        log.info("Received signal", extra=logs.kv(signal=signum))
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     def follow_pods() -> None:
         for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):
-            log.info("Pod left node pod=%s", pod)
+            log.info("Pod left node", extra=logs.kv(pod=pod))
             passes.wake()
 
     threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
