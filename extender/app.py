@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from gpupart import logs
 from gpupart.core.errors import GpupartError
 
 from .models import (
@@ -67,7 +68,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         log.error(
             "Failed to answer a request",
             exc_info=error,
-            extra={"kv": {"path": request.url.path}},
+            extra=logs.kv(path=request.url.path),
         )
         return JSONResponse({"Error": explain(error)}, status_code=500)
 
@@ -95,7 +96,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             # nodeCacheCapable: the reply is joined from pre-encoded pieces, no lists needed.
             outcome = service.filter(args.Pod, names, items, lists=args.NodeNames is None)
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
-            log.exception("Failed to filter", extra={"kv": {"nodes": len(names)}})
+            log.exception("Failed to filter", extra=logs.kv(nodes=len(names)))
             outcome = FilterOutcome([], {}, {}, explain(error))
         if outcome.error:
             body: dict[str, Any] = {
@@ -142,7 +143,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             # The protocol has no Error field here; a 400 makes the scheduler ignore our scores.
             if not isinstance(error, GpupartError):
-                log.exception("Failed to prioritize", extra={"kv": {"nodes": len(names)}})
+                log.exception("Failed to prioritize", extra=logs.kv(nodes=len(names)))
             metrics.decisions.labels("prioritize", "error").inc()
             return JSONResponse({"Error": explain(error)}, status_code=400)
         metrics.latency.labels("prioritize").observe(time.perf_counter() - started)

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from gpupart import logs
 from gpupart.core.scheduling.preemption import Budget, parse_budget
 from gpupart.core.scheduling.shares import Shape, demand_shape
 from gpupart.core.scheduling.views import NodeView, anonymous
@@ -194,7 +195,7 @@ class ClusterCache:
         if self._unreadable.get((kind, key)) != found:
             log.warning(
                 "Skipped unreadable object",
-                extra={"kv": {"kind": kind, "name": name, "rv": version, "err": problem}},
+                extra=logs.kv(kind=kind, name=name, rv=version, err=problem),
             )
             self._unreadable[kind, key] = found
             self._stale.add("unreadable")

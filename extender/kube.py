@@ -17,8 +17,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart import logs
 from gpupart.kubeconfig import load_configuration
-from gpupart.logs import kv
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NODE, PDB, POD, ClusterCache
@@ -125,7 +125,7 @@ class Watcher:
             except Exception as error:  # noqa: BLE001 - a failure to apply is contained: relist
                 problem = f"{type(error).__name__}: {error}"
                 self.cache.watch_failed(kind, problem)
-                log.exception("Failed to apply a watch event; relisting", extra=kv(kind=kind))
+                log.exception("Failed to apply a watch event; relisting", extra=logs.kv(kind=kind))
                 self.sleep(backoff.next())
 
     def _follow(self, kind: str, lister: Callable[..., Any], backoff: Backoff) -> None:
@@ -149,18 +149,19 @@ class Watcher:
                 self.cache.replace(kind, item.items)
                 opened, healthy = time.monotonic(), False
                 log.info(
-                    "Listed objects", extra=kv(kind=kind, count=len(item.items), rv=item.version)
+                    "Listed objects",
+                    extra=logs.kv(kind=kind, count=len(item.items), rv=item.version),
                 )
             elif isinstance(item, Resumed):
                 self.cache.watch_ok(kind)  # a whole watch period without a failure
                 opened = time.monotonic()
             elif isinstance(item, Expired):
-                log.info("Relisting after the watch expired", extra=kv(kind=kind))
+                log.info("Relisting after the watch expired", extra=logs.kv(kind=kind))
             elif isinstance(item, Failed):
                 self.cache.watch_failed(kind, item.problem)
                 log.warning(
                     "Watch failed; relisting",
-                    extra=kv(kind=kind, err=item.problem, retryAfter=item.retry_after),
+                    extra=logs.kv(kind=kind, err=item.problem, retryAfter=item.retry_after),
                 )
 
 

@@ -17,7 +17,6 @@ from fastapi import FastAPI
 
 from gpupart import logs
 from gpupart.core.errors import InvalidInput
-from gpupart.logs import kv
 
 from . import settings as settings_module
 from .app import create_app
@@ -131,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     watcher.start()
     tune_gc()
     log.info(
-        "Started extender", extra=kv(host=settings.host, port=settings.port, prefix=settings.prefix)
+        "Started extender",
+        extra=logs.kv(host=settings.host, port=settings.port, prefix=settings.prefix),
     )
     try:
         app = create_app(settings, service)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from gpupart import logs
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
@@ -206,9 +207,7 @@ class ExtenderService:
         if not fits:
             log.info(
                 "Filtered out every node",
-                extra={
-                    "kv": {"pod": demand.pod, "nodes": len(names), "e.g.": list(reasons.values())}
-                },
+                extra=logs.kv(pod=demand.pod, nodes=len(names), examples=list(reasons.values())),
             )
         return FilterOutcome(passed, failed, unresolvable, encoded=encoded)
 
@@ -310,13 +309,11 @@ class ExtenderService:
         self.metrics.decisions.labels("preempt", "ok" if kept else "unschedulable").inc()
         log.info(
             "Answered preemption",
-            extra={
-                "kv": {
-                    "pod": demand.pod,
-                    "candidates": len(candidates),
-                    "kept": {n: list(v.uids) for n, v in list(kept.items())[:3]},
-                }
-            },
+            extra=logs.kv(
+                pod=demand.pod,
+                candidates=len(candidates),
+                kept={n: list(v.uids) for n, v in list(kept.items())[:3]},
+            ),
         )
         return kept
 
@@ -378,21 +375,19 @@ class ExtenderService:
             self.metrics.decisions.labels("bind", "error").inc()
             log.warning(
                 "Failed to bind pod",
-                extra={"kv": {"pod": demand.pod, "node": node, "err": explain(error)}},
+                extra=logs.kv(pod=demand.pod, node=node, err=explain(error)),
             )
             return f"binding {demand.pod} to {node} failed: {explain(error)}"
         self.cache.reservations.release_hold(key)
         self.metrics.decisions.labels("bind", "ok").inc()
         log.info(
             "Bound pod",
-            extra={
-                "kv": {
-                    "pod": demand.pod,
-                    "node": node,
-                    "gpu": "" if assignment is None else assignment.gpu,
-                    "score": verdict.score,
-                }
-            },
+            extra=logs.kv(
+                pod=demand.pod,
+                node=node,
+                gpu="" if assignment is None else assignment.gpu,
+                score=verdict.score,
+            ),
         )
         return ""
 

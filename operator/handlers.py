@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import kopf
 from kubernetes import client
 
+from gpupart import logs
 from gpupart.core.api.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
 from gpupart.core.cluster.partitioning import released
 from gpupart.kubeconfig import describe_api_error
@@ -89,9 +90,10 @@ class ReconcileLoop:
             except Exception as problem:  # noqa: BLE001 - any failure: log, retry the pass
                 error = problem
                 log.warning(
-                    "Failed reconcile pass, retrying in %.0fs error=%s",
-                    self._retry_seconds,
-                    describe_api_error(problem),
+                    "Failed reconcile pass; retrying",
+                    extra=logs.kv(
+                        retryAfter=f"{self._retry_seconds:g}s", err=describe_api_error(problem)
+                    ),
                 )
                 asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
             async with self._done:
@@ -212,7 +214,6 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
     async def release(
         name: str,
         meta: Mapping[str, Any],
-        logger: logging.Logger | logging.LoggerAdapter[Any],
         **_: Any,
     ) -> None:
         # The pass sees the deletionTimestamp and removes this partition's desired groups.
@@ -221,9 +222,18 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
         reachable = sorted(n.name for n in result.nodes if n.name in holding and n.reachable)
         unreachable = sorted(n.name for n in result.nodes if n.name in holding and not n.reachable)
         if unreachable:
-            logger.warning(
-                f"Not waiting for unreachable node(s) {', '.join(unreachable)}: "
-                "their agents will drop the partition when they come back"
+            # Said in an Event (users look there) and logged once, not posted again by kopf.
+            nodes = ", ".join(unreachable)
+            log.warning(
+                "Not waiting for unreachable nodes", extra=logs.kv(gpupartition=name, nodes=nodes)
+            )
+            await asyncio.to_thread(
+                reconciler.warn,
+                name,
+                str(meta.get("uid", "")),
+                "NodesUnreachable",
+                f"Not waiting for unreachable node(s) {nodes}: "
+                "their agents will drop the partition when they come back",
             )
         if not reachable:
             return
@@ -240,7 +250,10 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
             f"did not report dropping the partition within {settings.release_timeout_seconds:g}s "
             "(is the node agent running there?); they drop it when they next reconcile"
         )
-        logger.warning(message)
+        log.warning(
+            "Deleted without confirmation from nodes",
+            extra=logs.kv(gpupartition=name, nodes=", ".join(reachable)),
+        )
         await asyncio.to_thread(
             reconciler.warn, name, str(meta.get("uid", "")), "ReleaseTimedOut", message
         )

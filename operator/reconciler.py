@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from gpupart import logs
 from gpupart.core.cluster.partitioning import (
     LabeledNode,
     Partition,
@@ -117,7 +118,9 @@ class Reconciler:
         nodes = tuple(read_node(raw) for raw in self._list(self.core.list_node))
         for node in nodes:
             if node.report_error:
-                log.warning("Ignored node state node=%s error=%r", node.name, node.report_error)
+                log.warning(
+                    "Ignored node state", extra=logs.kv(node=node.name, err=node.report_error)
+                )
         resolution, broken = _resolve_each(
             [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
         )
@@ -152,14 +155,16 @@ class Reconciler:
         seconds = time.monotonic() - started
         if writes:
             log.info(
-                "Reconciled GpuPartitions partitions=%d nodes=%d writes=%d seconds=%.3f",
-                len(partitions),
-                len(nodes),
-                writes,
-                seconds,
+                "Reconciled GpuPartitions",
+                extra=logs.kv(
+                    partitions=len(partitions),
+                    nodes=len(nodes),
+                    writes=writes,
+                    seconds=round(seconds, 3),
+                ),
             )
         else:
-            log.debug("Reconciled GpuPartitions without changes nodes=%d", len(nodes))
+            log.debug("Reconciled GpuPartitions without changes", extra=logs.kv(nodes=len(nodes)))
         self.writes += writes
         return PassResult(nodes, partitions, writes, seconds)
 
@@ -176,10 +181,12 @@ class Reconciler:
         except (HTTPError, OSError):
             raise
         except Exception as error:  # noqa: BLE001 - one object's data never stops the pass
-            log.exception("Failed to %s object=%s", action, name)
+            log.exception("Failed to write object", extra=logs.kv(action=action, object=name))
             problem = describe_api_error(error)
         self.metrics.refused.inc()
-        log.warning("API refused to %s object=%s reason=%s", action, name, problem)
+        log.warning(
+            "API refused a write", extra=logs.kv(action=action, object=name, reason=problem)
+        )
         return 0
 
     # -- reads --
@@ -218,8 +225,11 @@ class Reconciler:
             raise
         self.metrics.writes.labels(kind="node").inc()
         value = patch["metadata"]["annotations"]
-        action = "Removed" if next(iter(value.values())) is None else "Set"
-        log.debug("%s desired configuration node=%s", action, name)
+        removed = next(iter(value.values())) is None
+        log.debug(
+            "Removed desired configuration" if removed else "Set desired configuration",
+            extra=logs.kv(node=name),
+        )
         return 1
 
     def _write_status(self, partition: PartitionObject, status: PartitionStatus, now: str) -> int:
@@ -257,11 +267,13 @@ class Reconciler:
                 )
             )
             log.info(
-                "Changed condition gpupartition=%s type=%s status=%s reason=%s",
-                partition.name,
-                condition.type,
-                condition.status,
-                condition.reason,
+                "Changed condition",
+                extra=logs.kv(
+                    gpupartition=partition.name,
+                    type=condition.type,
+                    status=condition.status,
+                    reason=condition.reason,
+                ),
             )
         return writes
 
@@ -292,7 +304,8 @@ class Reconciler:
             )
         except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
             log.warning(
-                "Did not post Event reason=%s error=%s", body["reason"], describe_api_error(error)
+                "Did not post Event",
+                extra=logs.kv(reason=body["reason"], err=describe_api_error(error)),
             )
             return 0
         self.metrics.writes.labels(kind="event").inc()

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from gpupart import logs
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
@@ -51,6 +52,12 @@ class PassResult:
     views: tuple[OfferedGpu, ...]
     failed: int
 
+    @property
+    def waiting(self) -> bool:
+        """A GPU waits on something no event announces: pods PodResources still lists (Blocked),
+        or a MIG mode change waiting for its GPU reset (Pending); another pass may apply it."""
+        return any(g.state in (GpuState.BLOCKED, GpuState.PENDING) for g in self.report.gpus)
+
 
 class Actuator:
     """Applies desired groups to this node's GPUs through a GpuBackend."""
@@ -75,13 +82,14 @@ class Actuator:
                 continue
             if uuids.get(gpu.index) != gpu.uuid or gpu.replicas < 1:
                 log.warning(
-                    "Ignored earlier mode gpu=%d mode=%s reason=not this GPU now",
-                    gpu.index,
-                    gpu.mode,
+                    "Ignored earlier mode",
+                    extra=logs.kv(gpu=gpu.index, mode=gpu.mode, reason="not this GPU now"),
                 )
                 continue
             self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.replicas)
-            log.info("Resumed mode gpu=%d mode=%s slots=%d", gpu.index, gpu.mode, gpu.replicas)
+            log.info(
+                "Resumed mode", extra=logs.kv(gpu=gpu.index, mode=gpu.mode, slots=gpu.replicas)
+            )
 
     def reconcile(self, groups: tuple[DesiredGroup, ...] | None) -> PassResult:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
@@ -90,7 +98,7 @@ class Actuator:
         try:
             targets = gpu_targets(groups or (), [g.index for g in gpus])
         except InvalidInput as error:
-            log.error("Refused desired layout err=%s", error)
+            log.error("Refused desired layout", extra=logs.kv(err=error))
             return self.refuse(str(error), groups or ())
         reports, views, failed = [], [], 0
         for info in gpus:
@@ -99,7 +107,7 @@ class Actuator:
                 report = self._gpu(info, target, usage)
             except GpupartError as error:
                 # An NVML read failed outside a plan (GPU lost, no permission): say so, go on.
-                log.error("Failed to reconcile GPU gpu=%d err=%s", info.index, error)
+                log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
                 report = GpuReport(info.index, GpuState.FAILED, Mode.NONE, message=str(error))
             failed += report.state is GpuState.FAILED
             reports.append(report)
@@ -127,7 +135,7 @@ class Actuator:
             # a GPU without an MPS daemon: it is time-sliced, not whole.
             slots = target.replicas if target is not None else usage.shared[info.uuid]
             self._shared_modes[index] = (Mode.TIME_SLICING, slots)
-            log.warning("Assumed time-slicing after restart gpu=%d slots=%d", index, slots)
+            log.warning("Assumed time-slicing after restart", extra=logs.kv(gpu=index, slots=slots))
         if target is None:
             return self._report(index, GpuState.APPLIED, "no desired layout on this node yet")
         mig = target.mode is Mode.MIG
@@ -184,7 +192,8 @@ class Actuator:
             if problem:
                 return self._report(index, GpuState.FAILED, problem)
             log.info(
-                "Applied MIG layout gpu=%d layout=%s steps=%d", index, _text(layout), len(steps)
+                "Applied MIG layout",
+                extra=logs.kv(gpu=index, layout=_text(layout), steps=len(steps)),
             )
         return self._report(index, GpuState.APPLIED, "")
 
@@ -267,7 +276,7 @@ class Actuator:
             except NvmlError as error:
                 if isinstance(step, ModeStep):
                     raise
-                log.warning("Failed to apply step gpu=%d err=%s", info.index, error)
+                log.warning("Failed to apply step", extra=logs.kv(gpu=info.index, err=error))
                 outcome = self._roll_back(info, layout_of(before), usage)
                 return f"{error}; {outcome}"
         return ""
@@ -280,7 +289,9 @@ class Actuator:
                 self.backend.set_mig_mode(index, enabled)
                 if enabled:
                     self._shared_modes.pop(index, None)
-                log.info("%s MIG mode gpu=%d", "Enabled" if enabled else "Disabled", index)
+                log.info(
+                    "Enabled MIG mode" if enabled else "Disabled MIG mode", extra=logs.kv(gpu=index)
+                )
             case StartMpsDaemon():
                 self.backend.set_exclusive_process(index, True)
                 self.mps.ensure(info.uuid, step.limits)
@@ -301,7 +312,8 @@ class Actuator:
                     self.backend.apply(step)
             except (NvmlError, GpupartError) as error:
                 log.warning(
-                    "Failed to roll back gpu=%d goal=%s err=%s", info.index, goal_name, error
+                    "Failed to roll back",
+                    extra=logs.kv(gpu=info.index, goal=goal_name, err=error),
                 )
                 continue
             if goal_name == "old":
@@ -321,7 +333,7 @@ class Actuator:
             GpuInstanceState(r.slice.instance, r.compute_instances) for r in self._records(info)
         )
         if message:
-            log.info("Reported GPU state gpu=%d state=%s reason=%s", index, state, message)
+            log.info("Reported GPU state", extra=logs.kv(gpu=index, state=state, reason=message))
         return GpuReport(index, state, mode, layout, message, pods)
 
     def _view(self, index: int) -> OfferedGpu:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from gpupart import logs
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     Inventory,
@@ -66,7 +67,7 @@ class NodeAgent:
                 return
             self.actuator.resume(decode_inventory(text))
         except Exception as error:  # noqa: BLE001 - a bad annotation never stops the agent
-            log.warning("Failed to read the last inventory; not resumed err=%s", error)
+            log.warning("Failed to read the last inventory; not resumed", extra=logs.kv(err=error))
 
     def reconcile(self, desired: str | None) -> PassResult:
         started = self.clock()
@@ -77,7 +78,7 @@ class NodeAgent:
             groups = None if desired is None else decode_desired(desired)
         except WireFormatError as error:
             # Unreadable wish: change nothing, and say so on every GPU.
-            log.error("Failed to read desired layout err=%s", error)
+            log.error("Failed to read desired layout", extra=logs.kv(err=error))
             result = self.actuator.refuse(str(error))
         else:
             result = self.actuator.reconcile(groups)
@@ -94,9 +95,11 @@ class NodeAgent:
         self.metrics.count_devices(self.hub)
         self.last_pass = self.clock()
         log.info(
-            "Reconciled node gpus=%d failed=%d modes=%s",
-            len(result.views),
-            result.failed,
-            ",".join(sorted({v.mode.value for v in result.views})) or Mode.NONE.value,
+            "Reconciled node",
+            extra=logs.kv(
+                gpus=len(result.views),
+                failed=result.failed,
+                modes=",".join(sorted({v.mode.value for v in result.views})) or Mode.NONE.value,
+            ),
         )
         return result

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpupart import logs
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS, HealthBook, affected_devices
 from gpupart_plugin.backend import GpuBackend, NvmlError
 from gpupart_plugin.devices import DeviceHub
@@ -42,16 +43,14 @@ class HealthMonitor:
             event = self.backend.wait_xid(timeout_s)
         except NvmlError as error:
             # NVIDIA's plugin marks everything unhealthy here; gpupart narrows it to GPUs that stop answering.
-            log.error("Failed to wait for GPU events err=%s", error)
+            log.error("Failed to wait for GPU events", extra=logs.kv(err=error))
             event = None
         if event is not None:
             hit = affected_devices(event, devices, ignored=self.ignored)
             if hit:
                 log.warning(
-                    "Marked devices unhealthy xid=%d gpu=%s devices=%d",
-                    event.xid,
-                    event.gpu_uuid,
-                    len(hit),
+                    "Marked devices unhealthy",
+                    extra=logs.kv(xid=event.xid, gpu=event.gpu_uuid, devices=len(hit)),
                 )
             self.book = self.book.record((d for d in devices if d.id in hit), self.clock())
         gpus = {d.gpu.uuid for d in devices}
@@ -64,7 +63,10 @@ class HealthMonitor:
         if self.book.unhealthy == before:
             return False
         if len(self.book.unhealthy) < len(before):
-            log.info("Marked devices healthy again devices=%d", len(before - self.book.unhealthy))
+            log.info(
+                "Marked devices healthy again",
+                extra=logs.kv(devices=len(before - self.book.unhealthy)),
+            )
         self.hub.set_unhealthy(self.book.unhealthy)
         return True
 

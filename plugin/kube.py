@@ -12,6 +12,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from gpupart import logs
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -140,7 +141,8 @@ class NodeClient:
 
         def failed(problem: str, delay: float) -> None:
             log.warning(
-                "Failed to watch %s node=%s retryAfter=%gs err=%s", what, self.node, delay, problem
+                "Failed to watch",
+                extra=logs.kv(resource=what, node=self.node, retryAfter=f"{delay:g}s", err=problem),
             )
 
         while not stop.is_set():
@@ -219,7 +221,8 @@ class NodeClient:
                 assigned = _assigned_pod(raw, meta, text, annotations.get(ALLOCATION_ANNOTATION))
             except Exception as error:  # noqa: BLE001 - one unreadable pod never hides the others
                 log.warning(
-                    "Skipped pod pod=%s/%s err=%s", meta.get("namespace"), meta.get("name"), error
+                    "Skipped unreadable pod",
+                    extra=logs.kv(pod=f"{meta.get('namespace')}/{meta.get('name')}", err=error),
                 )
                 continue
             found.append(assigned)

@@ -7,12 +7,14 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from gpupart import logs
 from gpupart.core.errors import GpupartError
+from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
-from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.actuator import Actuator, PassResult
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.backend import GpuBackend
@@ -44,36 +46,80 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
 
 
 class PassTrigger:
-    """When the agent runs a pass: the desired annotation changed (or its resync), or a pod left.
+    """When the agent runs a pass: the desired annotation changed (or its resync), a pod left, or a
+    retry of a pass that left a GPU waiting is due.
 
     Triggers that come while a pass runs fold into one more pass; every pass reads the latest
-    desired annotation, and none runs before it was read once.
+    desired annotation, and none runs before it was read once. A pass that leaves a GPU Blocked
+    or Pending (`PassResult.waiting`) is retried after `retry`'s backoff, without any event: a
+    pod's devices leave the kubelet's PodResources some time after the pod leaves, and a GPU
+    reset comes with no event at all. A new desired annotation or a pod leaving starts the
+    backoff over; a pass that leaves nothing waiting ends the retries.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, retry: Backoff) -> None:
         self._cond = threading.Condition()
         self._latest: str | None = None
         self._read = False
         self._due = False
+        self._retry = retry
+        self._retry_at: float | None = None
 
     def desired(self, value: str | None) -> None:
         with self._cond:
+            if value != self._latest:
+                self._retry.reset()
             self._latest, self._read, self._due = value, True, True
             self._cond.notify_all()
 
     def wake(self) -> None:
         with self._cond:
+            self._retry.reset()
             self._due = True
             self._cond.notify_all()
+
+    def passed(self, waiting: bool) -> float | None:
+        """After a pass: the seconds until its retry when it left a GPU waiting, else None."""
+        with self._cond:
+            if not waiting:
+                self._retry.reset()
+                self._retry_at = None
+                return None
+            delay = self._retry.next()
+            self._retry_at = time.monotonic() + delay
+            return delay
 
     def next(self, stop: threading.Event) -> tuple[bool, str | None]:
         """(due, desired annotation) for the next pass; not due when `stop` came first or the
         annotation was never read."""
         with self._cond:
             while not self._due and not stop.is_set():
-                self._cond.wait(0.5)
+                left = 0.5 if self._retry_at is None else self._retry_at - time.monotonic()
+                if left <= 0:
+                    self._due = True  # the retry of a waiting pass
+                    break
+                self._cond.wait(min(0.5, left))
+            self._retry_at = None
             due, self._due = self._due and self._read, False
             return due, self._latest
+
+
+def serve(
+    passes: PassTrigger, reconcile: Callable[[str | None], PassResult], stop: threading.Event
+) -> None:
+    """The reconcile loop: one pass per trigger until `stop`; a failed pass waits for the next."""
+    while not stop.is_set():
+        due, desired = passes.next(stop)
+        if not due:
+            continue
+        try:
+            result = reconcile(desired)
+        except GpupartError as error:
+            log.error("Failed to reconcile node", extra=logs.kv(err=error))
+            continue
+        delay = passes.passed(result.waiting)
+        if delay is not None:
+            log.info("Scheduled retry of waiting GPUs", extra=logs.kv(retryAfter=f"{delay:g}s"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         settings = node_settings.from_args(args)
         backend = _backend(settings)
     except GpupartError as error:
-        log.error("Failed to start node agent err=%s", error)
+        log.error("Failed to start node agent", extra=logs.kv(err=error))
         return 2
     from kubernetes import client
 
@@ -107,12 +153,15 @@ def run(args: argparse.Namespace) -> int:
     )
     agent = NodeAgent(actuator, hub, plugins, node.publish, metrics, published=node.last_inventory)
 
-    def reconcile(desired: str | None) -> None:
+    def reconcile(desired: str | None) -> PassResult:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
             # Stands in for the admin's GPU reset that a real MIG mode change waits for.
             for index in backend.reset_idle():
-                log.info("Reset simulated GPU gpu=%d reason=pending MIG mode change", index)
-        agent.reconcile(desired)
+                log.info(
+                    "Reset simulated GPU",
+                    extra=logs.kv(gpu=index, reason="pending MIG mode change"),
+                )
+        return agent.reconcile(desired)
 
     if settings.once:
         reconcile(node.desired())
@@ -122,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("Received signal signal=%d", signum)
+        log.info("Received signal", extra=logs.kv(signal=signum))
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -147,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         http = serve_http(
             metrics, healthy, host=settings.metrics_address, port=settings.metrics_port
         )
-    passes = PassTrigger()
+    passes = PassTrigger(Backoff(min(1.0, settings.resync_s), settings.resync_s))
 
     def follow_node() -> None:
         for desired in node.watch_desired(stop, resync_s=settings.resync_s):
@@ -155,20 +204,13 @@ def run(args: argparse.Namespace) -> int:
 
     def follow_pods() -> None:
         for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):
-            log.info("Pod left node pod=%s", pod)
+            log.info("Pod left node", extra=logs.kv(pod=pod))
             passes.wake()
 
     threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
     threading.Thread(target=follow_pods, name="pod-watch", daemon=True).start()
     try:
-        while not stop.is_set():
-            due, desired = passes.next(stop)
-            if not due:
-                continue
-            try:
-                reconcile(desired)
-            except GpupartError as error:
-                log.error("Failed to reconcile node err=%s", error)
+        serve(passes, reconcile, stop)
     finally:
         plugins.stop()
         pod_resources.close()

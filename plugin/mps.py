@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from gpupart import logs
 from gpupart.core.node.mps import LOG_ENV, PIPE_ENV, MpsLimits, daemon_commands
 from gpupart_plugin.backend import NvmlError, NvmlFailure
 
@@ -60,22 +61,22 @@ class MpsDaemons:
             if marker.read_text() == wanted:
                 return
         else:
-            pipe, logs = self.pipe_directory(gpu_uuid), self.directory(gpu_uuid) / "log"
+            pipe, log_dir = self.pipe_directory(gpu_uuid), self.directory(gpu_uuid) / "log"
             pipe.mkdir(parents=True, exist_ok=True, mode=0o755)
             # Mounted as the clients' /dev/shm (MPS shares memory through it); a tmpfs in production.
             (self.root / "shm").mkdir(exist_ok=True)
-            logs.mkdir(parents=True, exist_ok=True, mode=0o755)
+            log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             marker.unlink(missing_ok=True)
             self._run(gpu_uuid, ["-d"], None)
-            log.info("Started MPS control daemon gpu=%s pipe=%s", gpu_uuid, pipe)
+            log.info("Started MPS control daemon", extra=logs.kv(gpu=gpu_uuid, pipe=pipe))
         for command in daemon_commands(limits):
             self._run(gpu_uuid, [], command)
         marker.write_text(wanted)
         log.info(
-            "Configured MPS defaults gpu=%s memoryMiB=%d computePercent=%d",
-            gpu_uuid,
-            limits.memory_mib,
-            limits.compute_percent,
+            "Configured MPS defaults",
+            extra=logs.kv(
+                gpu=gpu_uuid, memoryMiB=limits.memory_mib, computePercent=limits.compute_percent
+            ),
         )
 
     def stop(self, gpu_uuid: str) -> None:
@@ -84,7 +85,7 @@ class MpsDaemons:
             return
         if self._alive(gpu_uuid):
             self._run(gpu_uuid, [], "quit")
-            log.info("Stopped MPS control daemon gpu=%s", gpu_uuid)
+            log.info("Stopped MPS control daemon", extra=logs.kv(gpu=gpu_uuid))
         (directory / MARKER).unlink(missing_ok=True)
         shutil.rmtree(directory / "log", ignore_errors=True)
 

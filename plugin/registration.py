@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from gpupart import logs
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
@@ -81,7 +82,10 @@ class DevicePlugins:
                 if any(not p.registered for p in self._plugins.values()):
                     self._register_pending()
                 return False
-            log.info("Detected kubelet restart socket=%s lost=%d", self.kubelet_socket, len(lost))
+            log.info(
+                "Detected kubelet restart",
+                extra=logs.kv(socket=self.kubelet_socket, lost=len(lost)),
+            )
             self._kubelet_id = identity
             resources = list(self._plugins)
             self.stop()
@@ -112,7 +116,7 @@ class DevicePlugins:
             resource, self.hub, self.allocator, self.metrics, poll_s=self.poll_s
         )
         self._plugins[resource] = _Plugin(servicer, start_server(servicer, str(path)))
-        log.info("Started device plugin resource=%s socket=%s", resource, path)
+        log.info("Started device plugin", extra=logs.kv(resource=resource, socket=path))
 
     def _register_pending(self) -> None:
         """Register every resource not yet registered, all at once over one channel.
@@ -130,7 +134,10 @@ class DevicePlugins:
             try:
                 grpc.channel_ready_future(channel).result(timeout=self.timeout_s)
             except grpc.FutureTimeoutError:
-                log.warning("Failed to register resources=%s err=kubelet not reachable", pending)
+                log.warning(
+                    "Failed to register device plugins",
+                    extra=logs.kv(resources=",".join(pending), err="kubelet not reachable"),
+                )
                 return
             stub = api_grpc.RegistrationStub(channel)
             calls = {
@@ -150,8 +157,9 @@ class DevicePlugins:
                     call.result()
                 except grpc.RpcError as error:
                     log.warning(
-                        "Failed to register resource=%s err=%s", resource, error.code().name
+                        "Failed to register device plugin",
+                        extra=logs.kv(resource=resource, err=error.code().name),
                     )
                     continue
                 self._plugins[resource].registered = True
-                log.info("Registered device plugin resource=%s", resource)
+                log.info("Registered device plugin", extra=logs.kv(resource=resource))

@@ -8,6 +8,7 @@ from concurrent import futures
 
 import grpc
 
+from gpupart import logs
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.allocation import ContainerAllocation
 from gpupart.core.node.devices import HEALTHY, UNHEALTHY
@@ -116,10 +117,10 @@ class ResourceServicer(api_grpc.DevicePluginServicer):
             except GpupartError as error:
                 self.metrics.allocated(self.resource, ok=False)
                 log.warning(
-                    "Refused allocation resource=%s devices=%s err=%s",
-                    self.resource,
-                    list(item.devices_ids),
-                    error,
+                    "Refused allocation",
+                    extra=logs.kv(
+                        resource=self.resource, devices=",".join(item.devices_ids), err=error
+                    ),
                 )
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             self.metrics.allocated(self.resource, ok=True)

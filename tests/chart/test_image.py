@@ -226,7 +226,7 @@ def test_each_component_starts_from_the_installed_wheels(start: object, tmp_path
     assert "Starting operator" in operator.text()
     # The node agent builds its simulated GPUs and plugins, then lists its Node from the API.
     wait_for(
-        lambda: "Failed to watch node node=image-test" in node.text(),
+        lambda: '"Failed to watch" resource="node" node="image-test"' in node.text(),
         30,
         "the node agent",
         detail=node.text,

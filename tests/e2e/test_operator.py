@@ -532,6 +532,16 @@ def test_delete_does_not_wait_for_an_unreachable_or_vanished_node(
     cp.kubectl("delete", "gpup", name, "--wait=false")
     wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted without waiting")
     assert annotation(op, lost) is None
+    events = op.reconciler.core.list_event_for_all_namespaces(
+        field_selector=f"involvedObject.name={name}"
+    ).items
+    said = [(e.type, e.reason, e.message) for e in events]
+    assert any(
+        (kind, reason) == ("Warning", "NodesUnreachable")
+        and lost in message
+        and vanished not in message
+        for kind, reason, message in said
+    ), said
 
 
 def _write_counts(cp: ControlPlane) -> dict[str, float]:

@@ -21,6 +21,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement, layout_counts
 from gpupart.core.mig.planning import GpuInstanceState, plan_counts
+from gpupart.logs import KlogFormatter
 from gpupart_plugin.actuator import Actuator, inventory
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.backend import NvmlFailure
@@ -422,12 +423,12 @@ def _unreachable() -> str | None:
         (lambda: None, "Found no earlier inventory"),
         (lambda: '{"version": 1, "gpus": [{"index": 0', "Failed to read the last inventory"),
         (lambda: '{"version": 99, "gpus": []}', "Failed to read the last inventory"),
-        (_unreachable, "Failed to read the last inventory; not resumed err=read the inventory"),
+        (_unreachable, '"Failed to read the last inventory; not resumed" err="read the inventory'),
         (
             lambda: encode_inventory(
                 Inventory((InventoryGpu(1, "GPU-other", H200, 1, Mode.TIME_SLICING, (), 5),))
             ),
-            "Ignored earlier mode gpu=1 mode=TimeSlicing reason=not this GPU now",
+            '"Ignored earlier mode" gpu=1 mode="TimeSlicing" reason="not this GPU now"',
         ),
     ],
 )
@@ -442,6 +443,7 @@ def test_a_missing_bad_or_foreign_inventory_falls_back_and_is_logged(
     pods.down = True
     agent, _ = node_agent(sim, pods, tmp_path, mps_command, published)
     caplog.set_level(logging.INFO, logger="gpupart_plugin")
+    caplog.handler.setFormatter(KlogFormatter())
     result = agent.reconcile(encode_desired(SHARED))
     assert logged in caplog.text
     # As a first start: the MPS daemon still tells its mode; the time-sliced GPU is not known,

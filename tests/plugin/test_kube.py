@@ -15,10 +15,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from gpupart.logs import KlogFormatter
 from gpupart_plugin.kube import KubeUnavailable, NodeClient
 from gpupart_testsupport.ports import free_port
 
 LOOPBACK = "127.0.0.1"
+WATCH_FAILED = '"Failed to watch" resource="node" node="node-a"'
 
 
 closed_port = free_port  # a loopback port nothing listens on (bound, then released)
@@ -56,14 +58,17 @@ def test_watch_retries_with_backoff_while_the_api_server_is_unreachable(
     assert raised == [] and yielded == []
     failures = _failures(caplog)
     assert len(failures) >= 4, failures
-    assert "node=node-a" in failures[0] and "retryAfter=0.02s" in failures[0]
+    assert 'node="node-a"' in failures[0] and 'retryAfter="0.02s"' in failures[0]
     # The wait doubles up to the cap, and each line is one line.
-    assert "retryAfter=0.1s" in failures[-1]
+    assert 'retryAfter="0.1s"' in failures[-1]
     assert all("\n" not in f for f in failures)
 
 
 def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Failed to watch")]
+    """The klog lines of the watch failures logged."""
+    return [
+        KlogFormatter().format(r) for r in caplog.records if r.getMessage() == "Failed to watch"
+    ]
 
 
 def test_publish_pod_list_and_inventory_read_raise_the_agents_error_when_unreachable() -> None:
@@ -110,10 +115,10 @@ def test_gpupart_node_keeps_running_without_an_api_server_and_stops_on_sigterm(
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and log.read_text().count("Failed to watch node") < 2:
+        while time.monotonic() < deadline and log.read_text().count(WATCH_FAILED) < 2:
             assert process.poll() is None, log.read_text()
             time.sleep(0.1)
-        assert log.read_text().count("Failed to watch node") >= 2, log.read_text()
+        assert log.read_text().count(WATCH_FAILED) >= 2, log.read_text()
         process.send_signal(signal.SIGTERM)
         assert process.wait(10) == 0, log.read_text()
     finally:
