@@ -8,7 +8,6 @@ import os
 import time
 from typing import Any
 
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _LETTERS = {"DEBUG": "D", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "F"}
 
 

@@ -80,10 +80,6 @@ class NoFit:
 Verdict = Fit | NoFit
 
 
-POD_NAMING_KINDS = frozenset({FailureKind.IN_USE, FailureKind.ANTI_AFFINITY})
-"""NoFit kinds whose reasons name the pods in the way (the other reasons name only the node)."""
-
-
 def evaluate(
     node: NodeView, demand: Demand, *, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:

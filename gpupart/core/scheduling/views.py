@@ -171,7 +171,7 @@ def anonymous(node: NodeView) -> NodeView:
     canonical order; what `evaluate` decides on (inventory, usage, tenants' namespaces, labels
     and requests, allocatable and requested CPU) is kept. Two nodes with equal anonymous views
     get the same `Fit` for every demand, and the same `NoFit` up to the node name heading the
-    reason, except for kinds in `POD_NAMING_KINDS`, whose reasons list pods by name.
+    reason, except where a reason lists the pods in the way (in use, anti-affinity) by name.
     """
     return NodeView(
         "",

@@ -2,7 +2,7 @@
 
 - ``gpupart``: `gpupart.core.dynamic.planner.plan` after every batch of events.
 - ``static_best``: one layout on every GPU from the start, never changed; the caller picks the
-  best of `static_candidates` with hindsight.
+  best of `geometries` with hindsight.
 - ``nos``: count-only geometries (every maximal profile-count vector of the model, no
   placements), a 60 s / 10 s batch window, one plan in flight cluster-wide, nodes by name, pods
   by priority then smallest profile first, the geometry giving the most lacking profiles per
@@ -187,10 +187,6 @@ def geometries(model: GpuModel) -> tuple[tuple[tuple[str, int], ...], ...]:
         tuple((n, c) for n, c in zip(names, vector, strict=True) if c)
         for vector in sorted(found, reverse=True)
     )
-
-
-def static_candidates(model: GpuModel) -> tuple[tuple[tuple[str, int], ...], ...]:
-    return geometries(model)
 
 
 class Nos:
