@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -81,6 +82,18 @@ class Record:
         if value > maximum:
             raise InvalidInput(self.path(key), f"must be ≤ {maximum}, got {_number(value)}")
         return value
+
+    def number(self, key: str, *, minimum: float) -> float:
+        """A finite JSON number (whole or not), at least `minimum`; required."""
+        value = self._get(key, True)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidInput(self.path(key), f"must be a number, got {_kind(value)}")
+        if isinstance(value, int) and abs(value) > MAX_INTEGER:
+            raise InvalidInput(self.path(key), f"must be ≤ {MAX_INTEGER}, got {_number(value)}")
+        number = float(value)
+        if not math.isfinite(number) or number < minimum:
+            raise InvalidInput(self.path(key), f"must be a finite number ≥ {minimum:g}")
+        return number
 
     def optional_integer(
         self, key: str, *, minimum: int | None = None, maximum: int = MAX_INTEGER

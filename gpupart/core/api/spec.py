@@ -108,6 +108,9 @@ class GpuConfig:
     """Client slots per shared GPU (`nvidia.com/gpu.shared` devices, NVIDIA's "replicas"):
     `spec.mps.maxClients` in mode MPS, `spec.timeSlicing.replicas` in mode TimeSlicing, else 0."""
     disruption: Disruption = Disruption.WHEN_IDLE
+    dynamic: bool = False
+    """MIG instances follow the operator's plans (`gpupart.io/mig-plan`), exact placements on
+    demand; `mig` is then only the warm mix the plans keep on otherwise idle GPUs."""
 
     @property
     def mig_counts(self) -> dict[str, int]:
@@ -164,7 +167,9 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mps, replicas = _parse_mps(spec.record("mps"))
     elif mode is Mode.TIME_SLICING:
         replicas = spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
-    config = GpuConfig(mode, mig, mps, replicas, _parse_disruption(spec))
+    config = GpuConfig(
+        mode, mig, mps, replicas, _parse_disruption(spec), dynamic=dynamic is not None
+    )
     parsed = PartitionSpec(
         name, generation, node_selector, gpus, config, dynamic, _parse_priority(spec)
     )

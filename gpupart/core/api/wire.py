@@ -25,6 +25,9 @@ INVENTORY_ANNOTATION = "gpupart.io/inventory"
 ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
 """On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
 ALLOCATION_ANNOTATION = "gpupart.io/allocation"
+MIG_PLAN_ANNOTATION = "gpupart.io/mig-plan"
+"""On a Node, written by the operator: the exact MIG layouts its dynamic GPUs go to, with the pod
+each planned instance is reserved for (docs/adr-013-dynamic-mig-plans.md)."""
 """On a Pod, written by the device plugin in Allocate: what each of its shared-GPU containers got."""
 WIRE_VERSION = "v1"
 
@@ -57,17 +60,60 @@ class GpuReport:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanReport:
+    """The node agent's answer to one MIG plan: Applied, or why not (Failed, Blocked, Pending)."""
+
+    id: str
+    state: GpuState
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeReport:
     """The node agent's answer to the desired annotation, with the generations it acted on."""
 
     observed: tuple[tuple[str, int], ...]
     gpus: tuple[GpuReport, ...]
+    plan: PlanReport | None = None
+    """The answer to the MIG plan on the node, when there is one."""
 
 
 @dataclass(frozen=True, slots=True)
 class MigDevice:
     uuid: str
     instance: MigInstance
+    used: bool = False
+    """A pod (PodResources) or a process (NVML) held it at the node agent's last pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedGpu:
+    """One dynamic GPU of a MIG plan: the whole layout it goes to, every kept instance included."""
+
+    index: int
+    layout: Layout
+
+
+@dataclass(frozen=True, slots=True)
+class SliceReservation:
+    """An instance of a plan (created by it, or idle and reused) held for one pending pod."""
+
+    pod: str
+    """namespace/name"""
+    uid: str
+    gpu: int
+    instance: MigInstance
+    expires: float
+    """Unix seconds; after that, or once the pod is gone, the instance is free for any pod."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlan:
+    """The operator's MIG plan for one node (`gpupart.io/mig-plan`); `id` names it in reports."""
+
+    id: str
+    gpus: tuple[PlannedGpu, ...] = ()
+    reservations: tuple[SliceReservation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +238,8 @@ def _config_json(config: GpuConfig) -> dict[str, Any]:
         "mps": mps,
         "replicas": (config.replicas or None) if config.mode is Mode.TIME_SLICING else None,
         "disruption": config.disruption.value,
+        # Only when set, so a static partition's annotation keeps its bytes.
+        **({"dynamic": True} if config.dynamic else {}),
     }
 
 
@@ -213,7 +261,10 @@ def _read_config(record: Record) -> GpuConfig:
     sliced = record.integer("replicas", 0)
     if mode is Mode.TIME_SLICING:
         replicas = max(1, sliced)  # a time-sliced GPU offers at least one slot
-    return GpuConfig(mode, mig, mps, replicas, _enum(record, "disruption", Disruption))
+    dynamic = record.boolean("dynamic", False) and mode is Mode.MIG
+    return GpuConfig(
+        mode, mig, mps, replicas, _enum(record, "disruption", Disruption), dynamic=dynamic
+    )
 
 
 def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:
@@ -261,6 +312,17 @@ def encode_report(report: NodeReport) -> str:
                 }
                 for gpu in report.gpus
             ],
+            **(
+                {}
+                if report.plan is None
+                else {
+                    "plan": {
+                        "id": report.plan.id,
+                        "state": report.plan.state.value,
+                        "message": report.plan.message,
+                    }
+                }
+            ),
         }
     )
 
@@ -280,7 +342,16 @@ def decode_report(text: str) -> NodeReport:
         )
 
     def read(record: Record) -> NodeReport:
-        return NodeReport(tuple(record.each("observed", observed)), tuple(record.each("gpus", gpu)))
+        plan = None
+        block = record.optional_record("plan")
+        if block is not None:
+            plan = PlanReport(
+                block.string("id"), _enum(block, "state", GpuState), block.string("message", "")
+            )
+            block.done()
+        return NodeReport(
+            tuple(record.each("observed", observed)), tuple(record.each("gpus", gpu)), plan
+        )
 
     return _decode(text, STATE_ANNOTATION, read)
 
@@ -298,7 +369,8 @@ def encode_inventory(inventory: Inventory) -> str:
                     "memoryMiB": gpu.memory_mib,
                     "mode": gpu.mode.value,
                     "migDevices": [
-                        {"uuid": d.uuid, **_layout_json((d.instance,))[0]} for d in gpu.mig_devices
+                        {"uuid": d.uuid, **_layout_json((d.instance,))[0], "used": d.used}
+                        for d in gpu.mig_devices
                     ],
                     "maxClients": gpu.replicas,
                 }
@@ -310,7 +382,7 @@ def encode_inventory(inventory: Inventory) -> str:
 
 def decode_inventory(text: str) -> Inventory:
     def device(d: Record) -> MigDevice:
-        return MigDevice(d.string("uuid"), _read_instance(d))
+        return MigDevice(d.string("uuid"), _read_instance(d), d.boolean("used", False))
 
     def gpu(g: Record) -> InventoryGpu:
         devices = tuple(g.each("migDevices", device))  # read first: its errors come first
@@ -390,3 +462,55 @@ def decode_allocation(text: str) -> tuple[GivenContainer, ...]:
         return tuple(record.each("containers", container, required=True))
 
     return _decode(text, ALLOCATION_ANNOTATION, read)
+
+
+MAX_PLAN_RESERVATIONS = 512
+"""More instances than any node's GPUs hold (64 GPUs x 7): a longer list is not ours."""
+
+
+def encode_mig_plan(plan: MigPlan) -> str:
+    return _encode(
+        {
+            "id": plan.id,
+            "gpus": [{"index": g.index, "layout": _layout_json(g.layout)} for g in plan.gpus],
+            "reservations": [
+                {
+                    "pod": r.pod,
+                    "uid": r.uid,
+                    "gpu": r.gpu,
+                    **_layout_json((r.instance,))[0],
+                    "expires": round(r.expires, 3),
+                }
+                for r in plan.reservations
+            ],
+        }
+    )
+
+
+def decode_mig_plan(text: str) -> MigPlan:
+    def planned(g: Record) -> PlannedGpu:
+        return PlannedGpu(g.integer("index", minimum=0), _read_layout(g, "layout"))
+
+    def reservation(r: Record) -> SliceReservation:
+        return SliceReservation(
+            pod=r.string("pod"),
+            uid=r.string("uid", ""),
+            gpu=r.integer("gpu", minimum=0),
+            instance=_read_instance(r),
+            expires=r.number("expires", minimum=0),
+        )
+
+    def read(record: Record) -> MigPlan:
+        gpus = tuple(record.each("gpus", planned))
+        indices = [g.index for g in gpus]
+        if len(set(indices)) != len(indices):
+            raise InvalidInput(record.path("gpus"), f"names a GPU twice: {indices[:64]}")
+        reservations = tuple(record.each("reservations", reservation))
+        if len(reservations) > MAX_PLAN_RESERVATIONS:
+            raise InvalidInput(
+                record.path("reservations"),
+                f"lists {len(reservations)} reservations; at most {MAX_PLAN_RESERVATIONS}",
+            )
+        return MigPlan(record.string("id"), gpus, reservations)
+
+    return _decode(text, MIG_PLAN_ANNOTATION, read)
