@@ -3,14 +3,16 @@
 Every pass starts from what NVML says now, so a pass after a crash mid-apply finishes or undoes
 the half-built work. An instance that a pod or process uses is never destroyed. A failed step
 is followed by a rollback to the previous layout (or, failing that, to the in-use instances
-only), and the report names what is on the GPU afterwards.
+only), and the report names what is on the GPU afterwards. A dynamic MIG GPU goes to the exact
+layout the operator's MIG plan names for it, and is otherwise left as it is
+(docs/adr-013-dynamic-mig-plans.md).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from gpupart import logs
 from gpupart.core.api.spec import GpuConfig, Mode
@@ -21,10 +23,12 @@ from gpupart.core.api.wire import (
     Inventory,
     InventoryGpu,
     MigDevice,
+    MigPlan,
     NodeReport,
+    PlanReport,
 )
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
-from gpupart.core.mig.layout import Layout
+from gpupart.core.mig.layout import Layout, check_layout
 from gpupart.core.mig.planning import GpuInstanceState, layout_of, plan_counts, plan_layout
 from gpupart.core.node.devices import MigSlice, OfferedGpu
 from gpupart.core.node.modes import (
@@ -51,6 +55,9 @@ class PassResult:
     report: NodeReport
     views: tuple[OfferedGpu, ...]
     failed: int
+    used: frozenset[str] = field(default_factory=frozenset)
+    """MIG device UUIDs a pod or process held at the end of the pass (all of a GPU's while
+    PodResources does not answer: unknown counts as used)."""
 
     @property
     def waiting(self) -> bool:
@@ -91,44 +98,120 @@ class Actuator:
                 "Resumed mode", extra=logs.kv(gpu=gpu.index, mode=gpu.mode, slots=gpu.replicas)
             )
 
-    def reconcile(self, groups: tuple[DesiredGroup, ...] | None) -> PassResult:
-        """One pass; `groups` None (no desired annotation yet) changes nothing and reports."""
+    def reconcile(
+        self, groups: tuple[DesiredGroup, ...] | None, plan: MigPlan | None = None
+    ) -> PassResult:
+        """One pass; `groups` None (no desired annotation yet) changes nothing and reports.
+
+        `plan`: the MIG plan on the node (None: none there), followed on its dynamic MIG GPUs
+        and answered in `NodeReport.plan`.
+        """
         usage = device_usage(self.usage)
         gpus = self.backend.gpus()
         try:
             targets = gpu_targets(groups or (), [g.index for g in gpus])
         except InvalidInput as error:
             log.error("Refused desired layout", extra=logs.kv(err=error))
-            return self.refuse(str(error), groups or ())
-        reports, views, failed = [], [], 0
+            return self.refuse(str(error), groups or (), plan)
+        planned, refusals = self._check_plan(plan, gpus, None if groups is None else targets)
+        reports, views, failed, used = [], [], 0, frozenset[str]()
         for info in gpus:
             target = None if groups is None else targets[info.index]
             try:
-                report = self._gpu(info, target, usage)
+                report = self._gpu(info, target, usage, planned.get(info.index))
             except GpupartError as error:
                 # An NVML read failed outside a plan (GPU lost, no permission): say so, go on.
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
                 report = GpuReport(info.index, GpuState.FAILED, Mode.NONE, message=str(error))
             failed += report.state is GpuState.FAILED
             reports.append(report)
-            views.append(self._view(info.index))
+            view = self._view(info.index)
+            views.append(view)
+            used |= self._held(info.index, view.mig, usage)
         observed = tuple(sorted({(g.partition, g.generation) for g in groups or ()}))
-        return PassResult(NodeReport(observed, tuple(reports)), tuple(views), failed)
+        answer = None if plan is None else plan_report(plan.id, refusals, planned, reports)
+        if answer is not None and answer.state is not GpuState.APPLIED:
+            log.info(
+                "Reported MIG plan",
+                extra=logs.kv(plan=answer.id, state=answer.state, reason=answer.message),
+            )
+        return PassResult(NodeReport(observed, tuple(reports), answer), tuple(views), failed, used)
 
-    def refuse(self, reason: str, groups: tuple[DesiredGroup, ...] = ()) -> PassResult:
+    def refuse(
+        self, reason: str, groups: tuple[DesiredGroup, ...] = (), plan: MigPlan | None = None
+    ) -> PassResult:
         """A desired state not to apply: nothing changes, every GPU reports Failed with the
-        reason, and the groups it names count as observed so their partitions show why."""
+        reason, and the groups it names count as observed so their partitions show why. A MIG
+        plan on the node is not followed either, and its report says why."""
         result = self.reconcile(None)
         reports = tuple(
             GpuReport(g.index, GpuState.FAILED, g.mode, g.layout, reason)
             for g in result.report.gpus
         )
         observed = tuple(sorted({(g.partition, g.generation) for g in groups}))
-        return PassResult(NodeReport(observed, reports), result.views, len(reports))
+        answer = (
+            None
+            if plan is None
+            else PlanReport(
+                plan.id, GpuState.FAILED, f"not followed: the desired state is refused ({reason})"
+            )
+        )
+        return PassResult(
+            NodeReport(observed, reports, answer), result.views, len(reports), result.used
+        )
+
+    def _check_plan(
+        self,
+        plan: MigPlan | None,
+        gpus: Sequence[GpuInfo],
+        targets: Mapping[int, GpuConfig] | None,
+    ) -> tuple[dict[int, Layout], tuple[str, ...]]:
+        """The layouts to follow per GPU index, and why the plan is not followed where it is not.
+
+        A GPU this node does not have, or a layout its model cannot hold, refuses the whole plan
+        before any step (the operator's view of the node is wrong: none of it is applied). A GPU
+        whose target is not dynamic MIG (the desired annotation changed under the plan) is left
+        out, and the rest of the plan is followed.
+        """
+        if plan is None:
+            return {}, ()
+        here = {g.index for g in gpus}
+        broken: list[str] = []
+        for gpu in plan.gpus:
+            if gpu.index not in here:
+                broken.append(f"GPU {gpu.index}: not on this node")
+                continue
+            try:
+                check_layout(self.backend.model(gpu.index), gpu.layout)
+            except GpupartError as error:
+                broken.append(_on_gpu(gpu.index, str(error)))
+        if broken:
+            log.error("Refused MIG plan", extra=logs.kv(plan=plan.id, err="; ".join(broken)))
+            return {}, tuple(broken)
+        planned: dict[int, Layout] = {}
+        left_out: list[str] = []
+        for gpu in plan.gpus:
+            target = None if targets is None else targets[gpu.index]
+            if target is None or target.mode is not Mode.MIG or not target.dynamic:
+                wanted = (
+                    "no desired state yet"
+                    if target is None
+                    else f"its target is {_target_text(target)}"
+                )
+                left_out.append(f"GPU {gpu.index}: not a dynamic MIG GPU ({wanted}); left as it is")
+                continue
+            planned[gpu.index] = tuple(sorted(gpu.layout))
+        return planned, tuple(left_out)
 
     # ---- one GPU ----
 
-    def _gpu(self, info: GpuInfo, target: GpuConfig | None, usage: DeviceUsage) -> GpuReport:
+    def _gpu(
+        self,
+        info: GpuInfo,
+        target: GpuConfig | None,
+        usage: DeviceUsage,
+        planned: Layout | None = None,
+    ) -> GpuReport:
         index = info.index
         if index not in self._shared_modes and info.uuid in usage.shared:
             # Not taken back from the last inventory (`resume`), yet pods hold client slots on
@@ -165,7 +248,7 @@ class Actuator:
                 "or node reboot",
             )
         if mig:
-            return self._layout(info, target, usage, states)
+            return self._layout(info, target, usage, states, planned)
         self._shared_modes[index] = (target.mode, target.replicas)
         return self._report(index, GpuState.APPLIED, "")
 
@@ -175,13 +258,20 @@ class Actuator:
         target: GpuConfig,
         usage: DeviceUsage,
         states: list[GpuInstanceState] | None,
+        planned: Layout | None,
     ) -> GpuReport:
-        """The MIG layout with the target's counts, on a GPU in MIG mode."""
+        """The MIG layout on a GPU in MIG mode: the target's counts, or on a dynamic GPU the
+        plan's exact layout (none named: its instances stay as they are)."""
         index = info.index
-        model = self.backend.model(index)
+        if target.dynamic and planned is None:
+            return self._report(index, GpuState.APPLIED, "")
         states = self._states(info, usage) if states is None else states
         try:
-            layout, steps = plan_counts(model, index, states, dict(target.mig))
+            if planned is not None:
+                layout, steps = planned, plan_layout(index, states, planned)
+            else:
+                model = self.backend.model(index)
+                layout, steps = plan_counts(model, index, states, dict(target.mig))
         except PlanBlocked as blocked:
             pods = self._pods(info, usage)
             return self._report(index, GpuState.BLOCKED, str(blocked), pods)
@@ -192,7 +282,7 @@ class Actuator:
             if problem:
                 return self._report(index, GpuState.FAILED, problem)
             log.info(
-                "Applied MIG layout",
+                "Applied MIG plan" if planned is not None else "Applied MIG layout",
                 extra=logs.kv(gpu=index, layout=_text(layout), steps=len(steps)),
             )
         return self._report(index, GpuState.APPLIED, "")
@@ -244,18 +334,25 @@ class Actuator:
         return next(g for g in self.backend.gpus() if g.index == index)
 
     def _states(self, info: GpuInfo, usage: DeviceUsage) -> list[GpuInstanceState]:
-        processes = self.backend.processes(info.index)
-        busy_gis = {p.gpu_instance_id for p in processes}
+        records = self.backend.instances(info.index)
+        held = self._held(info.index, (r.slice for r in records), usage)
         return [
-            GpuInstanceState(
-                r.slice.instance,
-                r.compute_instances,
-                in_use=not usage.known
-                or bool(usage.of(r.slice.uuid))
-                or r.slice.gpu_instance_id in busy_gis,
-            )
-            for r in self.backend.instances(info.index)
+            GpuInstanceState(r.slice.instance, r.compute_instances, in_use=r.slice.uuid in held)
+            for r in records
         ]
+
+    def _held(self, index: int, slices: Iterable[MigSlice], usage: DeviceUsage) -> frozenset[str]:
+        """The UUIDs among `slices` that a pod (PodResources) or a process (NVML) holds; all of
+        them when PodResources did not answer."""
+        slices = tuple(slices)
+        if not slices:
+            return frozenset()
+        busy_gis = {p.gpu_instance_id for p in self.backend.processes(index)}
+        return frozenset(
+            s.uuid
+            for s in slices
+            if not usage.known or usage.of(s.uuid) or s.gpu_instance_id in busy_gis
+        )
 
     def _run(
         self,
@@ -374,8 +471,11 @@ class Actuator:
         )
 
 
-def inventory(views: Iterable[OfferedGpu]) -> tuple[InventoryGpu, ...]:
-    """The inventory annotation's content (core wire format) from the pass's views."""
+def inventory(
+    views: Iterable[OfferedGpu], used: frozenset[str] = frozenset()
+) -> tuple[InventoryGpu, ...]:
+    """The inventory annotation's content (core wire format) from the pass's views; `used`:
+    the MIG device UUIDs in use (`PassResult.used`)."""
     return tuple(
         InventoryGpu(
             index=v.index,
@@ -383,11 +483,51 @@ def inventory(views: Iterable[OfferedGpu]) -> tuple[InventoryGpu, ...]:
             product=v.product,
             memory_mib=v.memory_mib,
             mode=v.mode,
-            mig_devices=tuple(MigDevice(m.uuid, m.instance) for m in v.mig),
+            mig_devices=tuple(MigDevice(m.uuid, m.instance, m.uuid in used) for m in v.mig),
             replicas=v.replicas,
         )
         for v in views
     )
+
+
+PLAN_SEVERITY = (GpuState.APPLIED, GpuState.PENDING, GpuState.BLOCKED, GpuState.FAILED)
+"""A plan's state is its worst GPU's: Failed over Blocked over Pending."""
+
+
+def plan_report(
+    plan_id: str,
+    refusals: Iterable[str],
+    planned: Mapping[int, Layout],
+    reports: Iterable[GpuReport],
+) -> PlanReport:
+    """The answer to a plan: Applied when every GPU it names holds its layout, else the worst
+    of Failed (`refusals`: the plan not followed there) > Blocked > Pending, each GPU's reason
+    in index order (`GPU 2: ...; GPU 3: ...`)."""
+    outcomes = [(GpuState.FAILED, reason) for reason in refusals]
+    by_index = {r.index: r for r in reports}
+    for index, layout in sorted(planned.items()):
+        gpu = by_index[index]
+        if gpu.state is GpuState.APPLIED:
+            if set(gpu.layout) != set(layout):  # never expected: a step reported done was not
+                outcomes.append(
+                    (GpuState.FAILED, f"GPU {index}: holds {_text(gpu.layout) or 'nothing'}")
+                )
+            continue
+        outcomes.append((gpu.state, _on_gpu(index, gpu.message)))
+    if not outcomes:
+        return PlanReport(plan_id, GpuState.APPLIED)
+    worst = max((state for state, _ in outcomes), key=PLAN_SEVERITY.index)
+    return PlanReport(plan_id, worst, "; ".join(reason for _, reason in outcomes))
+
+
+def _on_gpu(index: int, message: str) -> str:
+    """`message` about GPU `index`, opening with `GPU <index>: ` once (core messages often do)."""
+    prefix = f"GPU {index}: "
+    return message if message.startswith(prefix) else prefix + message
+
+
+def _target_text(target: GpuConfig) -> str:
+    return "static MIG" if target.mode is Mode.MIG else str(target.mode)
 
 
 def _text(layout: Layout) -> str:

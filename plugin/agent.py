@@ -1,17 +1,22 @@
-"""One reconcile pass of the node agent: desired in, GPUs changed, devices re-advertised, state and inventory out."""
+"""One pass of the node agent: desired and MIG plan in, GPUs changed, devices re-advertised, state and inventory out."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from gpupart import logs
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
+    GpuState,
     Inventory,
+    MigPlan,
+    PlanReport,
     decode_desired,
     decode_inventory,
+    decode_mig_plan,
     encode_inventory,
     encode_report,
 )
@@ -69,25 +74,40 @@ class NodeAgent:
         except Exception as error:  # noqa: BLE001 - a bad annotation never stops the agent
             log.warning("Failed to read the last inventory; not resumed", extra=logs.kv(err=error))
 
-    def reconcile(self, desired: str | None) -> PassResult:
+    def reconcile(self, desired: str | None, plan: str | None = None) -> PassResult:
+        """One pass over the desired and MIG plan annotations' texts (None: not on the Node)."""
         started = self.clock()
         if self._published is not None:
             read, self._published = self._published, None
             self.resume(read)
+        followed: MigPlan | None = None
+        unreadable = ""
+        if plan is not None:
+            try:
+                followed = decode_mig_plan(plan)
+            except WireFormatError as error:
+                # Unreadable plan: no dynamic GPU follows it; static GPUs still get their pass.
+                log.error("Failed to read MIG plan", extra=logs.kv(err=error))
+                unreadable = str(error)
         try:
             groups = None if desired is None else decode_desired(desired)
         except WireFormatError as error:
             # Unreadable wish: change nothing, and say so on every GPU.
             log.error("Failed to read desired layout", extra=logs.kv(err=error))
-            result = self.actuator.refuse(str(error))
+            result = self.actuator.refuse(str(error), plan=followed)
         else:
-            result = self.actuator.reconcile(groups)
+            result = self.actuator.reconcile(groups, followed)
+        if unreadable:
+            answer = PlanReport("", GpuState.FAILED, unreadable)
+            result = replace(result, report=replace(result.report, plan=answer))
         self.hub.set_gpus(result.views)
         if self.plugins is not None:
             self.plugins.sync()
         self.publish(
             encode_report(result.report),
-            encode_inventory(Inventory(inventory(result.views), serial_admission=True)),
+            encode_inventory(
+                Inventory(inventory(result.views, result.used), serial_admission=True)
+            ),
             managed_capacity(result.views),
         )
         self.metrics.apply_seconds.observe(self.clock() - started)

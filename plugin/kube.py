@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kubernetes import client, watch
@@ -18,6 +19,7 @@ from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
     STATE_ANNOTATION,
     GivenContainer,
     decode_allocation,
@@ -44,6 +46,20 @@ class KubeUnavailable(GpupartError):
     """The API server did not answer a request of the node agent (it retries on the next pass)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PassInput:
+    """What a pass acts on: the operator's desired and MIG plan annotations on this Node, as
+    text (None: not there); parsed by the agent, each on its own."""
+
+    desired: str | None = None
+    plan: str | None = None
+
+    @classmethod
+    def of(cls, obj: Any) -> PassInput:
+        annotations = _annotations(obj)
+        return cls(annotations.get(DESIRED_ANNOTATION), annotations.get(MIG_PLAN_ANNOTATION))
+
+
 class NodeClient:
     """The agent's only door to the API server; every list and watch is scoped to this node."""
 
@@ -63,9 +79,8 @@ class NodeClient:
         self._capacity: dict[str, int] | None = None
         """The extender-managed capacity last written (None: not yet, write it once)."""
 
-    def desired(self) -> str | None:
-        node = self.core.read_node(self.node, _request_timeout=self.timeout_s)
-        return _annotations(node).get(DESIRED_ANNOTATION)
+    def read_input(self) -> PassInput:
+        return PassInput.of(self.core.read_node(self.node, _request_timeout=self.timeout_s))
 
     def last_inventory(self) -> str | None:
         """The inventory annotation on this Node: what the agent published before it restarted.
@@ -80,18 +95,17 @@ class NodeClient:
             ) from error
         return _annotations(node).get(INVENTORY_ANNOTATION)
 
-    def watch_desired(self, stop: threading.Event, *, resync_s: float) -> Iterator[str | None]:
-        """The desired annotation now, on every change, and at least every `resync_s` (drift)."""
-        last: object = object()
+    def watch_input(self, stop: threading.Event, *, resync_s: float) -> Iterator[PassInput]:
+        """The desired and plan annotations now, when either changes, and at least every
+        `resync_s` (drift)."""
+        last: PassInput | None = None
         for start, event in self._watch(
             stop, "node", self.core.list_node, f"metadata.name={self.node}", resync_s,
-            start=self.desired,
+            start=self.read_input,
         ):  # fmt: skip
             # Each (re)start of the watch reads the Node itself: always a pass (drift).
-            value = (
-                start if event is None else _annotations(event["object"]).get(DESIRED_ANNOTATION)
-            )
-            if event is None or value != last:
+            value = start if event is None else PassInput.of(event["object"])
+            if value is not None and (event is None or value != last):
                 last = value
                 yield value
 

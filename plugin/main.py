@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpupart import logs
 from gpupart.core.errors import GpupartError
@@ -26,6 +27,9 @@ from gpupart_plugin.podresources import PodResourcesClient
 from gpupart_plugin.registration import DevicePlugins
 from gpupart_plugin.simgpu import SimulatedGpus
 
+if TYPE_CHECKING:
+    from gpupart_plugin.kube import PassInput  # at run time only in `run`: loads the client
+
 log = logging.getLogger("gpupart_plugin")
 
 
@@ -39,6 +43,8 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
             [g.product for g in settings.simulate],
             node=settings.node_name,
             mig_enabled=[g.mig_enabled for g in settings.simulate],
+            create_s=settings.simulate_create_s,
+            destroy_s=settings.simulate_destroy_s,
         )
     from gpupart_plugin.nvml import NvmlGpus  # only on real nodes: loads libnvidia-ml
 
@@ -46,26 +52,27 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
 
 
 class PassTrigger:
-    """When the agent runs a pass: the desired annotation changed (or its resync), a pod left, or a
-    retry of a pass that left a GPU waiting is due.
+    """When the agent runs a pass: the desired or MIG plan annotation changed (or their resync), a
+    pod left, or a retry of a pass that left a GPU waiting is due.
 
     Triggers that come while a pass runs fold into one more pass; every pass reads the latest
-    desired annotation, and none runs before it was read once. A pass that leaves a GPU Blocked
+    annotations, and none runs before they were read once. A pass that leaves a GPU Blocked
     or Pending (`PassResult.waiting`) is retried after `retry`'s backoff, without any event: a
     pod's devices leave the kubelet's PodResources some time after the pod leaves, and a GPU
-    reset comes with no event at all. A new desired annotation or a pod leaving starts the
+    reset comes with no event at all. A change of either annotation or a pod leaving starts the
     backoff over; a pass that leaves nothing waiting ends the retries.
     """
 
     def __init__(self, retry: Backoff) -> None:
         self._cond = threading.Condition()
-        self._latest: str | None = None
+        self._latest: PassInput | None = None
         self._read = False
         self._due = False
         self._retry = retry
         self._retry_at: float | None = None
 
-    def desired(self, value: str | None) -> None:
+    def read(self, value: PassInput) -> None:
+        """The annotations as the Node watch saw them now (a change, or a resync)."""
         with self._cond:
             if value != self._latest:
                 self._retry.reset()
@@ -89,9 +96,9 @@ class PassTrigger:
             self._retry_at = time.monotonic() + delay
             return delay
 
-    def next(self, stop: threading.Event) -> tuple[bool, str | None]:
-        """(due, desired annotation) for the next pass; not due when `stop` came first or the
-        annotation was never read."""
+    def next(self, stop: threading.Event) -> tuple[bool, PassInput | None]:
+        """(due, annotations) for the next pass; not due when `stop` came first or the
+        annotations were never read (None until then)."""
         with self._cond:
             while not self._due and not stop.is_set():
                 left = 0.5 if self._retry_at is None else self._retry_at - time.monotonic()
@@ -105,15 +112,15 @@ class PassTrigger:
 
 
 def serve(
-    passes: PassTrigger, reconcile: Callable[[str | None], PassResult], stop: threading.Event
+    passes: PassTrigger, reconcile: Callable[[PassInput], PassResult], stop: threading.Event
 ) -> None:
     """The reconcile loop: one pass per trigger until `stop`; a failed pass waits for the next."""
     while not stop.is_set():
-        due, desired = passes.next(stop)
-        if not due:
+        due, wanted = passes.next(stop)
+        if not due or wanted is None:
             continue
         try:
-            result = reconcile(desired)
+            result = reconcile(wanted)
         except GpupartError as error:
             log.error("Failed to reconcile node", extra=logs.kv(err=error))
             continue
@@ -153,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     )
     agent = NodeAgent(actuator, hub, plugins, node.publish, metrics, published=node.last_inventory)
 
-    def reconcile(desired: str | None) -> PassResult:
+    def reconcile(wanted: PassInput) -> PassResult:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
             # Stands in for the admin's GPU reset that a real MIG mode change waits for.
             for index in backend.reset_idle():
@@ -161,10 +168,10 @@ def run(args: argparse.Namespace) -> int:
                     "Reset simulated GPU",
                     extra=logs.kv(gpu=index, reason="pending MIG mode change"),
                 )
-        return agent.reconcile(desired)
+        return agent.reconcile(wanted.desired, wanted.plan)
 
     if settings.once:
-        reconcile(node.desired())
+        reconcile(node.read_input())
         plugins.stop()
         return 0
 
@@ -199,8 +206,8 @@ def run(args: argparse.Namespace) -> int:
     passes = PassTrigger(Backoff(min(1.0, settings.resync_s), settings.resync_s))
 
     def follow_node() -> None:
-        for desired in node.watch_desired(stop, resync_s=settings.resync_s):
-            passes.desired(desired)
+        for wanted in node.watch_input(stop, resync_s=settings.resync_s):
+            passes.read(wanted)
 
     def follow_pods() -> None:
         for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):

@@ -46,6 +46,10 @@ class NodeSettings:
     """Simulated GPUs (e.g. 8 × H200-141GB) instead of NVML; empty for real GPUs."""
     simulate_auto_reset: bool
     """Simulated GPUs only: a pending MIG mode change takes effect on the next pass once idle."""
+    simulate_create_s: float
+    """Simulated GPUs only: seconds a GPU instance create (with its compute instance) takes."""
+    simulate_destroy_s: float
+    """Simulated GPUs only: seconds a GPU instance destroy takes."""
     ignored_xids: frozenset[int]
     recovery_s: float
     resync_s: float
@@ -99,6 +103,19 @@ SIMULATE_AUTO_RESET = Setting(
     "pass, as an administrator would, so the change takes effect",
     boolean=True,
 )
+SIMULATE_CREATE = Setting(
+    "--simulate-create-seconds",
+    number,
+    "0",
+    "simulated GPUs only: seconds each MIG instance create (GPU and compute instance) takes, "
+    "standing in for NVML's (about 1 s on a real GPU); steps on one GPU run one at a time",
+)
+SIMULATE_DESTROY = Setting(
+    "--simulate-destroy-seconds",
+    number,
+    "0",
+    "simulated GPUs only: seconds each MIG instance destroy takes (about 0.5 s with NVML)",
+)
 IGNORED_XIDS = Setting(
     "--ignored-xids",
     integers,
@@ -129,8 +146,8 @@ SETTINGS = SettingsTable(
     "GPUPART_",
     (
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, MPS_ROOT, MPS_CONTROL,
-        SIMULATE, SIMULATE_AUTO_RESET, IGNORED_XIDS, RECOVERY, RESYNC, METRICS_ADDRESS,
-        METRICS_PORT, CDI, KUBECONFIG, ONCE,
+        SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, IGNORED_XIDS, RECOVERY,
+        RESYNC, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
     ),
 )  # fmt: skip
 """Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
@@ -174,6 +191,12 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         raise InvalidInput(
             "--simulate-auto-reset", "works only with --simulate (real GPUs are reset by an admin)"
         )
+    latencies = {setting: read(setting) for setting in (SIMULATE_CREATE, SIMULATE_DESTROY)}
+    for setting, seconds in latencies.items():
+        if seconds < 0 or seconds != seconds:  # NaN compares unequal to itself
+            raise InvalidInput(setting.flag, f"must be a number of seconds ≥ 0, got {seconds:g}")
+        if seconds and not gpus:
+            raise InvalidInput(setting.flag, "works only with --simulate (NVML takes its own time)")
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
@@ -183,6 +206,8 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         mps_control=tuple(read(MPS_CONTROL).split()),
         simulate=gpus,
         simulate_auto_reset=auto_reset,
+        simulate_create_s=latencies[SIMULATE_CREATE],
+        simulate_destroy_s=latencies[SIMULATE_DESTROY],
         ignored_xids=read(IGNORED_XIDS),
         recovery_s=read(RECOVERY),
         resync_s=read(RESYNC),

@@ -8,13 +8,15 @@ oracle `apply_steps`. This module adds only what NVML adds: the error kind of ea
 unknown profile: NotSupported), InUse for an instance with processes, NotSupported for MIG calls
 on a GPU without MIG mode, a MIG mode change that stays pending until `reset` (or `reset_idle`,
 the reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between
-passes), Xid events, lost GPUs and injected faults.
+passes), Xid events, lost GPUs and injected faults, and optionally NVML's time per GPU instance
+create or destroy (`create_s`, `destroy_s`), one step at a time per GPU, GPUs in parallel.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.mig.planning import (
+    CreateGpuInstance,
     DestroyComputeInstance,
     DestroyGpuInstance,
     GpuInstanceState,
@@ -94,14 +97,24 @@ class SimulatedGpus:
         node: str = "sim",
         mig_enabled: bool | Sequence[bool] = True,
         mode_change_needs_reset: bool = True,
+        create_s: float = 0.0,
+        destroy_s: float = 0.0,
     ) -> None:
-        """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it)."""
+        """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it).
+
+        `create_s` / `destroy_s`: seconds each GPU instance create / destroy call takes (its
+        compute instance's call adds nothing), as NVML takes about 1 s and 0.5 s; one call at a
+        time per GPU, while other GPUs' calls and every read go on.
+        """
         modes = (
             [mig_enabled] * len(products) if isinstance(mig_enabled, bool) else list(mig_enabled)
         )
         if len(modes) != len(products):
             raise ValueError(f"{len(modes)} MIG modes for {len(products)} GPUs")
         self._lock = threading.RLock()
+        self._steps = [threading.Lock() for _ in products]
+        """Per GPU: its MIG steps one at a time, as NVML serialises them."""
+        self._create_s, self._destroy_s = create_s, destroy_s
         self._gpus = [
             _Gpu(
                 index,
@@ -230,7 +243,17 @@ class SimulatedGpus:
             )
 
     def apply(self, step: Step) -> None:
-        """The core's step semantics (`step_refused`, `apply_step`), answered with NVML's error kinds."""
+        """The core's step semantics (`step_refused`, `apply_step`), answered with NVML's error
+        kinds, after the step's latency."""
+        self._gpu(step.gpu)
+        with self._steps[step.gpu]:
+            delay = {CreateGpuInstance: self._create_s, DestroyGpuInstance: self._destroy_s}
+            seconds = delay.get(type(step), 0.0)
+            if seconds:
+                time.sleep(seconds)  # outside `_lock`: the other GPUs and every read go on
+            self._step(step)
+
+    def _step(self, step: Step) -> None:
         with self._lock:
             operation = type(step).__name__
             what = f"{operation} {step.instance} on GPU {step.gpu}"

@@ -42,7 +42,8 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
         sim = SimulatedGpus(["H200-141GB"] * 2, node=name)
         actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", ["true"]))
         agent = NodeAgent(actuator, DeviceHub(), None, node.publish, NodeMetrics())
-        agent.reconcile(node.desired())
+        wanted = node.read_input()
+        agent.reconcile(wanted.desired, wanted.plan)
         annotations = core.read_node(name).metadata.annotations
         report = decode_report(annotations[STATE_ANNOTATION])
         assert report.observed == (("train", 3),)

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from gpupart.logs import KlogFormatter
-from gpupart_plugin.kube import KubeUnavailable, NodeClient
+from gpupart_plugin.kube import KubeUnavailable, NodeClient, PassInput
 from gpupart_testsupport.ports import free_port
 
 LOOPBACK = "127.0.0.1"
@@ -37,12 +37,12 @@ def test_watch_retries_with_backoff_while_the_api_server_is_unreachable(
 ) -> None:
     node = unreachable()
     stop = threading.Event()
-    yielded: list[str | None] = []
+    yielded: list[PassInput] = []
     raised: list[BaseException] = []
 
     def consume() -> None:
         try:
-            yielded.extend(node.watch_desired(stop, resync_s=1))
+            yielded.extend(node.watch_input(stop, resync_s=1))
         except BaseException as error:  # noqa: BLE001 - the test reports it
             raised.append(error)
 
@@ -54,7 +54,7 @@ def test_watch_retries_with_backoff_while_the_api_server_is_unreachable(
         time.sleep(0.02)
     stop.set()
     thread.join(5)
-    assert not thread.is_alive(), "watch_desired did not return after stop"
+    assert not thread.is_alive(), "watch_input did not return after stop"
     assert raised == [] and yielded == []
     failures = _failures(caplog)
     assert len(failures) >= 4, failures

@@ -12,9 +12,10 @@ import pytest
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DesiredGroup, GpuState, NodeReport, decode_report, encode_desired
 from gpupart.watch import Backoff
-from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.actuator import Actuator, PassResult
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.kube import PassInput
 from gpupart_plugin.main import PassTrigger, serve
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
@@ -45,8 +46,11 @@ class Loop:
         self.passes = PassTrigger(retry)
         self.stop = threading.Event()
         self.thread = threading.Thread(
-            target=serve, args=(self.passes, self.agent.reconcile, self.stop), daemon=True
+            target=serve, args=(self.passes, self.reconcile, self.stop), daemon=True
         )
+
+    def reconcile(self, wanted: PassInput) -> PassResult:
+        return self.agent.reconcile(wanted.desired, wanted.plan)
 
     def report(self) -> NodeReport:
         return self.reports.get(timeout=10)
@@ -64,11 +68,11 @@ def loop(tmp_path: Path) -> Iterator[Loop]:
 def test_a_blocked_pass_is_retried_once_the_pods_usage_disappears_without_a_pod_event(
     loop: Loop,
 ) -> None:
-    loop.passes.desired(SEVEN)
+    loop.passes.read(PassInput(SEVEN))
     assert loop.report().gpus[0].state is GpuState.APPLIED
     busy = loop.sim.instances(0)[0].slice
     loop.held.append(PodDevices("ml/train-0", "nvidia.com/mig-1g.18gb", (busy.uuid,)))
-    loop.passes.desired(ONE)
+    loop.passes.read(PassInput(ONE))
     blocked = loop.report().gpus[0]
     assert blocked.state is GpuState.BLOCKED and blocked.blocking_pods == ("ml/train-0",)
     assert loop.report().gpus[0].state is GpuState.BLOCKED  # retried: still listed
@@ -89,10 +93,10 @@ def test_retries_back_off_doubling_and_start_over_on_an_event() -> None:
     passes.wake()  # a pod left: what it held may be free soon
     assert passes.passed(True) == 1.0
     passes.passed(True)
-    passes.desired("a")  # a new desired annotation is a new wait
+    passes.read(PassInput("a"))  # a new desired annotation is a new wait
     assert passes.passed(True) == 1.0
     passes.passed(True)
-    passes.desired("a")  # its resync is not
+    passes.read(PassInput("a"))  # its resync is not
     assert passes.passed(True) == 4.0
     assert passes.passed(False) is None  # nothing waits: no retry, and the next wait starts short
     assert passes.passed(True) == 1.0
@@ -100,10 +104,10 @@ def test_retries_back_off_doubling_and_start_over_on_an_event() -> None:
 
 def test_a_due_retry_runs_a_pass_without_any_trigger() -> None:
     passes, stop = PassTrigger(Backoff(0.05, 0.05)), threading.Event()
-    passes.desired(SEVEN)
-    assert passes.next(stop) == (True, SEVEN)
+    passes.read(PassInput(SEVEN))
+    assert passes.next(stop) == (True, PassInput(SEVEN))
     passes.passed(True)
-    assert passes.next(stop) == (True, SEVEN)  # after 0.05 s, nothing but the retry
+    assert passes.next(stop) == (True, PassInput(SEVEN))  # after 0.05 s, nothing but the retry
     passes.passed(False)
     threading.Timer(0.3, stop.set).start()
-    assert passes.next(stop) == (False, SEVEN)  # nothing waits: only `stop` ends the wait
+    assert passes.next(stop) == (False, PassInput(SEVEN))  # nothing waits: only `stop` ends the wait
