@@ -110,4 +110,5 @@ def test_a_due_retry_runs_a_pass_without_any_trigger() -> None:
     assert passes.next(stop) == (True, PassInput(SEVEN))  # after 0.05 s, nothing but the retry
     passes.passed(False)
     threading.Timer(0.3, stop.set).start()
-    assert passes.next(stop) == (False, PassInput(SEVEN))  # nothing waits: only `stop` ends the wait
+    # Nothing waits: only `stop` ends the wait.
+    assert passes.next(stop) == (False, PassInput(SEVEN))
