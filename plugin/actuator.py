@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from gpupart import logs
@@ -114,8 +115,8 @@ class Actuator:
             log.error("Refused desired layout", extra=logs.kv(err=error))
             return self.refuse(str(error), groups or (), plan)
         planned, refusals = self._check_plan(plan, gpus, None if groups is None else targets)
-        reports, views, failed, used = [], [], 0, frozenset[str]()
-        for info in gpus:
+
+        def one(info: GpuInfo) -> tuple[GpuReport, OfferedGpu, frozenset[str]]:
             target = None if groups is None else targets[info.index]
             try:
                 report = self._gpu(info, target, usage, planned.get(info.index))
@@ -123,11 +124,19 @@ class Actuator:
                 # An NVML read failed outside a plan (GPU lost, no permission): say so, go on.
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
                 report = GpuReport(info.index, GpuState.FAILED, Mode.NONE, message=str(error))
-            failed += report.state is GpuState.FAILED
-            reports.append(report)
             view = self._view(info.index)
-            views.append(view)
-            used |= self._held(info.index, view.mig, usage)
+            return report, view, self._held(info.index, view.mig, usage)
+
+        # One thread per GPU: each GPU's steps run in order, GPUs at the same time (a plan's
+        # instances on two GPUs take one create's time, not two). Each touches only its own
+        # GPU, MPS daemon and `_shared_modes` entry; the backend is thread-safe (NVML is, and
+        # so is the simulated GPU).
+        with ThreadPoolExecutor(max(1, len(gpus)), thread_name_prefix="gpu") as pool:
+            done = list(pool.map(one, gpus))
+        reports = [report for report, _, _ in done]
+        views = tuple(view for _, view, _ in done)
+        used = frozenset[str]().union(*(held for _, _, held in done))
+        failed = sum(r.state is GpuState.FAILED for r in reports)
         observed = tuple(sorted({(g.partition, g.generation) for g in groups or ()}))
         answer = None if plan is None else plan_report(plan.id, refusals, planned, reports)
         if answer is not None and answer.state is not GpuState.APPLIED:
@@ -135,7 +144,7 @@ class Actuator:
                 "Reported MIG plan",
                 extra=logs.kv(plan=answer.id, state=answer.state, reason=answer.message),
             )
-        return PassResult(NodeReport(observed, tuple(reports), answer), tuple(views), failed, used)
+        return PassResult(NodeReport(observed, tuple(reports), answer), views, failed, used)
 
     def refuse(
         self, reason: str, groups: tuple[DesiredGroup, ...] = (), plan: MigPlan | None = None

@@ -108,13 +108,14 @@ SIMULATE_CREATE = Setting(
     number,
     "0",
     "simulated GPUs only: seconds each MIG instance create (GPU and compute instance) takes, "
-    "standing in for NVML's (about 1 s on a real GPU); steps on one GPU run one at a time",
+    "standing in for NVML's (the dynamic MIG simulator assumes 1.0); a GPU's steps run one "
+    "at a time, GPUs in parallel",
 )
 SIMULATE_DESTROY = Setting(
     "--simulate-destroy-seconds",
     number,
     "0",
-    "simulated GPUs only: seconds each MIG instance destroy takes (about 0.5 s with NVML)",
+    "simulated GPUs only: seconds each MIG instance destroy takes (the simulator assumes 0.5)",
 )
 IGNORED_XIDS = Setting(
     "--ignored-xids",
@@ -193,10 +194,11 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         )
     latencies = {setting: read(setting) for setting in (SIMULATE_CREATE, SIMULATE_DESTROY)}
     for setting, seconds in latencies.items():
-        if seconds < 0 or seconds != seconds:  # NaN compares unequal to itself
-            raise InvalidInput(setting.flag, f"must be a number of seconds ≥ 0, got {seconds:g}")
+        where = (read.given(setting) or (setting.flag, ""))[0]  # the flag or variable that set it
+        if not seconds >= 0:  # also NaN
+            raise InvalidInput(where, f"must be a number of seconds ≥ 0, got {seconds:g}")
         if seconds and not gpus:
-            raise InvalidInput(setting.flag, "works only with --simulate (NVML takes its own time)")
+            raise InvalidInput(where, "works only with --simulate (NVML takes its own time)")
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,

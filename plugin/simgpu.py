@@ -103,8 +103,9 @@ class SimulatedGpus:
         """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it).
 
         `create_s` / `destroy_s`: seconds each GPU instance create / destroy call takes (its
-        compute instance's call adds nothing), as NVML takes about 1 s and 0.5 s; one call at a
-        time per GPU, while other GPUs' calls and every read go on.
+        compute instance's call adds nothing), standing in for NVML's time (the dynamic MIG
+        simulator assumes 1.0 s and 0.5 s); one call at a time per GPU, while other GPUs' calls
+        and every read go on.
         """
         modes = (
             [mig_enabled] * len(products) if isinstance(mig_enabled, bool) else list(mig_enabled)

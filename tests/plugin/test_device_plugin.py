@@ -15,11 +15,17 @@ from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
+    GpuState,
+    MigPlan,
+    PlannedGpu,
+    PlanReport,
     PodAssignment,
     decode_inventory,
     decode_report,
     encode_desired,
+    encode_mig_plan,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.admission import AssignedPod, SharedContainer
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
@@ -30,7 +36,7 @@ from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.kube import KubeUnavailable
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.registration import DevicePlugins
+from gpupart_plugin.registration import DevicePlugins, socket_name
 from gpupart_plugin.simgpu import SimulatedGpus
 
 H200 = "H200-141GB"
@@ -150,6 +156,25 @@ def test_relayout_registers_new_profiles_and_withdraws_old(node: Node) -> None:
     assert node.kubelet.registered() == {MIG_3G}
     assert node.kubelet.wait_for(MIG_1G, lambda listed: listed == []) == []
     assert len(node.kubelet.latest(MIG_3G)) == 4
+
+
+def test_a_plan_creating_a_new_profile_registers_it_and_keeps_the_other_servers(
+    node: Node,
+) -> None:
+    dynamic = DesiredGroup("d", 1, (1,), GpuConfig(Mode.MIG, (), dynamic=True))
+    desired = encode_desired((mig({"1g.18gb": 7}, (0,)), dynamic))
+    node.agent.reconcile(desired)
+    assert node.kubelet.registered() == {MIG_1G}
+    assert len(node.kubelet.latest(MIG_1G)) == 7
+    socket = node.kubelet.directory / socket_name(MIG_1G)
+    served = socket.stat().st_ino
+    layout = (MigInstance(Placement(0, 4), "3g.71gb"), MigInstance(Placement(6, 1), "1g.18gb"))
+    node.agent.reconcile(desired, encode_mig_plan(MigPlan("p1", (PlannedGpu(1, layout),))))
+    assert decode_report(node.published[-1][0]).plan == PlanReport("p1", GpuState.APPLIED)
+    assert node.kubelet.registered() == {MIG_3G}, "only the new resource registers"
+    assert len(node.kubelet.wait_for(MIG_1G, lambda listed: len(listed) == 8)) == 8
+    assert len(node.kubelet.latest(MIG_3G)) == 1
+    assert socket.stat().st_ino == served, "the 1g.18gb server kept its socket"
 
 
 def test_kubelet_restart_makes_the_plugin_register_again(node: Node) -> None:

@@ -43,3 +43,22 @@ def test_auto_reset_flag_bare_or_valued_and_only_with_simulated_gpus(
     assert parse("--simulate=A30").simulate_auto_reset
     with pytest.raises(InvalidInput, match="only with --simulate"):
         parse()
+
+
+def test_simulated_latencies_default_to_zero_and_need_simulated_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("GPUPART_SIMULATE_CREATE_SECONDS", "GPUPART_SIMULATE_DESTROY_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    quick = parse("--simulate=A30")
+    assert (quick.simulate_create_s, quick.simulate_destroy_s) == (0.0, 0.0)
+    slow = parse("--simulate=A30", "--simulate-create-seconds=1.0")
+    assert (slow.simulate_create_s, slow.simulate_destroy_s) == (1.0, 0.0)
+    monkeypatch.setenv("GPUPART_SIMULATE_DESTROY_SECONDS", "0.5")
+    assert parse("--simulate=A30").simulate_destroy_s == 0.5
+    with pytest.raises(InvalidInput, match="^GPUPART_SIMULATE_DESTROY_SECONDS: works only with"):
+        parse()
+    with pytest.raises(InvalidInput, match=r"^--simulate-create-seconds: must be .* got -1"):
+        parse("--simulate=A30", "--simulate-create-seconds=-1")
+    with pytest.raises(InvalidInput, match="^--simulate-create-seconds: expected a number"):
+        parse("--simulate=A30", "--simulate-create-seconds=soon")

@@ -9,10 +9,14 @@ We test these aspects:
   that has its compute instance InUse, no room or a second compute instance InsufficientResources,
   an unknown profile NotSupported;
 - what only NVML adds: a destroy under a running process is InUse, and MIG calls on a GPU
-  without MIG mode are NotSupported.
+  without MIG mode are NotSupported;
+- a simulated create latency holds only its own GPU: reads and other GPUs' steps go on.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 from hypothesis import event, given, settings
@@ -111,3 +115,16 @@ def test_only_nvml_rules_are_added_processes_and_mig_mode() -> None:
     with pytest.raises(NvmlError) as caught:
         off.apply(CreateGpuInstance(0, instance))
     assert caught.value.kind is NvmlFailure.NOT_SUPPORTED
+
+
+def test_a_slow_create_holds_only_its_own_gpu() -> None:
+    sim = SimulatedGpus(["H200-141GB"] * 2, create_s=2.0)
+    whole = MigInstance(Placement(0, 8), "7g.141gb")
+    worker = threading.Thread(target=sim.apply, args=(CreateGpuInstance(0, whole),))
+    worker.start()
+    time.sleep(0.2)  # into its create; the assertions below hold for any delay under 2 s
+    with pytest.raises(NvmlError, match="NotFound"):
+        sim.apply(DestroyComputeInstance(1, whole))  # GPU 1's step is answered now
+    assert sim.instances(0) == (), "the read did not wait for GPU 0's create"
+    worker.join(10)
+    assert [r.slice.instance for r in sim.instances(0)] == [whole]
