@@ -76,12 +76,20 @@ class Stack:
         self._healthy(proc, f"http://{LOOPBACK}:{port}/healthz")
 
     def start_real_node(
-        self, node: str, gpus: str, labels: dict[str, str], *, auto_reset: bool = False
+        self,
+        node: str,
+        gpus: str,
+        labels: dict[str, str],
+        *,
+        auto_reset: bool = False,
+        create_s: float = 0.0,
+        destroy_s: float = 0.0,
     ) -> KubeletNode:
         """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent.
 
         The agent keeps the default 60 s resync: what it does sooner comes from its watches.
-        Its metrics are served on `real.agent_metrics_port`.
+        Its metrics are served on `real.agent_metrics_port`. `create_s` / `destroy_s`: the
+        simulated GPUs' seconds per MIG instance create / destroy (NVML's stand-in).
         """
         real = KubeletNode(node, self.cp.bin_dir, self.cp.kubeconfig, labels)
         self.real_nodes[node] = real
@@ -89,6 +97,7 @@ class Stack:
         self._start_agent(
             node, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
             auto_reset=auto_reset, resync_s=60, metrics_port=real.agent_metrics_port,
+            create_s=create_s, destroy_s=destroy_s,
         )  # fmt: skip
         return real
 
@@ -112,6 +121,8 @@ class Stack:
         auto_reset: bool,
         resync_s: int = 3,
         metrics_port: int = 0,
+        create_s: float = 0.0,
+        destroy_s: float = 0.0,
     ) -> None:
         mps = self.work / f"mps-control-{node}"
         mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
@@ -126,6 +137,7 @@ class Stack:
                 f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),
+                f"--simulate-create-seconds={create_s:g}", f"--simulate-destroy-seconds={destroy_s:g}",
             ],
             self.work,
             env={"KUBECONFIG": str(self.cp.kubeconfig)},
