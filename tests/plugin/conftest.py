@@ -1,4 +1,4 @@
-"""Fixtures for the node agent tests: a fake `nvidia-cuda-mps-control`, short socket directories, simulated GPUs."""
+"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, short socket directories, a fake kubelet, pods."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 
 FAKE_MPS_CONTROL = """#!{python}
 # Stands in for nvidia-cuda-mps-control: -d starts (writes the pid file), stdin carries one command.
@@ -157,3 +158,16 @@ def kubelet(sock_dir: Path) -> Iterator[FakeKubelet]:
     fake.start()
     yield fake
     fake.stop()
+
+
+class Pods:
+    """A stand-in kubelet PodResources answer that tests edit."""
+
+    def __init__(self) -> None:
+        self.held: list[PodDevices] = []
+        self.down = False
+
+    def __call__(self) -> tuple[PodDevices, ...]:
+        if self.down:
+            raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
+        return tuple(self.held)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,7 @@ from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.kube import KubeUnavailable
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
+from gpupart_plugin.podresources import PodDevices
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
 
 H200 = "H200-141GB"
@@ -39,19 +40,6 @@ TWO = (("3g.71gb", 1), ("4g.71gb", 1))
 
 def mig(counts: tuple[tuple[str, int], ...], gpus: tuple[int, ...] | None = None) -> DesiredGroup:
     return DesiredGroup("p", 1, gpus, GpuConfig(Mode.MIG, counts))
-
-
-class Pods:
-    """A stand-in kubelet PodResources answer that tests edit."""
-
-    def __init__(self) -> None:
-        self.held: list[PodDevices] = []
-        self.down = False
-
-    def __call__(self) -> tuple[PodDevices, ...]:
-        if self.down:
-            raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
-        return tuple(self.held)
 
 
 def agent(sim: SimulatedGpus, pods: Pods, tmp_path: Path, command: list[str]) -> Actuator:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,7 @@ from gpupart_plugin.backend import NvmlFailure
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
+from gpupart_plugin.podresources import PodDevices
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
 
 H200 = "H200-141GB"
@@ -61,22 +62,10 @@ def plan(plan_id: str, layouts: Mapping[int, Layout]) -> MigPlan:
     return MigPlan(plan_id, gpus)
 
 
-class Pods:
-    """The kubelet's PodResources answer, as tests set it."""
-
-    def __init__(self) -> None:
-        self.held: list[PodDevices] = []
-        self.down = False
-
-    def __call__(self) -> tuple[PodDevices, ...]:
-        if self.down:
-            raise PodResourcesUnavailable("kubelet PodResources: UNAVAILABLE")
-        return tuple(self.held)
-
-    def hold(self, pod: str, sim: SimulatedGpus, index: int, instance: MigInstance) -> None:
-        self.held.append(
-            PodDevices(pod, f"nvidia.com/mig-{instance.profile}", (uuids(sim, index)[instance],))
-        )
+def hold(pods: Pods, pod: str, sim: SimulatedGpus, index: int, instance: MigInstance) -> None:
+    """`pod` holds the MIG device at `instance` on GPU `index`, as PodResources lists it."""
+    resource = f"nvidia.com/mig-{instance.profile}"
+    pods.held.append(PodDevices(pod, resource, (uuids(sim, index)[instance],)))
 
 
 def actuator(sim: SimulatedGpus, pods: Pods, tmp_path: Path) -> Actuator:
@@ -111,7 +100,7 @@ def test_kept_in_use_instances_keep_their_uuids(tmp_path: Path) -> None:
     agent = actuator(sim, pods, tmp_path)
     agent.reconcile((dynamic(),), plan("p1", {0: SMALL}))
     before = uuids(sim)
-    pods.hold("ml/a", sim, 0, at("1g.18gb", 3))
+    hold(pods, "ml/a", sim, 0, at("1g.18gb", 3))
     result = agent.reconcile((dynamic(),), plan("p2", {0: OTHER}))
     assert result.report.plan == PlanReport("p2", GpuState.APPLIED)
     after = uuids(sim)
@@ -128,7 +117,7 @@ def test_a_plan_that_would_destroy_an_instance_in_use_is_blocked_and_destroys_no
     agent.reconcile((dynamic(),), plan("p1", {0: SMALL}))
     busy = at("3g.71gb", 4)
     if holder == "pod":
-        pods.hold("ml/train", sim, 0, busy)
+        hold(pods, "ml/train", sim, 0, busy)
     else:
         sim.start_process(0, 4242, busy)
     before, calls = uuids(sim), len(sim.calls)
@@ -256,7 +245,7 @@ def test_the_inventory_marks_the_mig_devices_pods_or_processes_hold(tmp_path: Pa
     agent = actuator(sim, pods, tmp_path)
     layout = (at("1g.18gb", 0), at("1g.18gb", 1), at("2g.35gb", 2), at("3g.71gb", 4))
     agent.reconcile((dynamic(),), plan("p1", {0: layout}))
-    pods.hold("ml/a", sim, 0, at("1g.18gb", 1))
+    hold(pods, "ml/a", sim, 0, at("1g.18gb", 1))
     sim.start_process(0, 7, at("3g.71gb", 4))
     result = agent.reconcile((dynamic(),), plan("p1", {0: layout}))
     ids = uuids(sim)
@@ -331,7 +320,7 @@ def test_the_published_state_and_inventory_carry_the_plan_and_use(tmp_path: Path
     text = encode_mig_plan(MigPlan("p1", (PlannedGpu(0, SMALL),), (reserved,)))
     agent.reconcile(encode_desired((dynamic(),)), text)
     assert published.report.plan == PlanReport("p1", GpuState.APPLIED)
-    pods.hold("ml/a", sim, 0, at("3g.71gb", 4))
+    hold(pods, "ml/a", sim, 0, at("3g.71gb", 4))
     agent.reconcile(encode_desired((dynamic(),)), text)
     (gpu,) = decode_inventory(published.inventories[-1]).gpus
     assert {(d.instance, d.used) for d in gpu.mig_devices} == {
