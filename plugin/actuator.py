@@ -177,29 +177,21 @@ class Actuator:
     ) -> tuple[dict[int, Layout], tuple[str, ...]]:
         """The layouts to follow per GPU index, and why the plan is not followed where it is not.
 
-        A GPU this node does not have, or a layout its model cannot hold, refuses the whole plan
-        before any step (the operator's view of the node is wrong: none of it is applied). A GPU
-        whose target is not dynamic MIG (the desired annotation changed under the plan) is left
-        out, and the rest of the plan is followed.
+        A GPU whose target is not dynamic MIG (the desired annotation changed under the plan)
+        is left out, and the rest of the plan is followed. A GPU this node does not have, or a
+        layout its model cannot hold, refuses the whole plan before any step (the operator's
+        view of the node is wrong: none of it is followed).
         """
         if plan is None:
             return {}, ()
         here = {g.index for g in gpus}
+        planned: dict[int, Layout] = {}
+        left_out: list[str] = []
         broken: list[str] = []
         for gpu in plan.gpus:
             if gpu.index not in here:
                 broken.append(f"GPU {gpu.index}: not on this node")
                 continue
-            try:
-                check_layout(self.backend.model(gpu.index), gpu.layout)
-            except GpupartError as error:
-                broken.append(_on_gpu(gpu.index, str(error)))
-        if broken:
-            log.error("Refused MIG plan", extra=logs.kv(plan=plan.id, err="; ".join(broken)))
-            return {}, tuple(broken)
-        planned: dict[int, Layout] = {}
-        left_out: list[str] = []
-        for gpu in plan.gpus:
             target = None if targets is None else targets[gpu.index]
             if target is None or target.mode is not Mode.MIG or not target.dynamic:
                 wanted = (
@@ -209,7 +201,15 @@ class Actuator:
                 )
                 left_out.append(f"GPU {gpu.index}: not a dynamic MIG GPU ({wanted}); left as it is")
                 continue
+            try:
+                check_layout(self.backend.model(gpu.index), gpu.layout)
+            except GpupartError as error:
+                broken.append(_on_gpu(gpu.index, str(error)))
+                continue
             planned[gpu.index] = tuple(sorted(gpu.layout))
+        if broken:
+            log.error("Refused MIG plan", extra=logs.kv(plan=plan.id, err="; ".join(broken)))
+            return {}, (*broken, *left_out)
         return planned, tuple(left_out)
 
     # ---- one GPU ----

@@ -114,7 +114,7 @@ class SimulatedGpus:
             raise ValueError(f"{len(modes)} MIG modes for {len(products)} GPUs")
         self._lock = threading.RLock()
         self._steps = [threading.Lock() for _ in products]
-        """Per GPU: its MIG steps one at a time, as NVML serialises them."""
+        """Per GPU: its MIG steps one at a time (as the dynamic MIG simulator models them)."""
         self._create_s, self._destroy_s = create_s, destroy_s
         self._gpus = [
             _Gpu(

@@ -168,6 +168,15 @@ def test_static_gpus_keep_their_counts_and_a_plan_naming_one_is_failed_for_it(
     assert [g.state for g in result.report.gpus] == [GpuState.APPLIED, GpuState.APPLIED]
 
 
+def test_a_plan_before_any_desired_state_changes_nothing(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200])
+    result = actuator(sim, Pods(), tmp_path).reconcile(None, plan("p1", {0: SMALL}))
+    assert sim.calls == []
+    assert result.report.plan == PlanReport(
+        "p1", GpuState.FAILED, "GPU 0: not a dynamic MIG GPU (no desired state yet); left as it is"
+    )
+
+
 @pytest.mark.parametrize(
     ("layouts", "words"),
     [
