@@ -59,6 +59,8 @@ class PassResult:
     used: frozenset[str] = field(default_factory=frozenset)
     """MIG device UUIDs a pod or process held at the end of the pass (all of a GPU's while
     PodResources does not answer: unknown counts as used)."""
+    holders: frozenset[str] = field(default_factory=frozenset)
+    """The pods (namespace/name) PodResources listed with devices at the pass."""
 
     @property
     def waiting(self) -> bool:
@@ -144,7 +146,9 @@ class Actuator:
                 "Reported MIG plan",
                 extra=logs.kv(plan=answer.id, state=answer.state, reason=answer.message),
             )
-        return PassResult(NodeReport(observed, tuple(reports), answer), views, failed, used)
+        holders = frozenset[str]().union(*usage.pods.values())
+        report = NodeReport(observed, tuple(reports), answer)
+        return PassResult(report, views, failed, used, holders)
 
     def refuse(
         self, reason: str, groups: tuple[DesiredGroup, ...] = (), plan: MigPlan | None = None
@@ -165,9 +169,8 @@ class Actuator:
                 plan.id, GpuState.FAILED, f"not followed: the desired state is refused ({reason})"
             )
         )
-        return PassResult(
-            NodeReport(observed, reports, answer), result.views, len(reports), result.used
-        )
+        report = NodeReport(observed, reports, answer)
+        return replace(result, report=report, failed=len(reports))
 
     def _check_plan(
         self,

@@ -7,7 +7,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -59,8 +59,11 @@ class PassTrigger:
     annotations, and none runs before they were read once. A pass that leaves a GPU Blocked
     or Pending (`PassResult.waiting`) is retried after `retry`'s backoff, without any event: a
     pod's devices leave the kubelet's PodResources some time after the pod leaves, and a GPU
-    reset comes with no event at all. A change of either annotation or a pod leaving starts the
-    backoff over; a pass that leaves nothing waiting ends the retries.
+    reset comes with no event at all. For the same reason a pod that left but that the pass still
+    found in PodResources is retried too, until a pass no longer finds it: its MIG devices are
+    then marked free in the inventory, not only at the next resync. A change of either
+    annotation or a pod leaving starts the backoff over; a pass that leaves nothing waiting ends
+    the retries.
     """
 
     def __init__(self, retry: Backoff) -> None:
@@ -70,6 +73,8 @@ class PassTrigger:
         self._due = False
         self._retry = retry
         self._retry_at: float | None = None
+        self._leaving: set[str] = set()
+        """Pods that left (namespace/name) and that the last pass still found holding devices."""
 
     def read(self, value: PassInput) -> None:
         """The annotations as the Node watch saw them now (a change, or a resync)."""
@@ -79,16 +84,21 @@ class PassTrigger:
             self._latest, self._read, self._due = value, True, True
             self._cond.notify_all()
 
-    def wake(self) -> None:
+    def wake(self, pod: str | None = None) -> None:
+        """A pass now: `pod` left the node (what it held may be free soon)."""
         with self._cond:
+            if pod is not None:
+                self._leaving.add(pod)
             self._retry.reset()
             self._due = True
             self._cond.notify_all()
 
-    def passed(self, waiting: bool) -> float | None:
-        """After a pass: the seconds until its retry when it left a GPU waiting, else None."""
+    def passed(self, waiting: bool, holders: Collection[str] = ()) -> float | None:
+        """After a pass: the seconds until its retry when it left a GPU waiting, or found a pod
+        that left among the `holders` of devices, else None."""
         with self._cond:
-            if not waiting:
+            self._leaving.intersection_update(holders)
+            if not waiting and not self._leaving:
                 self._retry.reset()
                 self._retry_at = None
                 return None
@@ -124,7 +134,7 @@ def serve(
         except GpupartError as error:
             log.error("Failed to reconcile node", extra=logs.kv(err=error))
             continue
-        delay = passes.passed(result.waiting)
+        delay = passes.passed(result.waiting, result.holders)
         if delay is not None:
             log.info("Scheduled retry of waiting GPUs", extra=logs.kv(retryAfter=f"{delay:g}s"))
 
@@ -212,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     def follow_pods() -> None:
         for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):
             log.info("Pod left node", extra=logs.kv(pod=pod))
-            passes.wake()
+            passes.wake(pod)
 
     threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
     threading.Thread(target=follow_pods, name="pod-watch", daemon=True).start()

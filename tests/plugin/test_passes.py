@@ -1,4 +1,4 @@
-"""The node agent's reconcile loop: a pass leaving a GPU Blocked or Pending is retried on a backoff."""
+"""The node agent's reconcile loop: a GPU left Blocked or Pending, or a pod that left still listed, is retried."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from gpupart.core.api.spec import GpuConfig, Mode
-from gpupart.core.api.wire import DesiredGroup, GpuState, NodeReport, decode_report, encode_desired
+from gpupart.core.api.wire import (
+    DesiredGroup,
+    GpuState,
+    Inventory,
+    NodeReport,
+    decode_inventory,
+    decode_report,
+    encode_desired,
+)
 from gpupart.watch import Backoff
 from gpupart_plugin.actuator import Actuator, PassResult
 from gpupart_plugin.agent import NodeAgent
@@ -32,7 +40,7 @@ class Loop:
     def __init__(self, tmp_path: Path, retry: Backoff) -> None:
         self.sim = SimulatedGpus(["H200-141GB"])
         self.held: list[PodDevices] = []  # what the kubelet's PodResources lists
-        self.reports: queue.Queue[NodeReport] = queue.Queue()
+        self.reports: queue.Queue[tuple[NodeReport, Inventory]] = queue.Queue()
         actuator = Actuator(
             self.sim, lambda: tuple(self.held), MpsDaemons(tmp_path / "mps", ["true"])
         )
@@ -40,7 +48,9 @@ class Loop:
             actuator,
             DeviceHub(),
             None,
-            lambda state, _inventory, _capacity: self.reports.put(decode_report(state)),
+            lambda state, inventory, _capacity: self.reports.put(
+                (decode_report(state), decode_inventory(inventory))
+            ),
             NodeMetrics(),
         )
         self.passes = PassTrigger(retry)
@@ -53,7 +63,12 @@ class Loop:
         return self.agent.reconcile(wanted.desired, wanted.plan)
 
     def report(self) -> NodeReport:
-        return self.reports.get(timeout=10)
+        return self.reports.get(timeout=10)[0]
+
+    def used(self) -> list[str]:
+        """The MIG devices the next pass's inventory marks used."""
+        _, inventory = self.reports.get(timeout=10)
+        return [d.uuid for g in inventory.gpus for d in g.mig_devices if d.used]
 
 
 @pytest.fixture
@@ -83,6 +98,26 @@ def test_a_blocked_pass_is_retried_once_the_pods_usage_disappears_without_a_pod_
     assert gpu.state is GpuState.APPLIED
     assert [r.slice.instance.profile for r in loop.sim.instances(0)] == ["7g.141gb"]
     # Applied: the retries end (five longest backoffs go by without a pass).
+    with pytest.raises(queue.Empty):
+        loop.reports.get(timeout=1.0)
+
+
+def test_a_pod_that_left_but_is_still_listed_is_retried_until_its_device_shows_free(
+    loop: Loop,
+) -> None:
+    loop.passes.read(PassInput(SEVEN))
+    loop.report()
+    held = loop.sim.instances(0)[0].slice.uuid
+    loop.held.append(PodDevices("ml/a", "nvidia.com/mig-1g.18gb", (held,)))
+    loop.passes.wake()  # a pass (another pod left): ml/a is now used
+    assert loop.used() == [held]
+    loop.passes.wake("ml/a")  # it left, but PodResources still lists it: no GPU waits
+    assert loop.used() == [held]
+    assert loop.used() == [held]  # retried without any event
+    loop.held.clear()  # the kubelet catches up; no event comes
+    while loop.used():
+        pass
+    # Free in the inventory: the retries end (five longest backoffs go by without a pass).
     with pytest.raises(queue.Empty):
         loop.reports.get(timeout=1.0)
 
