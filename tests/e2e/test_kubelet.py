@@ -14,7 +14,9 @@ We test these aspects:
 - an over-request refused by the kubelet itself;
 - a kubelet restart: running pods keep their devices, no second Allocate, resources back;
 - PodResources from the real kubelet blocks a repartition while a pod holds a slice, and the
-  change goes ahead soon after the pod is deleted (the agent's pod watch, not its 60 s resync).
+  change goes ahead soon after the pod is deleted (the agent's pod watch, not its 60 s resync);
+- a MIG plan written on the Node of a dynamic partition: its instance is created and registered
+  at run time, a pod runs on it, the inventory marks it used, and free again once the pod left.
 """
 
 from __future__ import annotations
@@ -30,11 +32,20 @@ from kubernetes import client
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
+    DESIRED_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
+    STATE_ANNOTATION,
+    GpuState,
+    MigPlan,
+    PlannedGpu,
+    PlanReport,
     decode_allocation,
     decode_assignment,
     decode_inventory,
     decode_report,
+    encode_mig_plan,
 )
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_testsupport.polling import wait_for
 
 from .kubelet import EXIT_ENV, KubeletNode
@@ -405,6 +416,63 @@ def test_a_pod_waiting_for_shared_memory_runs_once_a_node_offers_it(
         node.running(namespace, "early")
         env = node.env(namespace, "early", "main")["env"]
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].endswith("=20000M")
+    finally:
+        node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        node.remove()
+
+
+def test_a_mig_plan_on_the_node_creates_its_instance_for_a_pod_through_the_real_kubelet(
+    stack: Stack, namespace: str
+) -> None:
+    spec = {"mode": "MIG", "mig": {"dynamic": {"profiles": ["3g.40gb", "1g.10gb"]}}}
+    node = Node(stack, "plan", "A100-SXM4-80GB", spec)
+
+    def annotations() -> dict[str, str]:
+        return node.core.read_node(node.name).metadata.annotations or {}
+
+    def used() -> list[bool]:
+        (gpu,) = decode_inventory(annotations()["gpupart.io/inventory"]).gpus
+        return [d.used for d in gpu.mig_devices]
+
+    def answered(plan_id: str) -> bool:
+        text = annotations().get(STATE_ANNOTATION)
+        return text is not None and decode_report(text).plan == PlanReport(
+            plan_id, GpuState.APPLIED
+        )
+
+    try:
+        node.until(
+            lambda: '"dynamic":true' in annotations().get(DESIRED_ANNOTATION, ""),
+            60,
+            "the operator's desired annotation with dynamic: true",
+        )
+        node.until(lambda: STATE_ANNOTATION in annotations(), 60, "a first pass")
+        assert node.allocatable(MIG_3G) <= 0, "no instance before a plan"
+        layout = (MigInstance(Placement(4, 4), "3g.40gb"),)
+
+        def write(plan_id: str) -> None:
+            plan = encode_mig_plan(MigPlan(plan_id, (PlannedGpu(0, layout),)))
+            node.core.patch_node(
+                node.name, {"metadata": {"annotations": {MIG_PLAN_ANNOTATION: plan}}}
+            )
+
+        write("e2e-1")
+        node.until(lambda: answered("e2e-1"), 30, "plan e2e-1 Applied")
+        node.until(lambda: node.allocatable(MIG_3G) == 1, 30, "3g.40gb registered at run time")
+        assert used() == [False]
+        node.pod(namespace, "planned", [{MIG_3G: "1"}])
+        node.running(namespace, "planned")
+        assert (
+            node.inventory().get(
+                node.env(namespace, "planned", "app-0")["env"]["NVIDIA_VISIBLE_DEVICES"]
+            )
+            == "3g.40gb"
+        )
+        write("e2e-2")  # as the operator does once the pod is bound: its reservation dropped
+        node.until(lambda: answered("e2e-2") and used() == [True], 30, "the instance used")
+        node.core.delete_namespaced_pod("planned", namespace, grace_period_seconds=0)
+        # The agent's resync is 60 s here: the pod watch and its retry free it sooner.
+        node.until(lambda: used() == [False], 20, "the instance free after the pod left")
     finally:
         node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         node.remove()
