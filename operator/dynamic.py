@@ -56,14 +56,25 @@ MAX_WAITING_SHOWN = 20
 _FINISHED = ("Succeeded", "Failed")
 
 
-def requests_mig(pod: Mapping[str, Any]) -> bool:
-    """Whether any container asks for a `nvidia.com/mig-*` resource (cheap: no full parse)."""
-    spec = pod.get("spec") or {}
-    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
-        resources = (container or {}).get("resources") or {}
-        for block in ("limits", "requests"):
-            if any(str(k).startswith(MIG_RESOURCE_PREFIX) for k in resources.get(block) or {}):
-                return True
+def requests_mig(pod: object) -> bool:
+    """Whether any container asks for a `nvidia.com/mig-*` resource (cheap: no full parse).
+
+    Total: whatever the object holds, the answer is a bool (kopf calls it on every pod event).
+    """
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return False
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            if not isinstance(resources, Mapping):
+                continue
+            for block in (resources.get("limits"), resources.get("requests")):
+                if isinstance(block, Mapping) and any(
+                    str(k).startswith(MIG_RESOURCE_PREFIX) for k in block
+                ):
+                    return True
     return False
 
 
@@ -131,7 +142,7 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
                 priority = spec.get("priority") or 0
                 priority = priority if isinstance(priority, int) else 0
                 pending.append(PendingPod(key, uid, profiles, priority, created))
-        except (GpupartError, TypeError, ValueError, AttributeError) as error:
+        except Exception as error:  # noqa: BLE001 - one unreadable pod never stops the others
             log.debug("Skipped pod", extra=logs.kv(pod=_safe_key(pod), err=error))
     return PodFacts(tuple(pending), unbound, holders, bound, namespaces)
 
