@@ -51,6 +51,8 @@ from gpupart_operator.settings import OperatorSettings
 log = logging.getLogger("gpupart.operator")
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+EVENT_REPEAT_S = 60.0
+"""A pod hears the same kind of news (e.g. MigSliceUnavailable) at most this often."""
 MAX_WAITING_SHOWN = 20
 """Pods a partition's status lists as waiting (it counts the rest)."""
 _FINISHED = ("Succeeded", "Failed")
@@ -208,8 +210,8 @@ class DemandPlanner:
         self._idle_since: dict[tuple[str, int, MigInstance], float] = {}
         self._failed_at: dict[tuple[str, str], float] = {}
         """(node, plan id) -> when its failure was first seen: the retry waits from there."""
-        self._said: dict[str, str] = {}
-        """pod uid -> the last Event message posted about it (no repeats)."""
+        self._said: dict[str, tuple[str, str, float]] = {}
+        """pod uid -> (reason, message, when) of the last Event posted about it."""
         self._reserved_for: set[str] = set()
         """uids of pods a plan reserved a slice for: their binding time is measured once."""
         self._answered: set[tuple[str, str]] = set()
@@ -250,6 +252,7 @@ class DemandPlanner:
             for node in nodes
             if (gpus := dynamic.get(node.name))
         ]
+        self._forget(facts)
         result = plan_round(
             facts,
             pods.pending,
@@ -348,6 +351,20 @@ class DemandPlanner:
             hold,
         )
 
+    def _forget(self, facts: list[NodeFacts]) -> None:
+        """Drop what is kept about instances and plans that are no longer there."""
+        devices = {
+            (f.name, g.index, d.instance)
+            for f in facts
+            if f.inventory is not None
+            for g in f.inventory.gpus
+            for d in g.mig_devices
+        }
+        self._idle_since = {k: v for k, v in self._idle_since.items() if k in devices}
+        plans = {(f.name, f.plan.id) for f in facts if f.plan is not None}
+        self._answered &= plans
+        self._failed_at = {k: v for k, v in self._failed_at.items() if k in plans}
+
     # -- writing --
 
     def _write_plan(self, node: str, plan: MigPlan | None) -> bool:
@@ -418,9 +435,18 @@ class DemandPlanner:
 
     def _pod_event(self, pods: PodFacts, pod: str, kind: str, reason: str, message: str) -> None:
         namespace, uid = pods.namespaces.get(pod, ("", ""))
-        if not namespace or self._said.get(uid) == message:
+        if not namespace:
             return
-        self._said[uid] = message
+        said = self._said.get(uid)
+        # The same reason again only when its words changed and not more than every
+        # EVENT_REPEAT_S (a planner's reason names how long instances have been idle).
+        if (
+            said is not None
+            and said[0] == reason
+            and (said[1] == message or self.clock() - said[2] < EVENT_REPEAT_S)
+        ):
+            return
+        self._said[uid] = (reason, message, self.clock())
         name = pod.split("/", 1)[1]
         now = dt.datetime.now(dt.UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -451,7 +477,7 @@ class DemandPlanner:
                 self._reserved_for.discard(uid)
                 self.metrics.pending_to_bound.observe(max(0.0, scheduled - created))
         live = set(pods.bound) | set(pods.unbound.values())
-        self._said = {uid: text for uid, text in self._said.items() if uid in live}
+        self._said = {uid: said for uid, said in self._said.items() if uid in live}
         self._reserved_for &= live
 
     def _write_statuses(
