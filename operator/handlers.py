@@ -13,16 +13,22 @@ import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import kopf
 from kubernetes import client
 
 from gpupart import logs
-from gpupart.core.api.wire import DESIRED_ANNOTATION, STATE_ANNOTATION
+from gpupart.core.api.wire import (
+    DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
+    STATE_ANNOTATION,
+)
 from gpupart.core.cluster.partitioning import released
 from gpupart.kubeconfig import describe_api_error
+from gpupart_operator.dynamic import DemandPlanner, requests_mig
 from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler
 from gpupart_operator.settings import OperatorSettings
@@ -102,6 +108,61 @@ class ReconcileLoop:
                 self._done.notify_all()
 
 
+class DemandLoop:
+    """Dynamic MIG rounds, debounced: a round starts once wake-ups have been quiet for `idle`
+    seconds, or `most` seconds after the first of a burst, and at least every `every` seconds
+    (reservations expire, failed plans are retried, without any event)."""
+
+    def __init__(
+        self, run_round: Callable[[], object], *, idle: float, most: float, every: float
+    ) -> None:
+        self._run_round = run_round
+        self._idle, self._most, self._every = idle, most, every
+        self._event = asyncio.Event()
+        self._first: float | None = None
+        self._last = 0.0
+
+    def wake(self) -> None:
+        self._last = time.monotonic()
+        if self._first is None:
+            self._first = self._last
+        self._event.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout=self._every)
+            first = self._first if self._first is not None else time.monotonic()
+            while True:
+                due = min(self._last + self._idle, first + self._most)
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                self._event.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._event.wait(), timeout=left)
+            self._event.clear()
+            self._first = None
+            try:
+                await asyncio.to_thread(self._run_round)
+            except Exception as problem:  # noqa: BLE001 - any failure: log, the next round retries
+                log.warning(
+                    "Failed dynamic MIG round", extra=logs.kv(err=describe_api_error(problem))
+                )
+
+
+def demand_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a Node a dynamic MIG round reads: labels, agent report, inventory, plan."""
+    meta = body.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        tuple(sorted((meta.get("labels") or {}).items())),
+        annotations.get(STATE_ANNOTATION),
+        annotations.get(INVENTORY_ANNOTATION),
+        annotations.get(MIG_PLAN_ANNOTATION),
+    )
+
+
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
     """kopf's own state lives in annotations; nothing of kopf's goes under .status."""
     settings.persistence.finalizer = FINALIZER
@@ -149,13 +210,23 @@ def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.OperatorRegistry:
-    """A fresh registry with every handler of the operator (no module-level state)."""
+def build_registry(
+    reconciler: Reconciler, settings: OperatorSettings, planner: DemandPlanner | None = None
+) -> kopf.OperatorRegistry:
+    """A fresh registry with every handler of the operator (no module-level state).
+
+    With a `planner`, dynamic MIG rounds run too, woken by pods that ask for MIG slices.
+    """
     registry = kopf.OperatorRegistry()
     ours = settings  # kopf passes its own `settings` to startup handlers
     configuration = reconciler.core.api_client.configuration
     state: dict[str, Any] = {}
     seen_nodes: dict[str, tuple[Any, ...]] = {}
+    seen_demand: dict[str, tuple[Any, ...]] = {}
+
+    def demand() -> DemandLoop | None:
+        current: DemandLoop | None = state.get("demand")
+        return current
 
     def loop() -> ReconcileLoop:
         current: ReconcileLoop = state["loop"]
@@ -172,14 +243,26 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
         )
         state["task"] = asyncio.create_task(loop().run(), name="gpupart reconcile loop")
         # No pass here: a paused peer must not act. The first watch listing wakes the loop.
+        if planner is not None:
+            seen_demand.clear()
+            state["demand"] = DemandLoop(
+                planner.run_round,
+                idle=ours.demand_idle_seconds,
+                most=ours.demand_max_seconds,
+                every=ours.plan_retry_seconds,
+            )
+            state["demand_task"] = asyncio.create_task(
+                state["demand"].run(), name="gpupart dynamic MIG rounds"
+            )
 
     @kopf.on.cleanup(registry=registry)
     async def stop(**_: Any) -> None:
-        task: asyncio.Task[None] | None = state.pop("task", None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for key in ("task", "demand_task"):
+            task: asyncio.Task[None] | None = state.pop(key, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -262,14 +345,40 @@ def build_registry(reconciler: Reconciler, settings: OperatorSettings) -> kopf.O
 
     @kopf.on.event("", "v1", "nodes", registry=registry, id="node")
     async def node_event(event: Mapping[str, Any], name: str, **_: Any) -> None:
+        rounds = demand()
         if event.get("type") == "DELETED":
             seen_nodes.pop(name, None)
+            seen_demand.pop(name, None)
             loop().wake()
+            if rounds is not None:
+                rounds.wake()
             return
-        fingerprint = node_fingerprint(event.get("object") or {})
+        body = event.get("object") or {}
+        fingerprint = node_fingerprint(body)
         if seen_nodes.get(name) != fingerprint:
             seen_nodes[name] = fingerprint
             loop().wake()
+        if rounds is not None:
+            seen = demand_fingerprint(body)
+            if seen_demand.get(name) != seen:
+                seen_demand[name] = seen
+                rounds.wake()
+
+    if planner is not None:
+
+        @kopf.on.event(
+            "",
+            "v1",
+            "pods",
+            registry=registry,
+            id="mig-pod",
+            when=lambda body, **_: requests_mig(body),
+        )
+        async def pod_event(**_: Any) -> None:
+            # Any change of a MIG pod (created, unschedulable, bound, gone) may change a plan.
+            rounds = demand()
+            if rounds is not None:
+                rounds.wake()
 
     return registry
 

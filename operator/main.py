@@ -13,6 +13,7 @@ from gpupart import logs
 from gpupart.core.errors import InvalidInput
 from gpupart.kubeconfig import load_configuration
 from gpupart_operator import settings as settings_module
+from gpupart_operator.dynamic import DemandPlanner
 from gpupart_operator.handlers import build_registry
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.reconciler import Reconciler
@@ -25,12 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings_module.add_arguments(parser)
 
 
-def build(settings: OperatorSettings) -> tuple[Reconciler, kopf.OperatorRegistry]:
-    # One connection per parallel writer, or writes queue for a connection.
-    configuration = load_configuration(settings.kubeconfig, pool_size=settings.write_workers + 4)
+def build(settings: OperatorSettings) -> tuple[Reconciler, DemandPlanner, kopf.OperatorRegistry]:
+    # One connection per parallel writer (partition passes and dynamic MIG rounds), or writes
+    # queue for a connection.
+    configuration = load_configuration(
+        settings.kubeconfig, pool_size=2 * settings.write_workers + 4
+    )
     metrics = Metrics()
     reconciler = Reconciler(client.ApiClient(configuration), settings, metrics)
-    return reconciler, build_registry(reconciler, settings)
+    planner = DemandPlanner(reconciler, settings, metrics)
+    return reconciler, planner, build_registry(reconciler, settings, planner)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     # keep their object as a field.
     logs.configure("DEBUG" if settings.verbose else "INFO")
     logging.getLogger("asyncio").setLevel(logging.WARNING)  # its debug lines are kopf's noise
-    reconciler, registry = build(settings)
+    reconciler, planner, registry = build(settings)
     if settings.metrics_port is not None:
         reconciler.metrics.serve(settings.bind_address, settings.metrics_port)
     log.info(
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=settings.liveness_endpoint,
         )
     finally:
+        planner.close()
         reconciler.close()
         reconciler.core.api_client.close()
     return 0

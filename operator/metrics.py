@@ -47,6 +47,43 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.plans = Counter(
+            "gpupart_dynamic_mig_plans",
+            "MIG plans written to nodes, and node agents' answers to them (written, applied, "
+            "failed)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.operations = Counter(
+            "gpupart_dynamic_mig_instance_operations",
+            "GPU instances the written MIG plans create or destroy",
+            ["op"],
+            registry=self.registry,
+        )
+        self.reservations_expired = Counter(
+            "gpupart_dynamic_mig_reservations_expired",
+            "Slices reserved for a pod that was not bound within the reservation TTL",
+            registry=self.registry,
+        )
+        self.disruptions = Counter(
+            "gpupart_dynamic_mig_disruptions",
+            "Instances a written plan would destroy while the node agent reports them used "
+            "(stays 0: the planner keeps them, the node agent refuses them)",
+            registry=self.registry,
+        )
+        self.pending_to_bound = Histogram(
+            "gpupart_dynamic_mig_pending_to_bound_seconds",
+            "From a pod's creation to its binding, for pods a MIG plan reserved a slice for",
+            buckets=(0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.demand_duration = Histogram(
+            "gpupart_dynamic_mig_round_duration_seconds",
+            "Duration of one dynamic MIG round: listing, planning and writes",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+
     def set_partitions(self, by_state: Mapping[str, int]) -> None:
         self.partitions.clear()
         for state, count in by_state.items():

@@ -52,11 +52,31 @@ class OperatorSettings:
     """reportingInstance of the Events this replica writes (the pod name in a Deployment)."""
     verbose: bool = False
     """Log every pass and kopf's debug chatter."""
+    demand_idle_seconds: float = 1.0
+    """Dynamic MIG: plan once pending pods have been quiet this long ..."""
+    demand_max_seconds: float = 5.0
+    """... or once the first of a burst has waited this long."""
+    reservation_ttl_seconds: float = 120.0
+    """A slice reserved for a pod is free again if the pod is not bound within this time."""
+    plan_retry_seconds: float = 5.0
+    """A node whose agent could not apply a plan is planned again after this long."""
 
     def __post_init__(self) -> None:
-        for name in ("resync_seconds", "release_retry_seconds", "release_timeout_seconds"):
+        for name in (
+            "resync_seconds",
+            "release_retry_seconds",
+            "release_timeout_seconds",
+            "demand_max_seconds",
+            "reservation_ttl_seconds",
+            "plan_retry_seconds",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.demand_idle_seconds <= self.demand_max_seconds:
+            raise ValueError(
+                f"demand_idle_seconds must be between 0 and demand_max_seconds "
+                f"({self.demand_max_seconds}), got {self.demand_idle_seconds}"
+            )
         if self.debounce_seconds < 0:
             raise ValueError(f"debounce_seconds must be ≥ 0, got {self.debounce_seconds}")
         if self.write_workers < 1:
@@ -165,13 +185,37 @@ INSTANCE = Setting(
     env=("POD_NAME", "HOSTNAME"),
 )
 VERBOSE = Setting("--verbose", boolean, "false", "log every pass and kopf's chatter", boolean=True)
+DEMAND_IDLE = Setting(
+    "--demand-idle-seconds",
+    number,
+    "1",
+    "dynamic MIG: plan once pods waiting for a MIG slice have been quiet this long",
+)
+DEMAND_MAX = Setting(
+    "--demand-max-seconds",
+    number,
+    "5",
+    "dynamic MIG: plan at the latest this long after the first pod of a burst",
+)
+RESERVATION_TTL = Setting(
+    "--reservation-ttl-seconds",
+    number,
+    "120",
+    "dynamic MIG: a slice reserved for a pod is free again if the pod is not bound by then",
+)
+PLAN_RETRY = Setting(
+    "--plan-retry-seconds",
+    number,
+    "5",
+    "dynamic MIG: a node whose agent could not apply a plan is planned again after this",
+)
 
 SETTINGS = SettingsTable(
     "GPUPART_OPERATOR_",
     (
         PEERING, STANDALONE, PRIORITY, KUBECONFIG, BIND_ADDRESS, LIVENESS, METRICS_PORT, RESYNC,
         DEBOUNCE, RELEASE_RETRY, RELEASE_TIMEOUT, EVENT_NAMESPACE, WRITE_WORKERS, INSTANCE,
-        VERBOSE,
+        VERBOSE, DEMAND_IDLE, DEMAND_MAX, RESERVATION_TTL, PLAN_RETRY,
     ),
 )  # fmt: skip
 """Every flag of `gpupart operator`; each falls back to a GPUPART_OPERATOR_* variable."""
@@ -200,6 +244,10 @@ def from_args(args: argparse.Namespace) -> OperatorSettings:
             write_workers=read(WRITE_WORKERS),
             instance=read(INSTANCE),
             verbose=read(VERBOSE),
+            demand_idle_seconds=read(DEMAND_IDLE),
+            demand_max_seconds=read(DEMAND_MAX),
+            reservation_ttl_seconds=read(RESERVATION_TTL),
+            plan_retry_seconds=read(PLAN_RETRY),
         )
     except ValueError as error:  # a range the settings refuse; the message names the setting
         raise InvalidInput("", str(error)) from None

@@ -57,23 +57,44 @@ class Stack:
     work: Path
     processes: list[Proc] = field(default_factory=list)
     real_nodes: dict[str, KubeletNode] = field(default_factory=dict)
+    _agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each node agent's arguments, to start it again (`restart_agent`)."""
 
     def tails(self) -> str:
         real = [r.tails() for r in self.real_nodes.values()]
         return "\n".join([f"----- {p.name} -----\n{p.tail()}" for p in self.processes] + real)
 
-    def start_operator(self) -> None:
-        port = free_port()
+    def start_operator(self) -> int:
+        """`gpupart operator`, once /healthz answers; returns the port of its /metrics."""
+        port, metrics = free_port(), free_port()
         proc = spawn(
             "operator",
             [
                 str(GPUPART), "operator", "--standalone", f"--kubeconfig={self.cp.kubeconfig}",
-                "--resync-seconds=5", f"--liveness={port}", "--verbose",
+                "--resync-seconds=5", f"--liveness={port}", f"--metrics-port={metrics}",
+                "--verbose",
             ],
             self.work,
         )  # fmt: skip
         self.processes.append(proc)
         self._healthy(proc, f"http://{LOOPBACK}:{port}/healthz")
+        return metrics
+
+    def restart_operator(self) -> int:
+        """The operator killed (SIGKILL: no cleanup) and started again; its new metrics port."""
+        for proc in [p for p in self.processes if p.name == "operator"]:
+            proc.popen.kill()
+            proc.stop()
+            self.processes.remove(proc)
+        return self.start_operator()
+
+    def restart_agent(self, node: str) -> None:
+        """The node agent of `node` killed (SIGKILL, mid-plan if one runs) and started again."""
+        (proc,) = [p for p in self.processes if p.name == f"node-{node}"]
+        proc.popen.kill()
+        proc.stop()
+        self.processes.remove(proc)
+        self._start_agent(**self._agents[node])
 
     def start_real_node(
         self,
@@ -88,8 +109,7 @@ class Stack:
         """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent.
 
         The agent keeps the default 60 s resync: what it does sooner comes from its watches.
-        Its metrics are served on `real.agent_metrics_port`. `create_s` / `destroy_s`: the
-        simulated GPUs' seconds per MIG instance create / destroy (NVML's stand-in).
+        Its metrics are served on `real.agent_metrics_port`.
         """
         real = KubeletNode(node, self.cp.bin_dir, self.cp.kubeconfig, labels)
         self.real_nodes[node] = real
@@ -124,6 +144,12 @@ class Stack:
         create_s: float = 0.0,
         destroy_s: float = 0.0,
     ) -> None:
+        self._agents[node] = {
+            "node": node, "gpus": gpus, "plugin_dir": plugin_dir, "kubelet_socket": kubelet_socket,
+            "pod_resources_socket": pod_resources_socket, "auto_reset": auto_reset,
+            "resync_s": resync_s, "metrics_port": metrics_port, "create_s": create_s,
+            "destroy_s": destroy_s,
+        }  # fmt: skip
         mps = self.work / f"mps-control-{node}"
         mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
         mps.chmod(0o755)
@@ -137,7 +163,8 @@ class Stack:
                 f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),
-                f"--simulate-create-seconds={create_s:g}", f"--simulate-destroy-seconds={destroy_s:g}",
+                *([f"--simulate-create-seconds={create_s}"] if create_s else []),
+                *([f"--simulate-destroy-seconds={destroy_s}"] if destroy_s else []),
             ],
             self.work,
             env={"KUBECONFIG": str(self.cp.kubeconfig)},

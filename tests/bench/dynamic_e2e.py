@@ -1,0 +1,257 @@
+"""Benchmark: dynamic MIG on the full local stack, from pod creation to bound for pods that needed a new slice.
+
+Starts the full local stack of the e2e tests (etcd, kube-apiserver, kube-scheduler with the
+chart's gpupart-scheduler profile, `gpupart operator`, `gpupart extender`, and per node a real
+kubelet with the fake CRI runtime, tests/e2e/kubelet.py, served by `gpupart node --simulate
+2xH100-SXM5-80GB` whose GPU-instance creates and destroys take the simulator's default
+latencies, gpupart/sim/dynamic/simulation.py: 1.0 s and 0.5 s). A GpuPartition with
+`spec.mig.dynamic` and no warm mix selects both nodes, so no node offers any MIG slice at the
+start. Pods asking for mixed profiles then arrive in waves (`--waves` waves of `--pods`/waves,
+`--gap` seconds apart); every pod of a wave leaves before the next wave, so later waves
+reuse and reshape idle instances.
+
+Figures (last line, JSON):
+- pods: pods bound that needed a slice planned for them (an Event MigSlicePlanned "creating");
+- bind_p50_s / bind_p95_s: creation to bound (the watch sees spec.nodeName), those pods;
+- ops_per_pod: GPU instances created plus destroyed (the operator's counter) per pod served;
+- disruptions: instances a pod held that disappeared while the pod lived (sampled from the
+  inventories every 0.25 s), plus the operator's own counter of plans that would destroy a
+  used instance; must be 0;
+- all_p95_s: creation to bound over every pod (those served by an idle instance too).
+
+Run: .venv/bin/python tests/bench/dynamic_e2e.py [--pods 24 --waves 3]
+Needs the binaries from scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the build cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from gpupart.core.api.wire import INVENTORY_ANNOTATION, decode_inventory  # noqa: E402
+from gpupart.sim.dynamic.simulation import DEFAULT_LATENCIES  # noqa: E402
+from tests.e2e.cluster import (  # noqa: E402
+    ControlPlane,
+    bin_dir_from_env,
+    missing_binaries,
+    wait_for,
+)
+from tests.e2e.stack import Stack  # noqa: E402
+
+LABEL = "gpupart.io/bench"
+PROFILES = ("1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "2g.20gb")
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def step(text: str) -> None:
+    print(f"dynamic_e2e: {text}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def mig_pod(name: str, profile: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "gpupart-scheduler",
+            "nodeSelector": {LABEL: "dynamic"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "gpupart/cuda:0",
+                    "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def operator_counter(port: int, name: str) -> float:
+    """Sum of a counter's samples on the operator's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "_total") or line.startswith(name + "{")
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=24)
+    parser.add_argument("--waves", type=int, default=3)
+    parser.add_argument("--gap", type=float, default=2.0, help="seconds between pods' arrivals")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
+    bin_dir = bin_dir_from_env()
+    missing = missing_binaries(bin_dir)
+    if missing:
+        print(f"dynamic_e2e: missing {', '.join(missing)} in {bin_dir}", file=sys.stderr)
+        return 2
+    from kubernetes import client, watch
+
+    latencies = DEFAULT_LATENCIES
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
+    cp = ControlPlane(bin_dir=bin_dir, workdir=workdir)
+    stack: Stack | None = None
+    try:
+        step("starting the control plane and the gpupart stack")
+        cp.start(scheduler_config={})
+        cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
+        api = cp.api_client()
+        core = client.CoreV1Api(api)
+        (workdir / "stack").mkdir()
+        stack = Stack(cp, api, workdir / "stack")
+        nodes = ["dyn-0", "dyn-1"]
+        labels = {
+            LABEL: "dynamic",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "2",
+        }
+        metrics_port = stack.start_operator()
+        stack.start_scheduler(stack.start_extender())
+        for n in nodes:
+            stack.start_real_node(
+                n,
+                "2xH100-SXM5-80GB",
+                labels,
+                create_s=latencies.create,
+                destroy_s=latencies.destroy,
+            )
+        partition = {
+            "apiVersion": "gpupart.io/v1alpha1",
+            "kind": "GpuPartition",
+            "metadata": {"name": "dynamic"},
+            "spec": {
+                "nodeSelector": {"matchLabels": {LABEL: "dynamic"}},
+                "mode": "MIG",
+                "mig": {"dynamic": {"minIdleSeconds": 0}},
+            },
+        }
+        custom = client.CustomObjectsApi(api)
+        custom.create_cluster_custom_object("gpupart.io", "v1alpha1", "gpupartitions", partition)
+
+        def applied() -> bool:
+            obj = custom.get_cluster_custom_object(
+                "gpupart.io", "v1alpha1", "gpupartitions", "dynamic"
+            )
+            states = (obj.get("status") or {}).get("nodes") or {}
+            return all(states.get(n, {}).get("state") == "Applied" for n in nodes)
+
+        wait_for(applied, 120, "both nodes Applied")
+
+        created_at: dict[str, float] = {}
+        bound_at: dict[str, float] = {}
+        stop = threading.Event()
+
+        def follow() -> None:
+            stream = watch.Watch().stream(core.list_namespaced_pod, "default", timeout_seconds=900)
+            try:
+                for event in stream:
+                    obj, now = event["object"], time.monotonic()
+                    if obj.spec.node_name:
+                        bound_at.setdefault(obj.metadata.name, now)
+                    if stop.is_set():
+                        return
+            except Exception:  # noqa: BLE001 - the API server stops under it at the end
+                return
+
+        disrupted: list[str] = []
+
+        def sample() -> None:
+            used: dict[str, set[str]] = {}
+            while not stop.wait(0.25):
+                try:
+                    pods = core.list_namespaced_pod("default").items
+                    for node in nodes:
+                        text = (core.read_node(node).metadata.annotations or {}).get(
+                            INVENTORY_ANNOTATION
+                        )
+                        if not text:
+                            continue
+                        devices = {
+                            d.uuid: d.used
+                            for g in decode_inventory(text).gpus
+                            for d in g.mig_devices
+                        }
+                        here = [p for p in pods if p.spec.node_name == node]
+                        gone = used.get(node, set()) - set(devices)
+                        if gone and len(here) >= len(used.get(node, set())):
+                            disrupted.extend(sorted(gone))
+                        used[node] = {u for u, on in devices.items() if on}
+                except Exception:  # noqa: BLE001 - a failed sample is skipped
+                    continue
+
+        threading.Thread(target=follow, daemon=True).start()
+        threading.Thread(target=sample, daemon=True).start()
+        time.sleep(0.5)
+        per_wave = max(1, args.pods // args.waves)
+        names: list[str] = []
+        for wave in range(args.waves):
+            step(f"wave {wave + 1}/{args.waves}: {per_wave} pods, {args.gap:g} s apart")
+            batch = []
+            for i in range(per_wave):
+                name = f"dyn-{wave}-{i:02}"
+                profile = PROFILES[(wave + i) % len(PROFILES)]
+                created_at[name] = time.monotonic()
+                core.create_namespaced_pod("default", mig_pod(name, profile))
+                batch.append(name)
+                time.sleep(args.gap)
+            wait_for(lambda b=batch: all(n in bound_at for n in b), 300, "the wave bound", 0.1)
+            names += batch
+            core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+            wait_for(lambda: not core.list_namespaced_pod("default").items, 120, "pods gone")
+        stop.set()
+        planned = set()
+        for event in core.list_namespaced_event("default").items:
+            if event.reason == "MigSlicePlanned" and (event.message or "").startswith("creating"):
+                planned.add(event.involved_object.name)
+        needed = [bound_at[n] - created_at[n] for n in names if n in planned]
+        every = [bound_at[n] - created_at[n] for n in names]
+        operations = operator_counter(metrics_port, "gpupart_dynamic_mig_instance_operations")
+        planned_disruptions = operator_counter(metrics_port, "gpupart_dynamic_mig_disruptions")
+        figures = {
+            "pods": len(needed),
+            "bind_p50_s": round(statistics.median(needed), 3) if needed else None,
+            "bind_p95_s": round(percentile(needed, 0.95), 3) if needed else None,
+            "ops_per_pod": round(operations / len(names), 3) if names else None,
+            "disruptions": len(disrupted) + int(planned_disruptions),
+            "all_p95_s": round(percentile(every, 0.95), 3) if every else None,
+            "served": len(names),
+            "create_s": latencies.create,
+            "destroy_s": latencies.destroy,
+        }
+        print(json.dumps(figures))
+        return 0
+    finally:
+        if stack is not None:
+            stack.stop()
+        cp.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Dynamic MIG on the full stack: pods ask for profiles no node offers, are served in seconds, nothing in use disturbed.
+
+Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configuration), real
+kubelets with the fake CRI runtime; `gpupart operator`, `gpupart node --simulate` (H100s whose
+instance creates and destroys take time, as NVML's do) and `gpupart extender` as processes.
+Throughout, a sampler reads every node's inventory and fails the test if an instance a pod uses
+disappears while that pod is still there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupart.core.api.wire import MIG_PLAN_ANNOTATION, decode_mig_plan
+
+from .stack import Stack
+from .test_full_stack import GROUP, PLURAL, VERSION, Cluster, partition, pod, remove
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO = "dynamic"
+H100 = "NVIDIA-H100-80GB-HBM3"
+NODES = ("stack-dyn-0", "stack-dyn-1")
+GPUS_PER_NODE = 3
+CREATE_S, DESTROY_S = 0.3, 0.1
+"""Simulated NVML latencies per instance: long enough to kill an agent mid-plan."""
+
+
+class UseSampler:
+    """Samples each node's inventory; records any used MIG device that vanished while its pod lived."""
+
+    def __init__(self, c: Cluster, namespace: str) -> None:
+        self.c, self.namespace = c, namespace
+        self.violations: list[str] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._used: dict[str, set[str]] = {}
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> UseSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self._sample()
+            except client.ApiException:
+                continue
+
+    def _sample(self) -> None:
+        pods_now = self.c.pods(self.namespace)
+        for node in NODES:
+            uuids = {d.uuid: d.used for g in self.c.inventory(node) for d in g.mig_devices}
+            before = self._used.get(node, set())
+            gone = before - set(uuids)
+            if gone and any(p.spec.node_name == node for p in pods_now.values()):
+                # A used instance gone: only allowed if no pod on the node could have held it.
+                holders = [n for n, p in pods_now.items() if p.spec.node_name == node]
+                if len(holders) >= len(before):
+                    self.violations.append(f"{node}: used {sorted(gone)} vanished ({holders})")
+            self._used[node] = {u for u, used in uuids.items() if used}
+        self.samples += 1
+
+
+@pytest.fixture(scope="module")
+def dyn(stack: Stack) -> Generator[Cluster, None, None]:
+    labels = {
+        "gpupart.io/e2e-stack": SCENARIO,
+        "nvidia.com/gpu.product": H100,
+        "nvidia.com/gpu.count": str(GPUS_PER_NODE),
+    }
+    for name in NODES:
+        stack.start_real_node(
+            name,
+            f"{GPUS_PER_NODE}xH100-SXM5-80GB",
+            labels,
+            create_s=CREATE_S,
+            destroy_s=DESTROY_S,
+        )
+    c = Cluster(stack)
+    spec = {"mode": "MIG", "mig": {"dynamic": {"minIdleSeconds": 0}}}
+    c.custom.create_cluster_custom_object(
+        GROUP, VERSION, PLURAL, partition("stack-dyn", SCENARIO, spec)
+    )
+    try:
+        c.until(
+            lambda: all(
+                c.node_states("stack-dyn").get(n, {}).get("state") == "Applied" for n in NODES
+            ),
+            90,
+            "both dynamic nodes Applied",
+        )
+        yield c
+    finally:
+        remove(stack, "stack-dyn", list(NODES))
+
+
+def mig_pod(name: str, profile: str) -> dict[str, Any]:
+    return pod(name, SCENARIO, {f"nvidia.com/mig-{profile}": "1"})
+
+
+def bound(c: Cluster, namespace: str) -> dict[str, str]:
+    return {n: p.spec.node_name for n, p in c.pods(namespace).items() if p.spec.node_name}
+
+
+def plan_of(c: Cluster, node: str) -> Any:
+    text = (c.core.read_node(node).metadata.annotations or {}).get(MIG_PLAN_ANNOTATION)
+    return decode_mig_plan(text) if text else None
+
+
+def clear(c: Cluster, namespace: str) -> None:
+    c.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    c.until(lambda: not c.pods(namespace), 60, "pods gone")
+
+
+def test_a_pod_asking_for_a_profile_no_node_offers_becomes_bound(
+    dyn: Cluster, namespace: str
+) -> None:
+    c = dyn
+    assert all(c.capacity(n, "nvidia.com/mig-3g.40gb") == 0 for n in NODES)
+    c.core.create_namespaced_pod(namespace, mig_pod("big", "3g.40gb"))
+    c.until(lambda: "big" in c.running(namespace), 60, "big Running")
+    events = c.events(namespace, "big")
+    planned = [e for e in events if e.startswith("MigSlicePlanned")]
+    assert planned and "creating 3g.40gb on stack-dyn-" in planned[0], events
+    assert "for this pod" in planned[0]
+    node = bound(c, namespace)["big"]
+    assert c.capacity(node, "nvidia.com/mig-3g.40gb") >= 1
+    env = c.env(namespace, "big")
+    assert env.get("NVIDIA_VISIBLE_DEVICES", "").startswith("MIG-"), env
+    status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
+    entry = status["dynamicMig"]["nodes"][node]
+    assert any(text.startswith("3g.40gb") for text in entry["created"]), status
+    # Bound: its reservation ends (the instance is in use now).
+    c.until(
+        lambda: not (plan_of(c, node) and plan_of(c, node).reservations), 30, "reservation ended"
+    )
+    clear(c, namespace)
+
+
+def test_a_burst_of_20_mixed_pods_is_served_without_disturbing_pods_in_use(
+    dyn: Cluster, namespace: str
+) -> None:
+    c = dyn
+    # Two pods already running, holding slices made for them.
+    for name, profile in (("keep-a", "2g.20gb"), ("keep-b", "1g.10gb")):
+        c.core.create_namespaced_pod(namespace, mig_pod(name, profile))
+    c.until(lambda: {"keep-a", "keep-b"} <= c.running(namespace), 60, "keepers Running")
+    kept = {n: c.env(namespace, n)["NVIDIA_VISIBLE_DEVICES"] for n in ("keep-a", "keep-b")}
+    profiles = ["1g.10gb"] * 8 + ["2g.20gb"] * 6 + ["3g.40gb"] * 4 + ["1g.20gb"] * 2
+    with UseSampler(c, namespace) as sampler:
+        for i, profile in enumerate(profiles):
+            c.core.create_namespaced_pod(namespace, mig_pod(f"burst-{i:02}", profile))
+        c.until(lambda: len(c.running(namespace)) == len(profiles) + 2, 180, "all 22 pods Running")
+    assert sampler.samples > 3 and sampler.violations == []
+    # The keepers still hold exactly the instances they had, and they still exist.
+    for name, uuid in kept.items():
+        assert c.env(namespace, name)["NVIDIA_VISIBLE_DEVICES"] == uuid
+        node = bound(c, namespace)[name]
+        assert uuid in {d.uuid for g in c.inventory(node) for d in g.mig_devices}
+    # Every container got a distinct MIG device of its own profile.
+    given = [c.env(namespace, f"burst-{i:02}")["NVIDIA_VISIBLE_DEVICES"] for i in range(20)]
+    assert len(set(given) | set(kept.values())) == 22
+    for i, profile in enumerate(profiles):
+        node = bound(c, namespace)[f"burst-{i:02}"]
+        devices = {d.uuid: d.instance.profile for g in c.inventory(node) for d in g.mig_devices}
+        assert devices.get(given[i]) == profile
+    clear(c, namespace)
+
+
+def test_a_pod_no_gpu_can_serve_waits_with_the_reason_then_is_served(
+    dyn: Cluster, namespace: str
+) -> None:
+    c = dyn
+    # One 1g pod per GPU: no GPU can hold a 7g.80gb while they run.
+    fillers = [f"fill-{i}" for i in range(len(NODES) * GPUS_PER_NODE)]
+    for name in fillers:
+        c.core.create_namespaced_pod(namespace, mig_pod(name, "4g.40gb"))
+    c.until(lambda: set(fillers) <= c.running(namespace), 90, "fillers Running")
+    c.core.create_namespaced_pod(namespace, mig_pod("whole", "7g.80gb"))
+
+    def refused() -> list[str]:
+        return [e for e in c.events(namespace, "whole") if e.startswith("MigSliceUnavailable")]
+
+    c.until(refused, 30, "MigSliceUnavailable event on the 7g pod")
+    assert "GPU" in refused()[0], refused()
+    assert "whole" not in bound(c, namespace)
+    status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
+    assert any(w["pod"].endswith("/whole") for w in status["dynamicMig"]["waiting"]), status
+    # Capacity frees up: one GPU's filler leaves, the 7g pod is served there.
+    victim = fillers[0]
+    c.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+    c.until(lambda: "whole" in c.running(namespace), 90, "7g pod Running once a GPU frees up")
+    clear(c, namespace)
+
+
+def test_operator_and_node_agent_killed_mid_plan_converge(
+    stack: Stack, dyn: Cluster, namespace: str
+) -> None:
+    c = dyn
+    for i in range(6):
+        c.core.create_namespaced_pod(namespace, mig_pod(f"crash-{i}", "1g.10gb"))
+
+    def planned() -> bool:
+        return any(plan_of(c, n) and plan_of(c, n).reservations for n in NODES)
+
+    c.until(planned, 30, "a plan with reservations written")
+    # Kill the operator and one node agent while the plan is being applied, then restart both.
+    stack.restart_operator()
+    node = next(n for n in NODES if plan_of(c, n) and plan_of(c, n).reservations)
+    stack.restart_agent(node)
+    c.until(lambda: len(c.running(namespace)) == 6, 120, "all 6 pods Running after restarts")
+    # Converged: no reservation left, and no instance made twice: every 1g.10gb instance on
+    # the nodes is either used by one of the 6 pods or idle, and the count matches the plans.
+    c.until(
+        lambda: not any(plan_of(c, n) and plan_of(c, n).reservations for n in NODES),
+        30,
+        "reservations ended",
+    )
+    given = [c.env(namespace, f"crash-{i}")["NVIDIA_VISIBLE_DEVICES"] for i in range(6)]
+    assert len(set(given)) == 6
+    slices = [d for n in NODES for g in c.inventory(n) for d in g.mig_devices]
+    assert len({d.uuid for d in slices}) == len(slices)
+    time.sleep(0)  # nothing more to wait for
+    clear(c, namespace)

@@ -1,0 +1,134 @@
+"""The dynamic MIG round's edge without a server: listed pods in, demand and holders out; the debounce.
+
+Aspects: which pods are demand (unbound, Unschedulable, asking for nvidia.com/mig-*), which
+hold slices on a node, what a malformed pod does (skipped, the others still read), and the
+round's debounce (a burst is one round; a steady trickle still gets one within the maximum).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupart_operator.dynamic import read_pods, requests_mig
+from gpupart_operator.handlers import DemandLoop
+
+
+def pod(
+    name: str,
+    limits: dict[str, Any],
+    *,
+    node: str | None = None,
+    unschedulable: bool = True,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    conditions = []
+    if unschedulable:
+        conditions.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"})
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+        },
+        "spec": {
+            **({"nodeName": node} if node else {}),
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": phase, "conditions": conditions},
+    }
+
+
+def test_demand_unbound_and_holders() -> None:
+    facts = read_pods(
+        [
+            pod("wants", {"nvidia.com/mig-3g.40gb": "2"}),
+            pod("tried-not-yet", {"nvidia.com/mig-1g.10gb": "1"}, unschedulable=False),
+            pod("runs", {"nvidia.com/mig-1g.10gb": "1"}, node="n1", unschedulable=False),
+            pod("done", {"nvidia.com/mig-1g.10gb": "1"}, node="n1", phase="Succeeded"),
+            pod("cpu", {"cpu": "1"}),
+        ]
+    )
+    (wants,) = facts.pending
+    assert (wants.key, wants.uid, wants.profiles) == ("ns/wants", "uid-wants", ("3g.40gb",) * 2)
+    assert wants.pending_since > 0
+    assert set(facts.unbound) == {"ns/wants", "ns/tried-not-yet"}
+    assert dict(facts.holders["n1"]) == {"1g.10gb": 1}
+    assert set(facts.namespaces) == {"ns/wants", "ns/tried-not-yet", "ns/runs"}
+
+
+def test_a_malformed_pod_is_skipped_and_the_others_still_count() -> None:
+    bad = pod("bad", {"nvidia.com/mig-3g.40gb": "lots"})
+    worse: dict[str, Any] = {
+        "metadata": "nope",
+        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/mig-x": 1}}}]},
+    }
+    facts = read_pods([bad, worse, pod("good", {"nvidia.com/mig-1g.10gb": "1"})])
+    assert [p.key for p in facts.pending] == ["ns/good"]
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: (
+            st.lists(c, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "metadata",
+                        "spec",
+                        "status",
+                        "containers",
+                        "resources",
+                        "limits",
+                        "nodeName",
+                        "nvidia.com/mig-1g.10gb",
+                    ]
+                ),
+                c,
+                max_size=4,
+            )
+        ),
+        max_leaves=20,
+    )
+)
+def test_no_listed_object_breaks_the_reading(raw: Any) -> None:
+    items = [raw] if isinstance(raw, dict) else []
+    read_pods(items + [pod("good", {"nvidia.com/mig-1g.10gb": "1"})])
+    assert isinstance(requests_mig(raw), bool) if isinstance(raw, dict) else True
+
+
+def test_requests_mig_reads_limits_and_requests_of_every_container() -> None:
+    assert requests_mig(pod("a", {"nvidia.com/mig-1g.10gb": "1"}))
+    init = {
+        "spec": {"initContainers": [{"resources": {"requests": {"nvidia.com/mig-2g.20gb": "1"}}}]}
+    }
+    assert requests_mig(init)
+    assert not requests_mig(pod("b", {"nvidia.com/gpu": "1"}))
+
+
+def test_a_burst_is_one_round_and_a_trickle_gets_one_within_the_maximum() -> None:
+    rounds: list[float] = []
+
+    async def scenario() -> None:
+        loop = DemandLoop(lambda: rounds.append(time.monotonic()), idle=0.2, most=0.6, every=60)
+        task = asyncio.create_task(loop.run())
+        for _ in range(5):  # a burst inside the idle window
+            loop.wake()
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0)
+        assert len(rounds) == 1
+        # A wake every 0.05 s never leaves 0.2 s of quiet: only the maximum starts a round.
+        rounds.clear()
+        for _ in range(30):
+            loop.wake()
+            await asyncio.sleep(0.05)
+        task.cancel()
+        assert rounds, "no round during a steady trickle"
+
+    asyncio.run(scenario())
