@@ -15,17 +15,23 @@ from gpupart.core.api.wire import (
     Inventory,
     InventoryGpu,
     MigDevice,
+    MigPlan,
     NodeReport,
+    PlannedGpu,
+    PlanReport,
     PodAssignment,
+    SliceReservation,
     decode_allocation,
     decode_assignment,
     decode_desired,
     decode_inventory,
+    decode_mig_plan,
     decode_report,
     encode_allocation,
     encode_assignment,
     encode_desired,
     encode_inventory,
+    encode_mig_plan,
     encode_report,
 )
 from gpupart.core.errors import WireFormatError
@@ -60,6 +66,9 @@ configs = st.one_of(
         GpuConfig, st.just(Mode.TIME_SLICING), replicas=st.integers(1, 64), disruption=disruptions
     ),
     st.builds(GpuConfig, st.just(Mode.NONE), disruption=disruptions),
+    st.builds(
+        GpuConfig, st.just(Mode.MIG), mig_counts, disruption=disruptions, dynamic=st.just(True)
+    ),
 )
 groups = st.builds(
     DesiredGroup,
@@ -82,6 +91,7 @@ reports = st.builds(
             st.lists(names).map(tuple),
         )
     ).map(tuple),
+    plan=st.none() | st.builds(PlanReport, names, st.sampled_from(GpuState), names),
 )
 inventories = st.builds(
     Inventory,
@@ -93,7 +103,7 @@ inventories = st.builds(
             names,
             st.integers(0, 200_000),
             st.sampled_from(Mode),
-            st.lists(st.builds(MigDevice, names, instances)).map(tuple),
+            st.lists(st.builds(MigDevice, names, instances, st.booleans())).map(tuple),
             st.integers(0, 48),
         )
     ).map(tuple),
@@ -102,6 +112,97 @@ inventories = st.builds(
 assignments = st.builds(
     PodAssignment, names, st.integers(0, 15), names, st.integers(0, 10**6), st.integers(0, 100)
 )
+
+
+plans = st.builds(
+    MigPlan,
+    names,
+    st.lists(st.builds(PlannedGpu, st.integers(0, 15), layouts), unique_by=lambda g: g.index).map(
+        tuple
+    ),
+    st.lists(
+        st.builds(
+            SliceReservation,
+            names,
+            names,
+            st.integers(0, 15),
+            instances,
+            st.integers(0, 2 * 10**9).map(lambda ms: ms / 1000),
+        ),
+        max_size=4,
+    ).map(tuple),
+)
+
+
+@given(plans)
+def test_law_mig_plan_round_trips(value):
+    assert decode_mig_plan(encode_mig_plan(value)) == value
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({"id": "a", "gpus": [{"index": 0}]}, r"gpus\[0\]\.layout: is required"),
+        (
+            {"id": "a", "gpus": [{"index": 1, "layout": []}, {"index": 1, "layout": []}]},
+            "names a GPU twice",
+        ),
+        (
+            {
+                "id": "a",
+                "reservations": [
+                    {
+                        "pod": "a/b",
+                        "gpu": 0,
+                        "profile": "1g.10gb",
+                        "start": 0,
+                        "size": 1,
+                        "expires": "soon",
+                    }
+                ],
+            },
+            r"expires: must be a number",
+        ),
+        (
+            {
+                "id": "a",
+                "reservations": [
+                    {
+                        "pod": "a/b",
+                        "gpu": 0,
+                        "profile": "1g.10gb",
+                        "start": 0,
+                        "size": 1,
+                        "expires": 1e400,
+                    }
+                ],
+            },
+            r"expires",
+        ),
+        ({"id": "a", "gpus": [], "owner": "me"}, "owner: unknown field"),
+        (
+            {
+                "id": "a",
+                "reservations": [
+                    {
+                        "pod": "a/b",
+                        "gpu": 0,
+                        "profile": "1g.10gb",
+                        "start": 0,
+                        "size": 1,
+                        "expires": 1,
+                    }
+                ]
+                * 513,
+            },
+            "at most 512",
+        ),
+    ],
+)
+def test_malformed_mig_plans_are_refused_naming_the_field(payload, words):
+    text = json.dumps({"version": "v1", **payload}).replace("Infinity", "1e400")
+    with pytest.raises(WireFormatError, match=words):
+        decode_mig_plan(text)
 
 
 @given(st.lists(groups, max_size=3).map(tuple))

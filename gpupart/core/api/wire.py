@@ -25,10 +25,10 @@ INVENTORY_ANNOTATION = "gpupart.io/inventory"
 ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
 """On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
 ALLOCATION_ANNOTATION = "gpupart.io/allocation"
+"""On a Pod, written by the device plugin in Allocate: what each of its shared-GPU containers got."""
 MIG_PLAN_ANNOTATION = "gpupart.io/mig-plan"
 """On a Node, written by the operator: the exact MIG layouts its dynamic GPUs go to, with the pod
 each planned instance is reserved for (docs/adr-013-dynamic-mig-plans.md)."""
-"""On a Pod, written by the device plugin in Allocate: what each of its shared-GPU containers got."""
 WIRE_VERSION = "v1"
 
 
@@ -489,6 +489,9 @@ def encode_mig_plan(plan: MigPlan) -> str:
 
 def decode_mig_plan(text: str) -> MigPlan:
     def planned(g: Record) -> PlannedGpu:
+        # Required, even when empty: a GPU planned to hold nothing is said, never implied.
+        if "layout" not in g.raw:
+            raise InvalidInput(g.path("layout"), "is required (an empty list empties the GPU)")
         return PlannedGpu(g.integer("index", minimum=0), _read_layout(g, "layout"))
 
     def reservation(r: Record) -> SliceReservation:
