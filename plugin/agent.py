@@ -23,6 +23,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import WireFormatError
 from gpupart.core.node.devices import managed_capacity
 from gpupart_plugin.actuator import Actuator, PassResult, inventory
+from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.registration import DevicePlugins
@@ -48,8 +49,11 @@ class NodeAgent:
         *,
         clock: Callable[[], float] = time.monotonic,
         published: Published | None = None,
+        status: EarlyStatus | None = None,
     ) -> None:
-        """`published`: read once before the first pass, to resume what NVML cannot tell."""
+        """`published`: read once before the first pass, to resume what NVML cannot tell.
+        `status`: writes the MIG counts a pass changed in the Node's status (None: the kubelet's
+        node-status sync alone does)."""
         self.actuator = actuator
         self.hub = hub
         self.plugins = plugins
@@ -58,6 +62,7 @@ class NodeAgent:
         self.clock = clock
         self.last_pass: float | None = None
         self._published = published
+        self.status = status
 
     def resume(self, read: Published) -> None:
         """Take back the modes this agent published before it restarted (`Actuator.resume`).
@@ -100,6 +105,7 @@ class NodeAgent:
         if unreadable:
             answer = PlanReport("", GpuState.FAILED, unreadable)
             result = replace(result, report=replace(result.report, plan=answer))
+        before = self.hub.listings()
         self.hub.set_gpus(result.views)
         if self.plugins is not None:
             self.plugins.sync()
@@ -110,6 +116,8 @@ class NodeAgent:
             ),
             managed_capacity(result.views),
         )
+        if self.status is not None:
+            self.status.after_pass(before, self.hub.listings())
         self.metrics.apply_seconds.observe(self.clock() - started)
         self.metrics.apply_failures.inc(result.failed)
         self.metrics.count_devices(self.hub)

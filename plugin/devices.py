@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from gpupart.core.node.devices import Device, OfferedGpu, node_devices
+from gpupart.core.node.devices import Device, Listing, OfferedGpu, node_devices
 
 
 class DeviceHub:
@@ -66,6 +66,14 @@ class DeviceHub:
             return tuple(
                 (d, d.id not in self._unhealthy) for d in self._devices.get(resource, {}).values()
             )
+
+    def listings(self) -> dict[str, Listing]:
+        """Every resource's device ids and healthy ones, as ListAndWatch sends them now."""
+        with self._changed:
+            return {
+                resource: Listing(frozenset(listed), frozenset(listed) - self._unhealthy)
+                for resource, listed in self._devices.items()
+            }
 
     def gpu(self, uuid: str) -> OfferedGpu | None:
         with self._changed:

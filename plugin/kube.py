@@ -194,14 +194,30 @@ class NodeClient:
         }
         try:
             self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
-            if capacity != self._capacity:
-                amounts = {name: str(value) for name, value in capacity.items()}
-                status = {"status": {"capacity": amounts, "allocatable": amounts}}
-                self.core.patch_node_status(self.node, status, _request_timeout=self.timeout_s)
-                self._capacity = dict(capacity)
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
                 f"publish state of node {self.node}: {describe_api_error(error)}"
+            ) from error
+        if capacity != self._capacity:
+            self.write_status(capacity, capacity)
+            self._capacity = dict(capacity)
+
+    def write_status(self, capacity: Mapping[str, int], allocatable: Mapping[str, int]) -> None:
+        """Patch these resources' amounts into the Node's status.capacity and status.allocatable.
+
+        A merge patch: every other resource stays as the kubelet wrote it.
+        """
+        status = {
+            "status": {
+                "capacity": {name: str(value) for name, value in capacity.items()},
+                "allocatable": {name: str(value) for name, value in allocatable.items()},
+            }
+        }
+        try:
+            self.core.patch_node_status(self.node, status, _request_timeout=self.timeout_s)
+        except CONNECTION_ERRORS as error:
+            raise KubeUnavailable(
+                f"write the status of node {self.node}: {describe_api_error(error)}"
             ) from error
 
     def assigned_pods(self) -> tuple[AssignedPod, ...]:

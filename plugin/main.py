@@ -16,6 +16,7 @@ from gpupart.core.errors import GpupartError
 from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.actuator import Actuator, PassResult
+from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.backend import GpuBackend
@@ -168,7 +169,15 @@ def run(args: argparse.Namespace) -> int:
     actuator = Actuator(
         backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
     )
-    agent = NodeAgent(actuator, hub, plugins, node.publish, metrics, published=node.last_inventory)
+    agent = NodeAgent(
+        actuator,
+        hub,
+        plugins,
+        node.publish,
+        metrics,
+        published=node.last_inventory,
+        status=EarlyStatus(pod_resources.allocatable, node.write_status),
+    )
 
     def reconcile(wanted: PassInput) -> PassResult:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):

@@ -1,4 +1,4 @@
-"""Client of the kubelet PodResources API (List over its unix socket): which pod holds which device."""
+"""Client of the kubelet PodResources API (unix socket): which pod holds which device, what the kubelet holds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from gpupart_plugin.api import podresources_pb2, podresources_pb2_grpc
 
 class PodResourcesUnavailable(GpupartError):
     """The kubelet's PodResources socket did not answer."""
+
+
+class AllocatableUnimplemented(PodResourcesUnavailable):
+    """The kubelet does not serve GetAllocatableResources (older than 1.23, or its gate off)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,25 @@ class PodResourcesClient:
             for container in pod.containers
             for devices in container.devices
         )
+
+    def allocatable(self) -> dict[str, frozenset[str]]:
+        """The device ids the kubelet's device manager holds healthy, per resource name.
+
+        The kubelet answers one entry per device (with its NUMA node); they are merged here.
+        """
+        try:
+            response = self._stub.GetAllocatableResources(
+                podresources_pb2.AllocatableResourcesRequest(), timeout=self.timeout_s
+            )
+        except grpc.RpcError as error:
+            problem = f"kubelet PodResources at {self.socket_path}: {error.code().name}"
+            if error.code() is grpc.StatusCode.UNIMPLEMENTED:
+                raise AllocatableUnimplemented(problem) from error
+            raise PodResourcesUnavailable(problem) from error
+        held: dict[str, set[str]] = {}
+        for devices in response.devices:
+            held.setdefault(devices.resource_name, set()).update(devices.device_ids)
+        return {resource: frozenset(ids) for resource, ids in held.items()}
 
     def close(self) -> None:
         self._channel.close()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%gpupart_plugin/api/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"Z\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32Y\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x42)Z\'k8s.io/kubelet/pkg/apis/podresources/v1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%gpupart_plugin/api/podresources.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"Z\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x42)Z\'k8s.io/kubelet/pkg/apis/podresources/v1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,20 +32,26 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpupart_plugin.api.podresou
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'Z\'k8s.io/kubelet/pkg/apis/podresources/v1'
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=45
-  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=70
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=72
-  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=139
-  _globals['_PODRESOURCES']._serialized_start=141
-  _globals['_PODRESOURCES']._serialized_end=232
-  _globals['_CONTAINERRESOURCES']._serialized_start=234
-  _globals['_CONTAINERRESOURCES']._serialized_end=324
-  _globals['_CONTAINERDEVICES']._serialized_start=326
-  _globals['_CONTAINERDEVICES']._serialized_end=423
-  _globals['_TOPOLOGYINFO']._serialized_start=425
-  _globals['_TOPOLOGYINFO']._serialized_end=468
-  _globals['_NUMANODE']._serialized_start=470
-  _globals['_NUMANODE']._serialized_end=492
-  _globals['_PODRESOURCESLISTER']._serialized_start=494
-  _globals['_PODRESOURCESLISTER']._serialized_end=583
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=45
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=74
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=76
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=199
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_start=201
+  _globals['_LISTPODRESOURCESREQUEST']._serialized_end=226
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=228
+  _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=295
+  _globals['_PODRESOURCES']._serialized_start=297
+  _globals['_PODRESOURCES']._serialized_end=388
+  _globals['_CONTAINERRESOURCES']._serialized_start=390
+  _globals['_CONTAINERRESOURCES']._serialized_end=480
+  _globals['_CONTAINERMEMORY']._serialized_start=482
+  _globals['_CONTAINERMEMORY']._serialized_end=570
+  _globals['_CONTAINERDEVICES']._serialized_start=572
+  _globals['_CONTAINERDEVICES']._serialized_end=669
+  _globals['_TOPOLOGYINFO']._serialized_start=671
+  _globals['_TOPOLOGYINFO']._serialized_end=714
+  _globals['_NUMANODE']._serialized_start=716
+  _globals['_NUMANODE']._serialized_end=738
+  _globals['_PODRESOURCESLISTER']._serialized_start=741
+  _globals['_PODRESOURCESLISTER']._serialized_end=926
 # @@protoc_insertion_point(module_scope)

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpupart.core.api.resources import GPU, GPU_COMPUTE, GPU_MEMORY, GPU_SHARED, mig_resource_name
+from gpupart.core.api.resources import (
+    GPU,
+    GPU_COMPUTE,
+    GPU_MEMORY,
+    GPU_SHARED,
+    MIG_PREFIX,
+    mig_resource_name,
+)
 from gpupart.core.api.spec import Mode
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance
@@ -98,6 +105,64 @@ def managed_capacity(gpus: Iterable[OfferedGpu]) -> dict[str, int]:
         GPU_MEMORY: sum(g.memory_mib for g in shared),
         GPU_COMPUTE: 100 * len(shared),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One resource as its device plugin's ListAndWatch sends it: every device id, the healthy ones."""
+
+    ids: frozenset[str] = frozenset()
+    healthy: frozenset[str] = frozenset()
+
+    @property
+    def capacity(self) -> int:
+        """What the kubelet writes in the Node's capacity: every device, healthy or not."""
+        return len(self.ids)
+
+    @property
+    def allocatable(self) -> int:
+        """What the kubelet writes in the Node's allocatable: the healthy devices."""
+        return len(self.healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """New MIG counts for the Node's status, once the kubelet holds every id in `awaited`."""
+
+    resource: str
+    capacity: int
+    allocatable: int
+    awaited: frozenset[str] = frozenset()
+    """Healthy device ids new in this pass; empty for a decrease (written at once)."""
+
+
+def status_changes(
+    before: Mapping[str, Listing], after: Mapping[str, Listing]
+) -> tuple[tuple[StatusChange, ...], tuple[str, ...]]:
+    """The MIG resources whose counts a pass changed: (changes to write, resources left to the kubelet).
+
+    The kubelet writes these counts itself at its next node-status sync; writing them sooner is
+    only safe for what it already holds. A decrease never names a device it lacks, so it is
+    written at once; an increase waits for the kubelet to list the new healthy ids. A new
+    device that is unhealthy cannot be confirmed (the kubelet lists only healthy devices as
+    allocatable): that resource is left to the kubelet's own sync. Same counts: nothing.
+    """
+    changes: list[StatusChange] = []
+    left: list[str] = []
+    for resource in sorted({*before, *after}):
+        if not resource.startswith(MIG_PREFIX):
+            continue
+        old, new = before.get(resource, Listing()), after.get(resource, Listing())
+        if (new.capacity, new.allocatable) == (old.capacity, old.allocatable):
+            continue
+        if new.capacity <= old.capacity and new.allocatable <= old.allocatable:
+            changes.append(StatusChange(resource, new.capacity, new.allocatable))
+        elif (new.ids - old.ids) - new.healthy:
+            left.append(resource)
+        else:
+            awaited = frozenset(new.healthy - old.healthy)
+            changes.append(StatusChange(resource, new.capacity, new.allocatable, awaited))
+    return tuple(changes), tuple(left)
 
 
 def resolve_devices(ids: Sequence[str], devices: Mapping[str, Device]) -> tuple[Device, ...]:
