@@ -1,4 +1,4 @@
-"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS arithmetic, targets."""
+"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS arithmetic, targets, early status."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.allocation import exclusive_allocation
 from gpupart.core.node.devices import (
+    Listing,
     MigSlice,
     OfferedGpu,
     XidEvent,
@@ -19,6 +20,7 @@ from gpupart.core.node.devices import (
     node_devices,
     preferred_allocation,
     resolve_devices,
+    status_changes,
 )
 from gpupart.core.node.mps import client_limits, daemon_commands, mps_limits
 from gpupart.core.node.targets import UNPARTITIONED, gpu_targets
@@ -97,3 +99,45 @@ def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:
     targets = gpu_targets(groups, [0, 1, 2])
     assert targets[0] == groups[0].config and targets[1].replicas == 3
     assert targets[2] == UNPARTITIONED
+
+
+IDS = st.frozensets(st.sampled_from([f"MIG-{n}" for n in range(6)]))
+
+
+@st.composite
+def listings(draw: st.DrawFn) -> dict[str, Listing]:
+    found = {}
+    for resource in draw(st.sets(st.sampled_from(["nvidia.com/mig-1g.18gb", "nvidia.com/gpu"]))):
+        ids = draw(IDS)
+        found[resource] = Listing(
+            ids, frozenset(draw(st.sets(st.sampled_from(sorted(ids))))) if ids else frozenset()
+        )
+    return found
+
+
+@given(listings(), listings())
+def test_status_changes_never_write_an_increase_the_kubelet_is_not_asked_to_confirm(
+    before: dict[str, Listing], after: dict[str, Listing]
+) -> None:
+    changes, left = status_changes(before, after)
+    empty = Listing()
+    for change in changes:
+        old, new = before.get(change.resource, empty), after.get(change.resource, empty)
+        assert change.resource.startswith("nvidia.com/mig-")
+        assert (change.capacity, change.allocatable) == (new.capacity, new.allocatable)
+        assert (new.capacity, new.allocatable) != (old.capacity, old.allocatable)
+        if new.capacity > old.capacity or new.allocatable > old.allocatable:
+            # Every device the kubelet may not hold yet is awaited, and only healthy ones.
+            assert change.awaited == new.healthy - old.healthy and change.awaited
+            assert new.ids - old.ids <= change.awaited
+        else:
+            assert change.awaited == frozenset()
+    for resource in left:
+        new, old = after.get(resource, empty), before.get(resource, empty)
+        assert (new.ids - old.ids) - new.healthy, "only a new unhealthy device is left out"
+    named = {c.resource for c in changes} | set(left)
+    for resource in {*before, *after} - named:
+        old, new = before.get(resource, empty), after.get(resource, empty)
+        assert not resource.startswith("nvidia.com/mig-") or (
+            (old.capacity, old.allocatable) == (new.capacity, new.allocatable)
+        )

@@ -1,4 +1,4 @@
-"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, short socket directories, a fake kubelet, pods."""
+"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, short socket directories, a fake kubelet (Registration, PodResources), pods."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import pytest
 
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.api import podresources_pb2 as pr
+from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
 from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 
 FAKE_MPS_CONTROL = """#!{python}
@@ -68,6 +70,8 @@ class FakeKubelet(api_grpc.RegistrationServicer):
         self.lists: dict[str, queue.Queue[list[tuple[str, str]]]] = {}
         self.stubs: dict[str, api_grpc.DevicePluginStub] = {}
         self.options: dict[str, api.DevicePluginOptions] = {}
+        self.current: dict[str, list[tuple[str, str]]] = {}
+        """The newest list each plugin sent: what the kubelet's device manager holds."""
         self._channels: list[grpc.Channel] = []
         self._server: grpc.Server | None = None
 
@@ -110,7 +114,9 @@ class FakeKubelet(api_grpc.RegistrationServicer):
         lists = self.lists.setdefault(request.resource_name, queue.Queue())
         try:
             for response in stub.ListAndWatch(api.Empty(), timeout=60):
-                lists.put([(d.ID, d.health) for d in response.devices])
+                listed = [(d.ID, d.health) for d in response.devices]
+                self.current[request.resource_name] = listed
+                lists.put(listed)
         except grpc.RpcError:
             pass  # plugin stopped or channel closed
 
@@ -150,6 +156,65 @@ class FakeKubelet(api_grpc.RegistrationServicer):
             item = lists.get(timeout=max(0.01, deadline - time.monotonic()))
             if check(item):
                 return item
+
+
+class FakePodResources(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources on <dir>/pr.sock: GetAllocatableResources lists the healthy
+    devices the fake kubelet received over ListAndWatch; while `pause()`d, those it had then
+    (a device manager that has not taken in the newer lists yet).
+
+    `implements_allocatable=False` answers it as a kubelet older than 1.23 does: UNIMPLEMENTED.
+    """
+
+    def __init__(self, kubelet: FakeKubelet, *, implements_allocatable: bool = True) -> None:
+        self.kubelet = kubelet
+        self.implements_allocatable = implements_allocatable
+        self._frozen: dict[str, set[str]] | None = None
+        self.answers: list[dict[str, set[str]]] = []
+        """Every GetAllocatableResources answer, oldest first."""
+        self._server: grpc.Server | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.kubelet.directory / "pr.sock"
+
+    def start(self) -> None:
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pr_grpc.add_PodResourcesListerServicer_to_server(self, self._server)
+        self._server.add_insecure_port(f"unix://{self.socket}")
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5)
+
+    def pause(self) -> None:
+        self._frozen = self._held()
+
+    def resume(self) -> None:
+        self._frozen = None
+
+    def _held(self) -> dict[str, set[str]]:
+        return {
+            resource: {i for i, health in listed if health == "Healthy"}
+            for resource, listed in list(self.kubelet.current.items())
+        }
+
+    def GetAllocatableResources(  # noqa: N802 (gRPC method name)
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
+        if not self.implements_allocatable:
+            return super().GetAllocatableResources(request, context)  # UNIMPLEMENTED
+        held = self._held() if self._frozen is None else self._frozen
+        self.answers.append(held)
+        # One entry per device, as the kubelet answers (each with its own topology).
+        return pr.AllocatableResourcesResponse(
+            devices=[
+                pr.ContainerDevices(resource_name=resource, device_ids=[i])
+                for resource, ids in held.items()
+                for i in sorted(ids)
+            ]
+        )
 
 
 @pytest.fixture
