@@ -1,4 +1,4 @@
-"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS arithmetic, targets, early status."""
+"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS, targets, status changes."""
 
 from __future__ import annotations
 

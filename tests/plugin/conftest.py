@@ -1,4 +1,4 @@
-"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, short socket directories, a fake kubelet (Registration, PodResources), pods."""
+"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, socket directories, a fake kubelet and its PodResources, pods."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A pass's new MIG counts reach the Node's status once the kubelet holds them: real gRPC to a fake kubelet and its PodResources.
+"""A pass's new MIG counts reach the Node's status once the kubelet holds them (real gRPC, fake kubelet, PodResources).
 
 We test these aspects:
 - an instance a plan creates is written only after PodResources GetAllocatableResources lists
