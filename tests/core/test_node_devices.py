@@ -1,4 +1,4 @@
-"""Pure device logic: device ids per mode, preferred allocation laws, Allocate contents, MPS, targets, status changes."""
+"""Pure device logic: device ids per mode, preferred allocation, Allocate contents, MPS, targets, status changes."""
 
 from __future__ import annotations
 
