@@ -1,4 +1,4 @@
-"""Node agent test fixtures: a fake `nvidia-cuda-mps-control`, socket directories, a fake kubelet and PodResources, pods."""
+"""Node agent test fixtures: fake `nvidia-cuda-mps-control`, socket directories, fake kubelet and PodResources, pods."""
 
 from __future__ import annotations
 
