@@ -63,6 +63,9 @@ class KubeletNode:
     healthz_port: int = field(default_factory=free_port)
     agent_metrics_port: int = field(default_factory=free_port)
     """Where the node agent that serves this node's GPUs says its metrics."""
+    node_status_s: int = 2
+    """The kubelet's nodeStatusUpdateFrequency (and report frequency): its periodic node-status
+    sync, where it writes device-plugin capacity (10 s by default on real clusters)."""
 
     # -- paths as seen from outside the namespace --
 
@@ -232,8 +235,8 @@ class KubeletNode:
             },
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "nodeStatusUpdateFrequency": "2s",
-            "nodeStatusReportFrequency": "2s",
+            "nodeStatusUpdateFrequency": f"{self.node_status_s}s",
+            "nodeStatusReportFrequency": f"{self.node_status_s}s",
             "syncFrequency": "5s",
             "fileCheckFrequency": "5s",
             "serializeImagePulls": False,

@@ -105,13 +105,17 @@ class Stack:
         auto_reset: bool = False,
         create_s: float = 0.0,
         destroy_s: float = 0.0,
+        node_status_s: int = 2,
     ) -> KubeletNode:
         """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent.
 
         The agent keeps the default 60 s resync: what it does sooner comes from its watches.
-        Its metrics are served on `real.agent_metrics_port`.
+        Its metrics are served on `real.agent_metrics_port`. `node_status_s`: the kubelet's
+        nodeStatusUpdateFrequency.
         """
-        real = KubeletNode(node, self.cp.bin_dir, self.cp.kubeconfig, labels)
+        real = KubeletNode(
+            node, self.cp.bin_dir, self.cp.kubeconfig, labels, node_status_s=node_status_s
+        )
         self.real_nodes[node] = real
         real.start()
         self._start_agent(

@@ -16,7 +16,10 @@ We test these aspects:
 - PodResources from the real kubelet blocks a repartition while a pod holds a slice, and the
   change goes ahead soon after the pod is deleted (the agent's pod watch, not its 60 s resync);
 - a MIG plan written on the Node of a dynamic partition: its instance is created and registered
-  at run time, a pod runs on it, the inventory marks it used, and free again once the pod left.
+  at run time, a pod runs on it, the inventory marks it used, and free again once the pod left;
+- with a kubelet whose node-status sync is 60 s, the new instance is in the Node's allocatable
+  well before that sync, written by the node agent once the kubelet holds it, and a pod on it is
+  admitted by the kubelet.
 """
 
 from __future__ import annotations
@@ -64,14 +67,24 @@ CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 class Node:
     """One real-kubelet node with a partition, and the reads the tests make."""
 
-    def __init__(self, stack: Stack, scenario: str, gpus: str, spec: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        scenario: str,
+        gpus: str,
+        spec: dict[str, Any],
+        *,
+        node_status_s: int = 2,
+    ) -> None:
         self.stack = stack
         self.name = f"real-{scenario}"
         self.scenario = scenario
         self.core = client.CoreV1Api(stack.api_client)
         self.custom = client.CustomObjectsApi(stack.api_client)
         labels = {LABEL: scenario, "nvidia.com/gpu.product": A100}
-        self.real: KubeletNode = stack.start_real_node(self.name, gpus, labels, auto_reset=True)
+        self.real: KubeletNode = stack.start_real_node(
+            self.name, gpus, labels, auto_reset=True, node_status_s=node_status_s
+        )
         self.partition = f"kubelet-{scenario}"
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -473,6 +486,55 @@ def test_a_mig_plan_on_the_node_creates_its_instance_for_a_pod_through_the_real_
         node.core.delete_namespaced_pod("planned", namespace, grace_period_seconds=0)
         # The agent's resync is 60 s here: the pod watch and its retry free it sooner.
         node.until(lambda: used() == [False], 20, "the instance free after the pod left")
+    finally:
+        node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        node.remove()
+
+
+def test_a_planned_instance_is_allocatable_before_the_kubelets_node_status_sync(
+    stack: Stack, namespace: str
+) -> None:
+    spec = {"mode": "MIG", "mig": {"dynamic": {"profiles": ["3g.40gb", "1g.10gb"]}}}
+    node = Node(stack, "early", "A100-SXM4-80GB", spec, node_status_s=60)
+
+    def annotations() -> dict[str, str]:
+        return node.core.read_node(node.name).metadata.annotations or {}
+
+    def owners(resource: str) -> set[str]:
+        """Who last changed the resource's allocatable amount (the Node's managed fields)."""
+        managed = node.core.read_node(node.name).metadata.managed_fields or []
+        return {
+            entry.manager
+            for entry in managed
+            if f"f:{resource}"
+            in ((entry.fields_v1 or {}).get("f:status") or {}).get("f:allocatable", {})
+        }
+
+    try:
+        node.until(
+            lambda: '"dynamic":true' in annotations().get(DESIRED_ANNOTATION, ""),
+            60,
+            "the operator's desired annotation with dynamic: true",
+        )
+        node.until(lambda: STATE_ANNOTATION in annotations(), 60, "a first pass")
+        assert node.allocatable(MIG_3G) <= 0, "no instance before a plan"
+        plan = encode_mig_plan(
+            MigPlan("early-1", (PlannedGpu(0, (MigInstance(Placement(4, 4), "3g.40gb"),)),))
+        )
+        node.core.patch_node(node.name, {"metadata": {"annotations": {MIG_PLAN_ANNOTATION: plan}}})
+        written = time.monotonic()
+        # The kubelet writes device-plugin capacity only every 60 s here.
+        node.until(lambda: node.allocatable(MIG_3G) == 1, 20, "3g.40gb allocatable")
+        print(f"allocatable {time.monotonic() - written:.2f} s after the plan was written")
+        # The agent changed it, not the kubelet (whose same value later changes nothing).
+        assert "kubelet" not in owners(MIG_3G), owners(MIG_3G)
+        assert owners(MIG_3G), "someone wrote it"
+        node.pod(namespace, "early", [{MIG_3G: "1"}])
+        node.running(namespace, "early")  # the kubelet admitted it on the device it holds
+        pod = node.core.read_namespaced_pod("early", namespace)
+        assert pod.status.reason != "UnexpectedAdmissionError", pod.status
+        uuid_ = node.env(namespace, "early", "app-0")["env"]["NVIDIA_VISIBLE_DEVICES"]
+        assert node.inventory().get(uuid_) == "3g.40gb"
     finally:
         node.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         node.remove()
