@@ -87,7 +87,14 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
     [
         (
             "node",
-            ["patch nodes", "watch nodes", "list pods", "watch pods", "patch pods"],
+            [
+                "patch nodes",
+                "patch nodes --subresource=status",
+                "watch nodes",
+                "list pods",
+                "watch pods",
+                "patch pods",
+            ],
             ["delete nodes", "delete pods", "get secrets", "create pods --subresource=binding"],
         ),
         (
