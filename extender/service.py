@@ -175,10 +175,11 @@ class ExtenderService:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        self.cache.expire_slices(wait=False)
         with self._memo_lock:
             # Read under the memo lock: kept batches only ever move forward to newer snapshots.
             snap = self.cache.snapshot
-            own = _own_views(snap, pod)
+            own = _own_views(snap, pod, demand)
             memo = self._memo_for(self.model(now))
             batch, _, shape = memo.answers(snap, names, demand, given, own=own)
             given = {**given, **own}
@@ -241,9 +242,10 @@ class ExtenderService:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
         given = _views_from_objects(nodes)
+        self.cache.expire_slices(wait=False)
         with self._memo_lock:
             snap = self.cache.snapshot
-            own = _own_views(snap, pod)
+            own = _own_views(snap, pod, demand)
             memo = self._memo_for(self.model(now))
             batch, passed_only, _ = memo.answers(
                 snap, names, demand, given, survivors=True, own=own
@@ -262,6 +264,7 @@ class ExtenderService:
         """
         demand = self._demand(pod)
         model = self.model(self.clock())
+        self.cache.expire_slices(wait=False)
         snap = self.cache.snapshot
         scores: dict[str, int] = {}
         failed: dict[str, str] = {}
@@ -292,6 +295,7 @@ class ExtenderService:
         demand = self._demand(pod)
         self.metrics.preemptions.inc()
         uid = _uid(pod)
+        self.cache.expire_slices(wait=True)
         snap = self.cache.snapshot
         model = self.model(now)
         kept: dict[str, NodeVictims] = {}
@@ -340,6 +344,9 @@ class ExtenderService:
             # A pod nominated here after preemption is not kept out by its own reservation.
             # Its victims still count until they are gone: bind never over-commits a GPU (filter
             # passes without them, so a victim slow to go is a bind retry, not a new preemption).
+            # Slice reservations count as in filter (`evaluate` frees the pod's own only), on
+            # the freshest state: a bind for one pod cannot take a slice held for another.
+            self.cache.expire_slices(wait=True)
             view = self.cache.snapshot.view_excluding(node, [key])
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
@@ -425,17 +432,26 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def _own_views(snap: Snapshot, pod: Mapping[str, Any]) -> dict[str, NodeView]:
-    """The node where the pod holds a reservation (nominated), viewed without it."""
+def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[str, NodeView]:
+    """The nodes where the pod holds a reservation, viewed as it sees them: the node it is
+    nominated to without its nomination, and those whose MIG plan reserves it a slice (their
+    verdict for it is its own: `evaluate` frees its reserved slices, for it only)."""
+    own = {}
+    for node in snap.reserved_for(demand.pod):
+        view = snap.view(node)
+        if view is not None:
+            own[node] = view
     uid = _uid(pod)
     held = snap.nomination(uid)
     if held is None:
-        return {}
+        return own
     # Its victims there are on their way out: filter and prioritize count them gone, so a
     # watch that shows them deleted a little later than kube-scheduler's does not make it
     # preempt again elsewhere (bind still counts them until they are gone).
     view = snap.view_excluding(held.node, [uid, *snap.evicted_for(uid, held.node)])
-    return {} if view is None else {held.node: view}
+    if view is not None:
+        own[held.node] = view
+    return own
 
 
 def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeView]:
