@@ -360,7 +360,8 @@ class ClusterCache:
         """Rebuild every node changed since the last publish, then swap in a new snapshot."""
         now = self._wall()
         if now >= self._next_expiry:
-            self._dirty.update(n for n, t in self._expiry.items() if t <= now)
+            for name in [n for n, t in self._expiry.items() if t <= now]:
+                self._touch(name)  # a change like any other: new version, in the change log
         if not self._dirty and not self._stale:
             return
         if len(self._states) > self._max_states:
