@@ -89,7 +89,7 @@ class ClusterCache:
 
     def __init__(self, *, max_states: int = 200_000, wall: Callable[[], float] = time.time) -> None:
         self._lock = threading.RLock()
-        self._wall = wall
+        self.wall = wall
         """Unix seconds, the clock slice reservations expire by (tests pass their own)."""
         self._changed = threading.Condition(self._lock)
         """Notified after every change, for binds that wait for a node's admission to finish."""
@@ -358,7 +358,7 @@ class ClusterCache:
 
     def _publish(self) -> None:
         """Rebuild every node changed since the last publish, then swap in a new snapshot."""
-        now = self._wall()
+        now = self.wall()
         if now >= self._next_expiry:
             for name in [n for n, t in self._expiry.items() if t <= now]:
                 self._touch(name)  # a change like any other: new version, in the change log
@@ -497,7 +497,7 @@ class ClusterCache:
         """Rebuild the nodes whose slice reservations have expired by now and publish; a
         check of one number when none has (requests call it before reading `snapshot`).
         `wait=False`: skipped while a writer holds the lock (its publish expires them)."""
-        if self._wall() < self._next_expiry or not self._lock.acquire(blocking=wait):
+        if self.wall() < self._next_expiry or not self._lock.acquire(blocking=wait):
             return
         try:
             self._publish()

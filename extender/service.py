@@ -171,7 +171,7 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        given = _views_from_objects(nodes)
+        given = _views_from_objects(nodes, self.cache.wall())
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -241,7 +241,7 @@ class ExtenderService:
     ) -> _Reply:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        given = _views_from_objects(nodes)
+        given = _views_from_objects(nodes, self.cache.wall())
         self.cache.expire_slices(wait=False)
         with self._memo_lock:
             snap = self.cache.snapshot
@@ -454,11 +454,12 @@ def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[s
     return own
 
 
-def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeView]:
+def _views_from_objects(nodes: Iterable[Mapping[str, Any]], now: float) -> dict[str, NodeView]:
     """Views of nodes the scheduler sent in full (nodeCacheCapable false) that the cache lacks.
 
     No pods are known for them, so they are trusted only as far as their inventory goes (and
-    their allocatable CPU counts as all free).
+    their allocatable CPU counts as all free); their MIG plan's reservations count until
+    `now` passes their expiry.
     """
     views = {}
     for node in nodes:
@@ -466,6 +467,12 @@ def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeVie
         if name:
             entry = read_node(node)
             views[name] = assemble_node(
-                name, entry.inventory, (), cpu_milli=entry.cpu_milli, problem=entry.problem
+                name,
+                entry.inventory,
+                (),
+                cpu_milli=entry.cpu_milli,
+                problem=entry.problem,
+                reservations=[r for r in entry.reservations if r.expires > now],
+                plan_problem=entry.plan_problem,
             )
     return views

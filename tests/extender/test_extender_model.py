@@ -6,8 +6,9 @@ cache and service, memo on, and applies the same changes to a plain dict of API 
 every step, filter and prioritize through the public service must answer exactly what a fresh
 cache built from the dict's objects alone answers: the reference is the objects, not the
 cache under test. Nodes carry MIG plans reserving slices for bound pods (whose reservations
-then count for nothing) and for the asked MIG pod, expiring as the clock moves. A cache that ignored DELETED, or patched the memo on the wrong node, would
-answer from what the dict no longer holds.
+then count for nothing) and for the asked MIG pod, expiring as the clock moves. A cache that
+ignored DELETED, or patched the memo on the wrong node, would answer from what the dict no
+longer holds.
 """
 
 from __future__ import annotations

@@ -443,3 +443,25 @@ def test_law_admissions_never_pass_offered_minus_used_minus_reserved_for_others(
                 )  # fmt: skip
                 initially_free = offered - sum(n for q, n in bound_pods.values() if q == p)
                 assert admitted <= max(0, initially_free)
+
+
+def test_nodes_sent_in_full_count_their_plan_too(wall: Wall) -> None:
+    """nodeCacheCapable false: a node the cache does not know yet is read from the request,
+    its reservations with it (no pods are known there)."""
+    cache = ClusterCache(wall=wall)
+    cache.replace(NODE, [])
+    cache.replace(POD, [])
+    service = ExtenderService(
+        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+    )
+    full = node(
+        "node-new",
+        [mig_gpu(0, [("3g.40gb", 0, 4)])],
+        reservations=[reserve("team-b/a", 0, "3g.40gb", 0, 4, expires=NOW + 60)],
+    )
+    assert service.filter(B, ["node-new"], [full]).unresolvable == {
+        "node-new": "node-new: 1 GPU, no free 3g.40gb slice (all 1 reserved for team-b/a)"
+    }
+    assert service.filter(A, ["node-new"], [full]).passed == ["node-new"]
+    wall.now = NOW + 60
+    assert service.filter(B, ["node-new"], [full]).passed == ["node-new"]
