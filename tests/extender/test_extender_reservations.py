@@ -88,11 +88,6 @@ def wall() -> Wall:
 
 
 @pytest.fixture
-def binder() -> FakeBinder:
-    return FakeBinder()
-
-
-@pytest.fixture
 def service(wall: Wall, binder: FakeBinder) -> ExtenderService:
     return ExtenderService(
         cluster(wall), ExtenderSettings().scoring(), binder=binder, metrics=Metrics()
