@@ -5,7 +5,8 @@ Nodes come from `assemble_node` (inventory plus bound pods read by `tenant_of`),
 reference written here (a fit never over-commits a GPU's memory with the reserve, its client
 slots or its compute; it exists exactly when some GPU has room; required podAntiAffinity is
 never violated; more free memory never turns a fit into a no-fit nor moves a no-fit further
-from fitting; a no-fit's shortfall is that of the closest GPU; the score is the documented
+from fitting; a MIG fit exists exactly when offered - in use - reserved for other pods covers
+the request; a no-fit's shortfall is that of the closest GPU; the score is the documented
 weighted mean), the direction of each term, the fragmentation term as the simulator's own
 policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a Demand.
 The reasons a person reads are golden, all in one file: `scheduling_reasons.json`.
@@ -360,8 +361,8 @@ def test_law_a_mig_fit_exists_exactly_when_enough_slices_are_free_for_the_pod(
     by its position (past the last one: an instance that does not exist yet, which takes
     nothing); the first reservation of a device is the one that counts."""
     used = {p: min(n, offered.get(p, 0)) for p, n in used.items()}
-    slices = [(p, 0, 1) for p, n in offered.items() for _ in range(n)]
-    slices = [(p, k, 1) for k, (p, _, _) in enumerate(slices)]  # each at a placement of its own
+    profiles = [p for p, n in offered.items() for _ in range(n)]
+    slices = [(p, k, 1) for k, p in enumerate(profiles)]  # each at a placement of its own
     pods = [
         bound(f"{p}-{k}", {f"nvidia.com/mig-{p}": 1}) for p, n in used.items() for k in range(n)
     ]
@@ -381,7 +382,7 @@ def test_law_a_mig_fit_exists_exactly_when_enough_slices_are_free_for_the_pod(
     free = total - used.get(profile, 0) - others
     assert isinstance(verdict, Fit) == (free >= count)
     if isinstance(verdict, Fit):
-        assert (verdict.score == 10) or not own  # its reserved slice's node comes first
+        assert verdict.score == 10 or not own  # its reserved slice's node comes first
     else:
         assert verdict.unresolvable == (total - others < count)
         if total >= count:
