@@ -14,9 +14,9 @@ Figures (last line, JSON):
 - pods: pods bound that needed a slice planned for them (an Event MigSlicePlanned "creating");
 - bind_p50_s / bind_p95_s: creation to bound (the watch sees spec.nodeName), those pods;
 - ops_per_pod: GPU instances created plus destroyed (the operator's counter) per pod served;
-- disruptions: instances a pod held that disappeared while the pod lived (sampled from the
-  inventories every 0.25 s), plus the operator's own counter of plans that would destroy a
-  used instance; must be 0;
+- disruptions: MIG devices a live pod was given (as the fake runtime saw its container's
+  environment) that went missing from its node's inventory, sampled every 0.25 s, plus the
+  operator's own counter of plans that would destroy a used instance; must be 0;
 - all_p95_s: creation to bound over every pod (those served by an idle instance too).
 
 Run: .venv/bin/python tests/bench/dynamic_e2e.py [--pods 24 --waves 3]
@@ -261,26 +261,25 @@ def main() -> int:
         disrupted: list[str] = []
 
         def sample() -> None:
-            used: dict[str, set[str]] = {}
+            """A MIG device a live pod was given (as the runtime saw it) missing from its node's
+            inventory is a disruption."""
             while not stop.wait(0.25):
                 try:
-                    pods = core.list_namespaced_pod("default").items
+                    inventories = {}
                     for node in nodes:
                         text = (core.read_node(node).metadata.annotations or {}).get(
                             INVENTORY_ANNOTATION
                         )
-                        if not text:
+                        gpus = decode_inventory(text).gpus if text else ()
+                        inventories[node] = {d.uuid for g in gpus for d in g.mig_devices}
+                    for placed in core.list_namespaced_pod("default").items:
+                        node = placed.spec.node_name
+                        if placed.metadata.deletion_timestamp or node not in inventories:
                             continue
-                        devices = {
-                            d.uuid: d.used
-                            for g in decode_inventory(text).gpus
-                            for d in g.mig_devices
-                        }
-                        here = [p for p in pods if p.spec.node_name == node]
-                        gone = used.get(node, set()) - set(devices)
-                        if gone and len(here) >= len(used.get(node, set())):
-                            disrupted.extend(sorted(gone))
-                        used[node] = {u for u, on in devices.items() if on}
+                        envs = stack.real_nodes[node].environments("default", placed.metadata.name)
+                        uuid = envs.get("main", {}).get("NVIDIA_VISIBLE_DEVICES")
+                        if uuid and uuid not in inventories[node]:
+                            disrupted.append(uuid)
                 except Exception:  # noqa: BLE001 - a failed sample is skipped
                     continue
 
@@ -319,7 +318,7 @@ def main() -> int:
             "bind_p50_s": round(statistics.median(needed), 3) if needed else None,
             "bind_p95_s": round(percentile(needed, 0.95), 3) if needed else None,
             "ops_per_pod": round(operations / len(names), 3) if names else None,
-            "disruptions": len(disrupted) + int(planned_disruptions),
+            "disruptions": len(set(disrupted)) + int(planned_disruptions),
             "all_p95_s": round(percentile(every, 0.95), 3) if every else None,
             **stages,
             "served": len(names),
