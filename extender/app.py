@@ -246,7 +246,9 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        service.cache.expire_slices(wait=False)
         snap = service.cache.snapshot
+        metrics.slice_reservations.set(snap.slice_reservations())
         for kind, count in snap.counts().items():
             metrics.cache.labels(kind).set(count)
         for kind, count in snap.unreadable_counts().items():

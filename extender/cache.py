@@ -23,6 +23,13 @@ kube-scheduler after it evicted victims for it) holds its demand there, on the G
 verb chose, until it binds or the nomination is cleared: a pod arriving in between cannot take
 the room its victims free. The nominated pod itself is evaluated without its own reservation.
 
+Slice reservations (docs/adr-013-dynamic-mig-plans.md): each Node's MIG plan names the pods its
+planned MIG instances are held for. A node's view carries the live ones: not past `expires` by
+this cache's own clock (`wall`), and whose pod is neither bound nor assumed anywhere (then the
+instance is simply in use). Views are snapshots, so the writer rebuilds a node when its earliest
+reservation expires: at the next publish or `expire_slices` call after that time, whichever
+comes first (requests call `expire_slices` before they read the snapshot).
+
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
@@ -33,9 +40,11 @@ here so that one lock and one publish cover them all; reading objects lives in `
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,8 +87,10 @@ _DONE_PHASES = ("Succeeded", "Failed")
 class ClusterCache:
     """Nodes, pods, budgets and reservations, changed under one writer lock, read as `snapshot`."""
 
-    def __init__(self, *, max_states: int = 200_000) -> None:
+    def __init__(self, *, max_states: int = 200_000, wall: Callable[[], float] = time.time) -> None:
         self._lock = threading.RLock()
+        self.wall = wall
+        """Unix seconds, the clock slice reservations expire by (tests pass their own)."""
         self._changed = threading.Condition(self._lock)
         """Notified after every change, for binds that wait for a node's admission to finish."""
         self.reservations = Reservations()
@@ -107,6 +118,13 @@ class ClusterCache:
         self._shapes: dict[str, tuple[Shape, ...]] = {}
         self._mix: Counter[Shape] = Counter()
         self._unreadable: dict[tuple[str, str], Unreadable] = {}
+        self._reserving: dict[str, set[str]] = {}
+        """Pod key -> the nodes whose MIG plan reserves a slice for it (live or not)."""
+        self._placed_keys: Counter[str] = Counter()
+        """Keys of the pods bound or assumed: their reservations no longer count."""
+        self._expiry: dict[str, float] = {}
+        """Per node with live reservations: when the first of them expires."""
+        self._next_expiry = math.inf
         self.synced: dict[str, bool] = {NODE: False, POD: False}
         self._health = threading.Lock()
         self._failures: dict[str, tuple[int, str]] = {}
@@ -129,14 +147,17 @@ class ClusterCache:
             name = str(meta_of(obj).get("name") or "")
             if not name:
                 return
+            old = self._nodes.get(name)
             if event == "DELETED":
                 self._nodes.pop(name, None)
                 self._readable(NODE, name)
+                self._index_plan(name, old, None)
             else:
                 node_entry = self._read_node(name, obj)
-                if self._nodes.get(name) == node_entry:
+                if old == node_entry:
                     return  # heartbeats and label changes touch neither GPUs nor allocatable
                 self._nodes[name] = node_entry
+                self._index_plan(name, old, node_entry)
             self._touch(name)
         elif kind == POD:
             uid = uid_of(obj)
@@ -171,11 +192,36 @@ class ClusterCache:
 
     def _read_node(self, name: str, obj: Mapping[str, Any]) -> NodeEntry:
         entry = read_node(obj, self._nodes.get(name))
-        if entry.unreadable:
-            self._unreadable_seen(NODE, name, name, obj, entry.problem)
+        if entry.unreadable or entry.plan_problem:
+            problem = entry.problem if entry.unreadable else entry.plan_problem
+            self._unreadable_seen(NODE, name, name, obj, problem)
         else:
             self._readable(NODE, name)
         return entry
+
+    def _index_plan(self, name: str, old: NodeEntry | None, new: NodeEntry | None) -> None:
+        """Keep `_reserving` in step with the node's MIG plan."""
+        for r in old.reservations if old is not None else ():
+            nodes = self._reserving.get(r.pod)
+            if nodes is not None:
+                nodes.discard(name)
+                if not nodes:
+                    del self._reserving[r.pod]
+        for r in new.reservations if new is not None else ():
+            self._reserving.setdefault(r.pod, set()).add(name)
+
+    def _count_placed(self, key: str, delta: int) -> None:
+        """A pod bound or assumed (+1), or no longer (-1): the nodes holding a reservation for
+        it are rebuilt when that changes whether it is placed."""
+        before = self._placed_keys[key]
+        after = before + delta
+        if after > 0:
+            self._placed_keys[key] = after
+        else:
+            self._placed_keys.pop(key, None)
+        if (before > 0) != (after > 0):
+            for node in self._reserving.get(key, ()):
+                self._touch(node)
 
     def _read_pod(self, uid: str, obj: Mapping[str, Any]) -> PodEntry | None:
         try:
@@ -216,6 +262,7 @@ class ClusterCache:
                 }
                 for name in set(self._nodes) | set(fresh):
                     if self._nodes.get(name) != fresh.get(name):
+                        self._index_plan(name, self._nodes.get(name), fresh.get(name))
                         self._touch(name)
                 self._nodes = fresh
                 keys: set[str] = set(fresh)
@@ -258,10 +305,12 @@ class ClusterCache:
             self._pods.pop(uid, None)
             self._by_node.get(old.node, {}).pop(uid, None)
             self._touch(old.node)
+            self._count_placed(old.key, -1)
         if entry is not None:
             self._pods[uid] = entry
             self._by_node.setdefault(entry.node, {})[uid] = entry
             self._touch(entry.node)
+            self._count_placed(entry.key, +1)
 
     def _set_nominated(self, uid: str, obj: Mapping[str, Any] | None) -> None:
         """Keep, move or drop the reservation of a pending pod nominated to a node."""
@@ -309,6 +358,10 @@ class ClusterCache:
 
     def _publish(self) -> None:
         """Rebuild every node changed since the last publish, then swap in a new snapshot."""
+        now = self.wall()
+        if now >= self._next_expiry:
+            for name in [n for n, t in self._expiry.items() if t <= now]:
+                self._touch(name)  # a change like any other: new version, in the change log
         if not self._dirty and not self._stale:
             return
         if len(self._states) > self._max_states:
@@ -317,9 +370,10 @@ class ClusterCache:
             self._dirty.update(self._nodes)
         dirty, self._dirty = self._dirty, set()
         for name in dirty:
-            self._rebuild(name)
+            self._rebuild(name, now)
         if dirty:
             self._mix = +self._mix  # drop shapes counted down to zero
+            self._next_expiry = min(self._expiry.values(), default=math.inf)
         old, stale = self.snapshot, self._stale
         self.snapshot = Snapshot(
             nodes=dict(self._node_states) if dirty else old.nodes,
@@ -346,15 +400,25 @@ class ClusterCache:
             ),
             pods=len(self._pods),
             assumed=self.reservations.assumed_count(),
+            reserved=self._reserved_pods() if dirty else old.reserved,
         )
         self._stale = set()
         self._changed.notify_all()
 
-    def _rebuild(self, name: str) -> None:
+    def _reserved_pods(self) -> dict[str, tuple[str, ...]]:
+        """Pod key -> the nodes whose view holds a reservation for it (for the snapshot)."""
+        found: dict[str, list[str]] = {}
+        for name in sorted(self._expiry):
+            for pod in sorted({r.pod for r in self._node_states[name].view.reserved}):
+                found.setdefault(pod, []).append(name)
+        return {pod: tuple(nodes) for pod, nodes in found.items()}
+
+    def _rebuild(self, name: str, now: float) -> None:
         old = self._shapes.pop(name, ())
         if old:
             self._mix.subtract(old)
         entry = self._nodes.get(name)
+        self._expiry.pop(name, None)
         if entry is None:
             self._node_states.pop(name, None)
             self._sigs.pop(name, None)
@@ -364,7 +428,10 @@ class ClusterCache:
             *self.reservations.assumed_on(name),
         )
         nominated = tuple(self._nominated_on.get(name, {}).values())
-        view = assemble_view(name, entry, (*counted, *nominated), self._versions.get(name, 0))
+        live = [r for r in entry.reservations if r.expires > now and r.pod not in self._placed_keys]
+        if live:
+            self._expiry[name] = min(r.expires for r in live)
+        view = assemble_view(name, entry, (*counted, *nominated), self._versions.get(name, 0), live)
         key = anonymous(view)
         state = self._states.get(key)
         if state is None:
@@ -386,6 +453,8 @@ class ClusterCache:
             old = self.reservations.assume(entry, expires)
             if old is not None:
                 self._touch(old.node)
+                self._count_placed(old.key, -1)
+            self._count_placed(entry.key, +1)
             self._set_nominated(entry.uid, None)  # bound now: the reservation has served
             self._touch(entry.node)
             self._stale.add("counts")
@@ -402,6 +471,7 @@ class ClusterCache:
         if entry is None:
             return False
         self._touch(entry.node)
+        self._count_placed(entry.key, -1)
         self._stale.add("counts")
         return True
 
@@ -415,10 +485,22 @@ class ClusterCache:
             expired = self.reservations.expire(now)
             for entry in expired.assumed:
                 self._touch(entry.node)
+                self._count_placed(entry.key, -1)
             if expired.proposals:
                 self._stale.add("proposals")
             self._publish()
             return len(expired.assumed)
+        finally:
+            self._lock.release()
+
+    def expire_slices(self, *, wait: bool) -> None:
+        """Rebuild the nodes whose slice reservations have expired by now and publish; a
+        check of one number when none has (requests call it before reading `snapshot`).
+        `wait=False`: skipped while a writer holds the lock (its publish expires them)."""
+        if self.wall() < self._next_expiry or not self._lock.acquire(blocking=wait):
+            return
+        try:
+            self._publish()
         finally:
             self._lock.release()
 

@@ -52,6 +52,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.slice_reservations = Gauge(
+            "gpupart_extender_mig_reservations",
+            "Live MIG slice reservations honoured: named by a Node's gpupart.io/mig-plan, on a "
+            "MIG device of its inventory, not expired, their pod not bound yet",
+            registry=self.registry,
+        )
         self.unreadable = Gauge(
             "gpupart_extender_unreadable_objects",
             "Objects the watch cache could not read, by kind: Pods skipped, Nodes kept with "

@@ -16,13 +16,16 @@ from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
     InventoryGpu,
     PodAssignment,
+    SliceReservation,
     decode_allocation,
     decode_assignment,
     decode_inventory,
+    decode_mig_plan,
 )
-from gpupart.core.errors import GpupartError
+from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.node.admission import admission_complete, shared_containers
 from gpupart.core.scheduling.pods import node_cpu_milli, pod_cpu_milli, tenant_of
 from gpupart.core.scheduling.views import PlacedPod
@@ -40,12 +43,17 @@ class NodeEntry:
     problem: str
     cpu_milli: int | None = None
     """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, object] = field(default=(None, None), compare=False)
-    """The annotation text and allocatable CPU value it was read from."""
+    source: tuple[object, object, object] = field(default=(None, None, None), compare=False)
+    """The inventory annotation's text, the allocatable CPU value and the MIG plan's text it
+    was read from."""
     serial_admission: bool = False
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
     unreadable: bool = False
     """The Node or its inventory could not be read (`problem` says why)."""
+    reservations: tuple[SliceReservation, ...] = ()
+    """The slice reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
+    plan_problem: str = ""
+    """Why the MIG plan could not be read: the node then takes no MIG pod (others it may)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,25 +96,63 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
     text = annotations.get(INVENTORY_ANNOTATION)
     status = node.get("status")
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
-    source = (text, allocatable.get("cpu") if isinstance(allocatable, Mapping) else None)
+    plan = annotations.get(MIG_PLAN_ANNOTATION)
+    cpu_text = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
+    source = (text, cpu_text, plan)
     if previous is not None and previous.source == source:
         # A status heartbeat (every node, every few seconds): decoding the inventory again
         # cost ~0.1 ms a node, a steady load on large clusters for nothing.
         return previous
     cpu = node_cpu_milli(node)
+    reservations, plan_problem = read_reservations(plan)
     if text is None:
         return NodeEntry(
             None,
             f"no GPU inventory (annotation {INVENTORY_ANNOTATION} not written by the node agent)",
             cpu,
             source,
+            reservations=reservations,
+            plan_problem=plan_problem,
         )
     try:
         inventory = decode_inventory(text)
-        return NodeEntry(inventory.gpus, "", cpu, source, inventory.serial_admission)
+        return NodeEntry(
+            inventory.gpus,
+            "",
+            cpu,
+            source,
+            inventory.serial_admission,
+            reservations=reservations,
+            plan_problem=plan_problem,
+        )
     except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
         problem = f"GPU inventory unreadable: {problem_of(error)}"
-        return NodeEntry(None, problem, cpu, source, unreadable=True)
+        return NodeEntry(None, problem, cpu, source, unreadable=True, plan_problem=plan_problem)
+
+
+def read_reservations(text: object) -> tuple[tuple[SliceReservation, ...], str]:
+    """The slice reservations of a MIG plan annotation (none without one), or why it cannot be
+    read. Never raises: a bad plan costs its node its MIG pods, and nothing else."""
+    if text is None:
+        return (), ""
+    try:
+        if not isinstance(text, str):
+            raise InvalidInput(MIG_PLAN_ANNOTATION, "must be a string")
+        reservations = decode_mig_plan(text).reservations
+        seen: dict[tuple[int, object], str] = {}
+        for n, r in enumerate(reservations):
+            where = (r.gpu, r.instance)
+            if where in seen:
+                raise InvalidInput(
+                    f"{MIG_PLAN_ANNOTATION}.reservations[{n}]",
+                    f"reserves GPU {r.gpu}'s {r.instance.profile} at "
+                    f"{r.instance.placement.start}+{r.instance.placement.size} for {r.pod}, "
+                    f"already reserved for {seen[where]}",
+                )
+            seen[where] = r.pod
+        return reservations, ""
+    except Exception as error:  # noqa: BLE001 - this node's plan's problem only
+        return (), f"MIG plan unreadable: {problem_of(error)}"
 
 
 def problem_of(error: BaseException) -> str:

@@ -171,14 +171,15 @@ class ExtenderService:
         except GpupartError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return FilterOutcome([], {}, {}, explain(error))
-        given = _views_from_objects(nodes)
+        given = _views_from_objects(nodes, self.cache.wall())
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        self.cache.expire_slices(wait=False)
         with self._memo_lock:
             # Read under the memo lock: kept batches only ever move forward to newer snapshots.
             snap = self.cache.snapshot
-            own = _own_views(snap, pod)
+            own = _own_views(snap, pod, demand)
             memo = self._memo_for(self.model(now))
             batch, _, shape = memo.answers(snap, names, demand, given, own=own)
             given = {**given, **own}
@@ -240,10 +241,11 @@ class ExtenderService:
     ) -> _Reply:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
-        given = _views_from_objects(nodes)
+        given = _views_from_objects(nodes, self.cache.wall())
+        self.cache.expire_slices(wait=False)
         with self._memo_lock:
             snap = self.cache.snapshot
-            own = _own_views(snap, pod)
+            own = _own_views(snap, pod, demand)
             memo = self._memo_for(self.model(now))
             batch, passed_only, _ = memo.answers(
                 snap, names, demand, given, survivors=True, own=own
@@ -262,6 +264,7 @@ class ExtenderService:
         """
         demand = self._demand(pod)
         model = self.model(self.clock())
+        self.cache.expire_slices(wait=False)
         snap = self.cache.snapshot
         scores: dict[str, int] = {}
         failed: dict[str, str] = {}
@@ -292,6 +295,7 @@ class ExtenderService:
         demand = self._demand(pod)
         self.metrics.preemptions.inc()
         uid = _uid(pod)
+        self.cache.expire_slices(wait=True)
         snap = self.cache.snapshot
         model = self.model(now)
         kept: dict[str, NodeVictims] = {}
@@ -340,6 +344,9 @@ class ExtenderService:
             # A pod nominated here after preemption is not kept out by its own reservation.
             # Its victims still count until they are gone: bind never over-commits a GPU (filter
             # passes without them, so a victim slow to go is a bind retry, not a new preemption).
+            # Slice reservations count as in filter (`evaluate` frees the pod's own only), on
+            # the freshest state: a bind for one pod cannot take a slice held for another.
+            self.cache.expire_slices(wait=True)
             view = self.cache.snapshot.view_excluding(node, [key])
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
@@ -425,24 +432,34 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def _own_views(snap: Snapshot, pod: Mapping[str, Any]) -> dict[str, NodeView]:
-    """The node where the pod holds a reservation (nominated), viewed without it."""
+def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[str, NodeView]:
+    """The nodes where the pod holds a reservation, viewed as it sees them: the node it is
+    nominated to without its nomination, and those whose MIG plan reserves it a slice (their
+    verdict for it is its own: `evaluate` frees its reserved slices, for it only)."""
+    own = {}
+    for node in snap.reserved_for(demand.pod):
+        view = snap.view(node)
+        if view is not None:
+            own[node] = view
     uid = _uid(pod)
     held = snap.nomination(uid)
     if held is None:
-        return {}
+        return own
     # Its victims there are on their way out: filter and prioritize count them gone, so a
     # watch that shows them deleted a little later than kube-scheduler's does not make it
     # preempt again elsewhere (bind still counts them until they are gone).
     view = snap.view_excluding(held.node, [uid, *snap.evicted_for(uid, held.node)])
-    return {} if view is None else {held.node: view}
+    if view is not None:
+        own[held.node] = view
+    return own
 
 
-def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeView]:
+def _views_from_objects(nodes: Iterable[Mapping[str, Any]], now: float) -> dict[str, NodeView]:
     """Views of nodes the scheduler sent in full (nodeCacheCapable false) that the cache lacks.
 
     No pods are known for them, so they are trusted only as far as their inventory goes (and
-    their allocatable CPU counts as all free).
+    their allocatable CPU counts as all free); their MIG plan's reservations count until
+    `now` passes their expiry.
     """
     views = {}
     for node in nodes:
@@ -450,6 +467,12 @@ def _views_from_objects(nodes: Iterable[Mapping[str, Any]]) -> dict[str, NodeVie
         if name:
             entry = read_node(node)
             views[name] = assemble_node(
-                name, entry.inventory, (), cpu_milli=entry.cpu_milli, problem=entry.problem
+                name,
+                entry.inventory,
+                (),
+                cpu_milli=entry.cpu_milli,
+                problem=entry.problem,
+                reservations=[r for r in entry.reservations if r.expires > now],
+                plan_problem=entry.plan_problem,
             )
     return views

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gpupart.core.api.wire import SliceReservation
 from gpupart.core.scheduling.preemption import Budget
 from gpupart.core.scheduling.shares import Shape
 from gpupart.core.scheduling.views import NodeView, assemble_node
@@ -40,10 +41,15 @@ class NodeState:
 
 
 def assemble_view(
-    name: str, entry: NodeEntry, entries: Iterable[PodEntry], version: int
+    name: str,
+    entry: NodeEntry,
+    entries: Iterable[PodEntry],
+    version: int,
+    reservations: Iterable[SliceReservation] = (),
 ) -> NodeView:
-    """The node's view with the pods `entries` on it; a node that cannot be evaluated gets
-    the reason as its problem (alone: the others are not affected)."""
+    """The node's view with the pods `entries` on it and the live slice `reservations`; a node
+    that cannot be evaluated gets the reason as its problem (alone: the others are not
+    affected)."""
     try:
         return assemble_node(
             name,
@@ -52,6 +58,8 @@ def assemble_view(
             cpu_milli=entry.cpu_milli,
             problem=entry.problem,
             version=version,
+            reservations=reservations,
+            plan_problem=entry.plan_problem,
         )
     except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
         problem = f"cannot be evaluated: {problem_of(error)}"
@@ -81,10 +89,16 @@ class Snapshot:
     pods: int
     """Bound pods counted (assumed ones not included)."""
     assumed: int
+    reserved: Mapping[str, tuple[str, ...]]
+    """Pod `namespace/name` -> the nodes whose view holds a live slice reservation for it."""
 
     @classmethod
     def empty(cls) -> Snapshot:
-        return cls({}, {}, {}, {}, (), {}, 0, (), 0, (), 0, 0)
+        return cls({}, {}, {}, {}, (), {}, 0, (), 0, (), 0, 0, {})
+
+    def reserved_for(self, pod: str) -> tuple[str, ...]:
+        """The nodes where a live slice reservation names `pod` (namespace/name)."""
+        return self.reserved.get(pod, ())
 
     def view(self, name: str) -> NodeView | None:
         """The node's current view, None for a node not seen."""
@@ -134,7 +148,7 @@ class Snapshot:
         if not any(e.uid in skip for e in entries):
             return state.view  # none of them here: the kept view (a bind, mostly)
         kept = [e for e in entries if e.uid not in skip]
-        return assemble_view(name, state.entry, kept, state.view.version)
+        return assemble_view(name, state.entry, kept, state.view.version, state.view.reserved)
 
     def changed_since(self, clock: int) -> set[str] | None:
         """Nodes whose signature may differ from what it was at `clock`; None when the record
@@ -151,6 +165,11 @@ class Snapshot:
             "nominated": len(self.nominations),
             "budgets": len(self.budgets),
         }
+
+    def slice_reservations(self) -> int:
+        """Live slice reservations honoured (in some node's view), for the metrics."""
+        nodes = {n for held in self.reserved.values() for n in held}
+        return sum(len(self.nodes[n].view.reserved) for n in nodes)
 
     def unreadable_counts(self) -> dict[str, int]:
         found = {NODE: 0, POD: 0, PDB: 0}

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupart import logs
@@ -42,7 +42,7 @@ from gpupart.core.dynamic.live import (
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import pod_key
+from gpupart.core.scheduling.pods import NodeConstraint, node_constraint, pod_key
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import GROUP, PLURAL, VERSION, merge_patch, read_node, read_partition
 from gpupart_operator.reconciler import MERGE_PATCH, Reconciler, _drain
@@ -107,6 +107,22 @@ class PodFacts:
     """uid -> (pod, created, scheduled) for bound pods (Unix seconds; scheduled may be None)."""
     namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     """pod key -> (namespace, uid), for Events."""
+    constraints: Mapping[str, NodeConstraint] = field(default_factory=dict)
+    """pending pod key -> the nodes it may run on, by their labels."""
+
+    def placed(self, labels: Mapping[str, Mapping[str, str]]) -> tuple[PendingPod, ...]:
+        """The pending pods, each with the nodes among `labels` (name -> labels) it may use."""
+        return tuple(
+            replace(
+                pod,
+                nodes=frozenset(
+                    name
+                    for name, these in labels.items()
+                    if self.constraints.get(pod.key, NodeConstraint()).allows(these)
+                ),
+            )
+            for pod in self.pending
+        )
 
 
 def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
@@ -117,6 +133,7 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
     holders: dict[str, Counter[str]] = {}
     bound: dict[str, tuple[str, float, float | None]] = {}
     namespaces: dict[str, tuple[str, str]] = {}
+    constraints: dict[str, NodeConstraint] = {}
     for pod in items:
         try:
             if not requests_mig(pod):
@@ -143,10 +160,11 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
             if _unschedulable(status):
                 priority = spec.get("priority") or 0
                 priority = priority if isinstance(priority, int) else 0
+                constraints[key] = node_constraint(pod)
                 pending.append(PendingPod(key, uid, profiles, priority, created))
         except Exception as error:  # noqa: BLE001 - one unreadable pod never stops the others
             log.debug("Skipped pod", extra=logs.kv(pod=_safe_key(pod), err=error))
-    return PodFacts(tuple(pending), unbound, holders, bound, namespaces)
+    return PodFacts(tuple(pending), unbound, holders, bound, namespaces, constraints)
 
 
 def _scheduled_at(status: Mapping[str, Any]) -> float | None:
@@ -253,9 +271,10 @@ class DemandPlanner:
             if (gpus := dynamic.get(node.name))
         ]
         self._forget(facts)
+        labels = {n.name: n.view.labels for n in nodes if n.name in dynamic}
         result = plan_round(
             facts,
-            pods.pending,
+            pods.placed(labels),
             now=now,
             ttl_s=self.settings.reservation_ttl_seconds,
             unbound=pods.unbound,

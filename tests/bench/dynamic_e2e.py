@@ -14,9 +14,9 @@ Figures (last line, JSON):
 - pods: pods bound that needed a slice planned for them (an Event MigSlicePlanned "creating");
 - bind_p50_s / bind_p95_s: creation to bound (the watch sees spec.nodeName), those pods;
 - ops_per_pod: GPU instances created plus destroyed (the operator's counter) per pod served;
-- disruptions: instances a pod held that disappeared while the pod lived (sampled from the
-  inventories every 0.25 s), plus the operator's own counter of plans that would destroy a
-  used instance; must be 0;
+- disruptions: MIG devices a live pod was given (as the fake runtime saw its container's
+  environment) that went missing from its node's inventory, sampled every 0.25 s, plus the
+  operator's own counter of plans that would destroy a used instance; must be 0;
 - all_p95_s: creation to bound over every pod (those served by an idle instance too).
 
 Run: .venv/bin/python tests/bench/dynamic_e2e.py [--pods 24 --waves 3]
@@ -41,7 +41,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from gpupart.core.api.wire import INVENTORY_ANNOTATION, decode_inventory  # noqa: E402
+from gpupart.core.api.wire import (  # noqa: E402
+    INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
+    decode_inventory,
+    decode_mig_plan,
+)
 from gpupart.sim.dynamic.simulation import DEFAULT_LATENCIES  # noqa: E402
 from tests.e2e.cluster import (  # noqa: E402
     ControlPlane,
@@ -97,6 +102,58 @@ def operator_counter(port: int, name: str) -> float:
         for line in text.splitlines()
         if line.startswith(name + "_total") or line.startswith(name + "{")
     )
+
+
+def breakdown(
+    pods: list[str],
+    created_at: dict[str, float],
+    bound_at: dict[str, float],
+    node_events: list[tuple[float, str, str | None, str | None, dict[str, str]]],
+) -> dict[str, float | None]:
+    """Median seconds from creation to: plan written, instance in the inventory, advertised."""
+    planned, made, advertised = [], [], []
+    for pod in pods:
+        start, end = created_at[pod], bound_at[pod]
+        seen = [e for e in node_events if start <= e[0] <= end]
+        hit = None
+        for when, node, plan_text, _, _ in seen:
+            plan = decode_mig_plan(plan_text) if plan_text else None
+            mine = [r for r in plan.reservations if r.pod.endswith("/" + pod)] if plan else []
+            if mine:
+                hit = (when, node, mine[0])
+                break
+        if hit is None:
+            continue
+        when, node, reservation = hit
+        planned.append(when - start)
+        before, created = None, False
+        for at, name, _, inventory_text, allocatable in seen:
+            if name != node or at < when:
+                continue
+            profile = "nvidia.com/mig-" + reservation.instance.profile
+            count = int(allocatable.get(profile, "0"))
+            if before is None:
+                before = count
+            inventory = decode_inventory(inventory_text).gpus if inventory_text else ()
+            if not created and any(
+                g.index == reservation.gpu and d.instance == reservation.instance
+                for g in inventory
+                for d in g.mig_devices
+            ):
+                created = True
+                made.append(at - start)
+            if count > before:
+                advertised.append(at - start)
+                break
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 3) if values else None
+
+    return {
+        "planned_p50_s": median(planned),
+        "created_p50_s": median(made),
+        "advertised_p50_s": median(advertised),
+    }
 
 
 def main() -> int:
@@ -179,33 +236,55 @@ def main() -> int:
             except Exception:  # noqa: BLE001 - the API server stops under it at the end
                 return
 
+        node_events: list[tuple[float, str, str | None, str | None, dict[str, str]]] = []
+
+        def follow_nodes() -> None:
+            stream = watch.Watch().stream(core.list_node, timeout_seconds=900)
+            try:
+                for event in stream:
+                    obj, now = event["object"], time.monotonic()
+                    notes = obj.metadata.annotations or {}
+                    node_events.append(
+                        (
+                            now,
+                            obj.metadata.name,
+                            notes.get(MIG_PLAN_ANNOTATION),
+                            notes.get(INVENTORY_ANNOTATION),
+                            dict(obj.status.allocatable or {}),
+                        )
+                    )
+                    if stop.is_set():
+                        return
+            except Exception:  # noqa: BLE001 - the API server stops under it at the end
+                return
+
         disrupted: list[str] = []
 
         def sample() -> None:
-            used: dict[str, set[str]] = {}
+            """A MIG device a live pod was given (as the runtime saw it) missing from its node's
+            inventory is a disruption."""
             while not stop.wait(0.25):
                 try:
-                    pods = core.list_namespaced_pod("default").items
+                    inventories = {}
                     for node in nodes:
                         text = (core.read_node(node).metadata.annotations or {}).get(
                             INVENTORY_ANNOTATION
                         )
-                        if not text:
+                        gpus = decode_inventory(text).gpus if text else ()
+                        inventories[node] = {d.uuid for g in gpus for d in g.mig_devices}
+                    for placed in core.list_namespaced_pod("default").items:
+                        node = placed.spec.node_name
+                        if placed.metadata.deletion_timestamp or node not in inventories:
                             continue
-                        devices = {
-                            d.uuid: d.used
-                            for g in decode_inventory(text).gpus
-                            for d in g.mig_devices
-                        }
-                        here = [p for p in pods if p.spec.node_name == node]
-                        gone = used.get(node, set()) - set(devices)
-                        if gone and len(here) >= len(used.get(node, set())):
-                            disrupted.extend(sorted(gone))
-                        used[node] = {u for u, on in devices.items() if on}
+                        envs = stack.real_nodes[node].environments("default", placed.metadata.name)
+                        uuid = envs.get("main", {}).get("NVIDIA_VISIBLE_DEVICES")
+                        if uuid and uuid not in inventories[node]:
+                            disrupted.append(uuid)
                 except Exception:  # noqa: BLE001 - a failed sample is skipped
                     continue
 
         threading.Thread(target=follow, daemon=True).start()
+        threading.Thread(target=follow_nodes, daemon=True).start()
         threading.Thread(target=sample, daemon=True).start()
         time.sleep(0.5)
         per_wave = max(1, args.pods // args.waves)
@@ -230,6 +309,7 @@ def main() -> int:
             if event.reason == "MigSlicePlanned" and (event.message or "").startswith("creating"):
                 planned.add(event.involved_object.name)
         needed = [bound_at[n] - created_at[n] for n in names if n in planned]
+        stages = breakdown([n for n in names if n in planned], created_at, bound_at, node_events)
         every = [bound_at[n] - created_at[n] for n in names]
         operations = operator_counter(metrics_port, "gpupart_dynamic_mig_instance_operations")
         planned_disruptions = operator_counter(metrics_port, "gpupart_dynamic_mig_disruptions")
@@ -238,8 +318,9 @@ def main() -> int:
             "bind_p50_s": round(statistics.median(needed), 3) if needed else None,
             "bind_p95_s": round(percentile(needed, 0.95), 3) if needed else None,
             "ops_per_pod": round(operations / len(names), 3) if names else None,
-            "disruptions": len(disrupted) + int(planned_disruptions),
+            "disruptions": len(set(disrupted)) + int(planned_disruptions),
             "all_p95_s": round(percentile(every, 0.95), 3) if every else None,
+            **stages,
             "served": len(names),
             "create_s": latencies.create,
             "destroy_s": latencies.destroy,

@@ -264,3 +264,27 @@ def test_a_reservation_for_another_uid_is_not_kept() -> None:
     result = plan_round([n], [pod("a/x", "3g.40gb")], now=0)
     (r,) = result.changes["n1"].plan.reservations
     assert r.uid == "uid-a/x"
+
+
+def test_a_pod_is_planned_only_on_nodes_it_may_use() -> None:
+    pending = [replace(pod("a/x", "3g.40gb"), nodes=frozenset({"n2"}))]
+    result = plan_round([node("n1"), node("n2")], pending, now=0)
+    assert set(result.changes) == {"n2"}
+    nowhere = [replace(pod("a/x", "3g.40gb"), nodes=frozenset())]
+    result = plan_round([node("n1"), node("n2")], nowhere, now=0)
+    assert result.changes == {}
+    ((who, why),) = result.unserved
+    assert who == "a/x" and "node selector" in why
+
+
+@settings(max_examples=40, deadline=None)
+@given(clusters(), st.lists(st.sampled_from(["n0", "n1"]), unique=True))
+def test_law_reservations_land_only_on_allowed_nodes(
+    cluster: tuple[list[NodeFacts], list[PendingPod]], allowed: list[str]
+) -> None:
+    nodes, pods = cluster
+    pods = [replace(p, nodes=frozenset(allowed)) for p in pods]
+    result = plan_round(nodes, pods, now=10.0)
+    for name, change in result.changes.items():
+        for r in change.plan.reservations:
+            assert name in allowed, (name, r)

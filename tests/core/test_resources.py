@@ -412,3 +412,71 @@ def test_pod_request_counts_sidecars_beside_the_app_as_kube_scheduler_does(
 ) -> None:
     request = parse_pod_request({"spec": {"initContainers": init, "containers": app}})
     assert (request.shared, request.memory_mib) == (slots, memory)
+
+
+def test_node_constraint_reads_node_selector_and_required_node_affinity() -> None:
+    from gpupart.core.scheduling.pods import node_constraint
+
+    pod = {
+        "spec": {
+            "nodeSelector": {"zone": "a"},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "gpus", "operator": "Gt", "values": ["3"]}
+                                ]
+                            },
+                            {
+                                "matchExpressions": [
+                                    {"key": "pool", "operator": "In", "values": ["x"]}
+                                ]
+                            },
+                        ]
+                    }
+                }
+            },
+        }
+    }
+    constraint = node_constraint(pod)
+    assert constraint.allows({"zone": "a", "gpus": "4"})
+    assert constraint.allows({"zone": "a", "pool": "x"})
+    assert not constraint.allows({"zone": "a", "gpus": "3"})
+    assert not constraint.allows({"zone": "b", "gpus": "8"})
+    assert not constraint.allows({"zone": "a", "gpus": "many"})
+    assert node_constraint({"spec": {}}).allows({})
+
+
+@pytest.mark.parametrize(
+    ("affinity", "words"),
+    [
+        ({"nodeSelectorTerms": "all"}, "nodeSelectorTerms: must be a list"),
+        (
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Near"}]}]},
+            "unknown operator",
+        ),
+        (
+            {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "k", "operator": "In", "values": [1]}]}
+                ]
+            },
+            "values: must be a list of strings",
+        ),
+    ],
+)
+def test_node_constraint_refuses_bad_affinity_naming_the_field(affinity, words) -> None:
+    from gpupart.core.errors import InvalidInput
+    from gpupart.core.scheduling.pods import node_constraint
+
+    pod = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": affinity}
+            }
+        }
+    }
+    with pytest.raises(InvalidInput, match=words):
+        node_constraint(pod)

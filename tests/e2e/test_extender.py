@@ -23,13 +23,17 @@ from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
     Inventory,
     InventoryGpu,
     MigDevice,
+    MigPlan,
     PodAssignment,
+    SliceReservation,
     decode_assignment,
     encode_assignment,
     encode_inventory,
+    encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_extender.app import create_app
@@ -128,13 +132,16 @@ def _node(name: str, gpus: list[InventoryGpu], extended: dict[str, int]) -> dict
     return manifest
 
 
-def _pod(name: str, limits: dict[str, str], app: str) -> dict[str, Any]:
+def _pod(
+    name: str, limits: dict[str, str], app: str, selector: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app": app}},
         "spec": {
             "schedulerName": SCHEDULER,
+            **({"nodeSelector": selector} if selector else {}),
             "terminationGracePeriodSeconds": 0,
             "containers": [
                 {
@@ -264,6 +271,79 @@ def test_pods_land_where_the_extender_says_and_a_misfit_says_why(k8s_api: Any) -
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
         for n in [*mps, *small, mig]:
+            core.delete_node(n)
+
+
+def _one_slice_node(name: str, group: str, reserved_for: str | None) -> dict[str, Any]:
+    """A kwok node with one 3g.40gb instance; `reserved_for`: the operator's MIG plan holds it
+    for that pod (namespace/name) for ten minutes."""
+    instance = MigInstance(Placement(0, 4), "3g.40gb")
+    gpu = InventoryGpu(0, f"GPU-{name}", H100, 81559, Mode.MIG, (MigDevice("MIG-0", instance),))
+    manifest = _node(name, [gpu], {"nvidia.com/mig-3g.40gb": 1})
+    manifest["metadata"]["labels"]["gpupart.io/e2e-group"] = group
+    if reserved_for is not None:
+        reservation = SliceReservation(reserved_for, "", 0, instance, time.time() + 600)
+        manifest["metadata"]["annotations"][MIG_PLAN_ANNOTATION] = encode_mig_plan(
+            MigPlan("plan-1", (), (reservation,))
+        )
+    return manifest
+
+
+@pytest.mark.usefixtures("gpupart_scheduler")
+def test_a_reserved_mig_slice_goes_to_its_pod_and_no_other(k8s_api: Any) -> None:
+    """Group 1: the reserved node refuses b and c (the reason names the pod it is held for), a
+    lands there. Group 2: d is scored first on the node reserved for it, though another node
+    with a free slice passes filter too."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    run = f"res{int(time.time()) % 100000}"
+    ns = f"e2e-{run}"
+    core.create_namespace({"metadata": {"name": ns}})
+    reserved, free = f"{run}-reserved", f"{run}-free"
+    reserved_2, free_2 = f"{run}-reserved-2", f"{run}-free-2"
+    create_nodes(
+        k8s_api,
+        [
+            _one_slice_node(reserved, "1", f"{ns}/a"),
+            _one_slice_node(free, "1", None),
+            _one_slice_node(reserved_2, "2", f"{ns}/d"),
+            _one_slice_node(free_2, "2", None),
+        ],
+    )
+    mig = {"nvidia.com/mig-3g.40gb": "1"}
+
+    def node_of(name: str) -> str | None:
+        return str(core.read_namespaced_pod(name, ns).spec.node_name or "") or None
+
+    try:
+        core.create_namespaced_pod(ns, _pod("b", mig, "b", {"gpupart.io/e2e-group": "1"}))
+        assert wait_for(lambda: node_of("b"), 60, "b bound", interval=0.5) == free
+        core.create_namespaced_pod(ns, _pod("c", mig, "c", {"gpupart.io/e2e-group": "1"}))
+
+        def reason() -> str | None:
+            for e in core.list_namespaced_event(ns).items:
+                if (e.involved_object.name, e.reason) == ("c", "FailedScheduling") and (
+                    "nodes are available" in e.message
+                ):
+                    return str(e.message)
+            return None
+
+        message = wait_for(reason, 60, "c's FailedScheduling event", interval=1)
+        want = f"{reserved}: 1 GPU, no free 3g.40gb slice (all 1 reserved for {ns}/a)"
+        assert want in message, message
+        # b's node: kube-scheduler counts its one slice in use itself, before asking us.
+        assert "1 Insufficient nvidia.com/mig-3g.40gb" in message, message
+        core.create_namespaced_pod(ns, _pod("a", mig, "a", {"gpupart.io/e2e-group": "1"}))
+        assert wait_for(lambda: node_of("a"), 60, "a bound", interval=0.5) == reserved
+        assert node_of("c") is None
+
+        core.create_namespaced_pod(ns, _pod("d", mig, "d", {"gpupart.io/e2e-group": "2"}))
+        assert wait_for(lambda: node_of("d"), 60, "d bound", interval=0.5) == reserved_2
+    finally:
+        core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
+        for n in (reserved, free, reserved_2, free_2):
             core.delete_node(n)
 
 

@@ -8,12 +8,16 @@ from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
+    MIG_PLAN_ANNOTATION,
     Inventory,
     InventoryGpu,
     MigDevice,
+    MigPlan,
     PodAssignment,
+    SliceReservation,
     encode_assignment,
     encode_inventory,
+    encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 
@@ -40,16 +44,36 @@ def mig_gpu(index: int, profiles: list[tuple[str, int, int]]) -> InventoryGpu:
     return InventoryGpu(index, f"GPU-{index:04d}", H100, H100_MIB, Mode.MIG, devices)
 
 
+def reserve(
+    pod: str, gpu: int, profile: str, start: int, size: int, *, expires: float = 2e9
+) -> SliceReservation:
+    """A slice reservation of a MIG plan for `pod` (namespace/name)."""
+    return SliceReservation(
+        pod, f"uid-{pod}", gpu, MigInstance(Placement(start, size), profile), expires
+    )
+
+
 def node(
-    name: str, gpus: list[InventoryGpu] | None, *, cpu: str | None = None, serial: bool = False
+    name: str,
+    gpus: list[InventoryGpu] | None,
+    *,
+    cpu: str | None = None,
+    serial: bool = False,
+    reservations: list[SliceReservation] | None = None,
+    plan: str | None = None,
 ) -> dict[str, Any]:
     """A Node with the node agent's inventory; `cpu`: its `status.allocatable.cpu` (absent: None);
-    `serial`: its device plugin admits one shared-GPU pod at a time, as gpupart's does."""
+    `serial`: its device plugin admits one shared-GPU pod at a time, as gpupart's does;
+    `reservations`: the operator's MIG plan holds those slices; `plan`: the plan's text as is."""
     annotations = (
         {}
         if gpus is None
         else {INVENTORY_ANNOTATION: encode_inventory(Inventory(tuple(gpus), serial))}
     )
+    if reservations is not None:
+        plan = encode_mig_plan(MigPlan("plan-1", (), tuple(reservations)))
+    if plan is not None:
+        annotations[MIG_PLAN_ANNOTATION] = plan
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",

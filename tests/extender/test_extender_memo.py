@@ -5,6 +5,9 @@ nodes and come back after changes), random demands, anti-affinity labels and ter
 requests (GPU pods and CPU-only pods) and allocatable CPU that changes or goes missing: after
 every step, filter and prioritize answers must equal `evaluate` on the node's current view.
 The same name lists come back again and again, so most answers come from a patched list memo.
+MIG plans reserve slices for the asking pods ("new", "other") or a bound one, some of instances
+not made yet, expiring as the clock moves: a pod with a reservation on a node must get its own
+verdict there, never one kept for its shape.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu, whole_gpu
+from extender_objects import FakeBinder, mig_gpu, node, pod, reserve, shared, shared_gpu, whole_gpu
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as note
 from hypothesis import strategies as st
 
 from gpupart.core.api.wire import PodAssignment
@@ -62,7 +66,15 @@ def _with_cpu(resources: dict[str, str | int], cpu: str | None) -> dict[str, str
 _resources = st.builds(_with_cpu, _gpu_resources, _cpu)
 _asked = st.builds(
     _with_cpu,
-    st.sampled_from([shared(10000), {"nvidia.com/mig-3g.40gb": 1}, {"nvidia.com/gpu": 1}]),
+    st.sampled_from(
+        [
+            shared(10000),
+            {"nvidia.com/mig-3g.40gb": 1},
+            {"nvidia.com/mig-3g.40gb": 1},
+            {"nvidia.com/mig-3g.40gb": 2},
+            {"nvidia.com/gpu": 1},
+        ]
+    ),
     st.sampled_from([None, "4"]),
 )
 _labels = st.sampled_from([{}, {"app": "a"}, {"app": "b"}])
@@ -80,6 +92,16 @@ _affinity = st.sampled_from(
 )
 
 _order = st.permutations([*NODES, "ghost"])
+_asking = st.sampled_from(["new", "other"])
+"""The pending pods (namespace team-a); plans reserve slices for them."""
+_plan = st.lists(
+    st.tuples(
+        st.sampled_from(["team-a/new", "team-a/other", "team-a/p1"]),
+        st.sampled_from([0, 4, 8]),  # 3g.40gb at 0+4 and 4+4 exist (inventory 1), 8+4 never
+        st.sampled_from([20.0, 60.0, 1e6, 1e6]),  # expires, after the event's time
+    ),
+    max_size=3,
+)
 _events = st.lists(
     st.one_of(
         # (op, node index, pod index, resources, labels, gpu)
@@ -96,18 +118,23 @@ _events = st.lists(
             st.integers(0, len(NODES) - 1),
             st.integers(0, 2),
             st.sampled_from(ALLOCATABLE),
+            _plan,
         ),
         st.tuples(st.just("assume"), st.integers(0, len(NODES) - 1), st.integers(0, 5)),
         st.tuples(st.just("forget"), st.integers(0, 5)),
         st.tuples(st.just("late")),
         # Few distinct demands, asked often: answers come from the memo most of the time.
         # kube-scheduler lists the same nodes in a new order each time (parallel filter).
-        st.tuples(st.just("ask"), _asked, _labels, _affinity, st.just("team-a"), _order),
-        st.tuples(st.just("ask"), _asked, _labels, _affinity, st.just("team-a"), _order),
+        st.tuples(st.just("ask"), _asked, _labels, _affinity, _asking, _order),
+        st.tuples(st.just("ask"), _asked, _labels, _affinity, _asking, _order),
     ),
     min_size=5,
     max_size=60,
 )
+
+
+def _reservations(plan: list[Any], now: float) -> list[Any]:
+    return [reserve(who, 0, "3g.40gb", start, 4, expires=now + t) for who, start, t in plan]
 
 
 class _Clock:
@@ -132,7 +159,12 @@ def _apply(
 ) -> None:
     op = event[0]
     if op == "inventory":
-        cache.apply(NODE, "MODIFIED", node(NODES[event[1]], _inventory(event[2]), cpu=event[3]))
+        held = _reservations(event[4], clock.now)
+        cache.apply(
+            NODE,
+            "MODIFIED",
+            node(NODES[event[1]], _inventory(event[2]), cpu=event[3], reservations=held),
+        )
     elif op in ("add", "delete", "finish"):
         _, n, k, resources, labels, gpu = event
         name = NODES[n]
@@ -163,39 +195,57 @@ def _apply(
             for name in passed:
                 assert scores[name] == _fresh_score(cache, service, clock, p, name)
     else:
-        _, resources, labels, affinity, namespace, names = event
-        p = pod("new", resources, namespace=namespace, labels=labels, affinity=affinity)
-        outcome = service.filter(p, names)
-        scores = dict(service.prioritize(p, names))
-        model = service.model(clock())
-        demand = parse_demand(p, group_label="app")
-        verdicts = {}
-        for name in NODES:
-            view = cache.snapshot.view(name)
-            assert view is not None
-            verdicts[name] = evaluate(view, demand, config=service.scoring, model=model)
-        # In full: the first failed nodes by (resolvable first, closest, name), "ghost"
-        # (unknown: the farthest) included.
-        failing = [
-            (int(v.unresolvable), v.shortfall, n)
-            for n, v in verdicts.items()
-            if isinstance(v, NoFit)
-        ]
-        in_full = {n for *_, n in sorted([*failing, (0, 1000, "ghost")])[:DETAILED_NODES]}
-        for name, fresh in verdicts.items():
-            if isinstance(fresh, Fit):
-                assert name in outcome.passed and scores[name] == fresh.score
-            else:
-                where = outcome.unresolvable if fresh.unresolvable else outcome.failed
-                text = fresh.reason if name in in_full else fresh.summary
-                assert where.get(name) == text and scores[name] == 0
-                assert name not in fresh.summary
-        assert "ghost" in outcome.failed and scores["ghost"] == 0
-        # The survivors, as kube-scheduler sends them to prioritize: a list of its own.
-        assert service.prioritize(p, list(outcome.passed)) == [
-            (n, scores[n]) for n in outcome.passed
-        ]
-        asked.append((p, list(outcome.passed)))
+        _, resources, labels, affinity, asking, names = event
+        # Both pending pods ask alike, one after the other: a verdict kept for the shape must
+        # not leak from one to the other where either holds a reservation.
+        for who in (asking, "other" if asking == "new" else "new"):
+            _ask(
+                cache,
+                service,
+                clock,
+                pod(who, resources, labels=labels, affinity=affinity),
+                names,
+                asked,
+            )
+
+
+def _ask(
+    cache: ClusterCache,
+    service: ExtenderService,
+    clock: _Clock,
+    p: Any,
+    names: list[str],
+    asked: list[Any],
+) -> None:
+    outcome = service.filter(p, names)
+    scores = dict(service.prioritize(p, names))
+    model = service.model(clock())
+    demand = parse_demand(p, group_label="app")
+    verdicts = {}
+    for name in NODES:
+        view = cache.snapshot.view(name)
+        assert view is not None
+        if any(r.pod == demand.pod for r in view.reserved) and demand.request.mig:
+            note("asked where it holds a reservation")
+        verdicts[name] = evaluate(view, demand, config=service.scoring, model=model)
+    # In full: the first failed nodes by (resolvable first, closest, name), "ghost"
+    # (unknown: the farthest) included.
+    failing = [
+        (int(v.unresolvable), v.shortfall, n) for n, v in verdicts.items() if isinstance(v, NoFit)
+    ]
+    in_full = {n for *_, n in sorted([*failing, (0, 1000, "ghost")])[:DETAILED_NODES]}
+    for name, fresh in verdicts.items():
+        if isinstance(fresh, Fit):
+            assert name in outcome.passed and scores[name] == fresh.score
+        else:
+            where = outcome.unresolvable if fresh.unresolvable else outcome.failed
+            text = fresh.reason if name in in_full else fresh.summary
+            assert where.get(name) == text and scores[name] == 0
+            assert name not in fresh.summary
+    assert "ghost" in outcome.failed and scores["ghost"] == 0
+    # The survivors, as kube-scheduler sends them to prioritize: a list of its own.
+    assert service.prioritize(p, list(outcome.passed)) == [(n, scores[n]) for n in outcome.passed]
+    asked.append((p, list(outcome.passed)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -205,6 +255,7 @@ def _apply(
     events=_events,
     policy_only=st.booleans(),
     kept_lists=st.sampled_from([1, 16]),
+    plans=st.lists(_plan, min_size=len(NODES), max_size=len(NODES)),
 )
 def test_memoised_answers_equal_a_fresh_evaluation(
     kinds: list[int],
@@ -212,15 +263,19 @@ def test_memoised_answers_equal_a_fresh_evaluation(
     events: list[Any],
     policy_only: bool,
     kept_lists: int,
+    plans: list[Any],
 ) -> None:
     """`policy_only`: the score is the fragmentation term alone, so a memo that missed a change
     the policy sees (CPU use, allocatable, the mix) shows in the 0-10 score. `kept_lists`: the
     bound on kept name lists across pod shapes."""
     clock = _Clock()
-    cache = ClusterCache()
+    cache = ClusterCache(wall=clock)
     cache.replace(
         NODE,
-        [node(n, _inventory(k), cpu=c) for n, k, c in zip(NODES, kinds, cpus, strict=True)],
+        [
+            node(n, _inventory(k), cpu=c, reservations=_reservations(plan, clock.now))
+            for n, k, c, plan in zip(NODES, kinds, cpus, plans, strict=True)
+        ],
     )
     cache.replace(POD, [])
     scoring = ExtenderSettings().scoring()

@@ -5,15 +5,26 @@ pods finishing, relists, changes the watch missed and a relist repairs) to one l
 cache and service, memo on, and applies the same changes to a plain dict of API objects. After
 every step, filter and prioritize through the public service must answer exactly what a fresh
 cache built from the dict's objects alone answers: the reference is the objects, not the
-cache under test. A cache that ignored DELETED, or patched the memo on the wrong node, would
-answer from what the dict no longer holds.
+cache under test. Nodes carry MIG plans reserving slices for bound pods (whose reservations
+then count for nothing) and for the asked MIG pod, expiring as the clock moves. A cache that
+ignored DELETED, or patched the memo on the wrong node, would answer from what the dict no
+longer holds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from extender_objects import FakeBinder, mig_gpu, node, pod, shared, shared_gpu, whole_gpu
+from extender_objects import (
+    FakeBinder,
+    mig_gpu,
+    node,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -79,7 +90,7 @@ class WatchedCluster(RuleBasedStateMachine):
         self.pods: dict[str, Any] = {}
         self.clock = _Clock()
         self.scoring = ExtenderSettings().scoring()
-        self.cache = ClusterCache()
+        self.cache = ClusterCache(wall=self.clock)
         self.cache.replace(NODE, [])
         self.cache.replace(POD, [])
         # refresh 0: both services look at the mix on every request, so their models agree.
@@ -97,10 +108,29 @@ class WatchedCluster(RuleBasedStateMachine):
 
     # -- the watch, as the API server would send it --
 
-    @rule(name=st.sampled_from(NODES), kind=st.integers(0, 2), cpu=st.sampled_from([None, "8"]))
-    def put_node(self, name: str, kind: int, cpu: str | None) -> None:
+    @rule(
+        name=st.sampled_from(NODES),
+        kind=st.integers(0, 2),
+        cpu=st.sampled_from([None, "8"]),
+        plan=st.lists(
+            st.tuples(
+                st.sampled_from(["team-a/p0", "team-a/p1", "team-a/new-2"]),  # new-2: MIG, asked
+                st.sampled_from([0, 4]),
+                st.sampled_from([2.0, 5.0, 1e6]),
+            ),
+            max_size=2,
+            unique_by=lambda r: r[1],
+        ),
+    )
+    def put_node(
+        self, name: str, kind: int, cpu: str | None, plan: list[tuple[str, int, float]]
+    ) -> None:
         event = "MODIFIED" if name in self.nodes else "ADDED"
-        self.nodes[name] = node(name, _inventory(kind), cpu=cpu)
+        held = [
+            reserve(who, 0, "3g.40gb", start, 4, expires=self.clock.now + t)
+            for who, start, t in plan
+        ]
+        self.nodes[name] = node(name, _inventory(kind), cpu=cpu, reservations=held)
         self.cache.apply(NODE, event, self.nodes[name])
 
     @rule(name=st.sampled_from(NODES))
@@ -154,7 +184,7 @@ class WatchedCluster(RuleBasedStateMachine):
 
     @invariant()
     def answers_equal_a_fresh_cache_of_the_objects(self) -> None:
-        fresh_cache = ClusterCache()
+        fresh_cache = ClusterCache(wall=self.clock)
         fresh_cache.replace(NODE, list(self.nodes.values()))
         fresh_cache.replace(POD, list(self.pods.values()))
         fresh = self._service(fresh_cache)

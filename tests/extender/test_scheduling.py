@@ -5,7 +5,8 @@ Nodes come from `assemble_node` (inventory plus bound pods read by `tenant_of`),
 reference written here (a fit never over-commits a GPU's memory with the reserve, its client
 slots or its compute; it exists exactly when some GPU has room; required podAntiAffinity is
 never violated; more free memory never turns a fit into a no-fit nor moves a no-fit further
-from fitting; a no-fit's shortfall is that of the closest GPU; the score is the documented
+from fitting; a MIG fit exists exactly when offered - in use - reserved for other pods covers
+the request; a no-fit's shortfall is that of the closest GPU; the score is the documented
 weighted mean), the direction of each term, the fragmentation term as the simulator's own
 policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a Demand.
 The reasons a person reads are golden, all in one file: `scheduling_reasons.json`.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_objects import H100_MIB, mig_gpu, pod, shared, shared_gpu, whole_gpu
+from extender_objects import H100_MIB, mig_gpu, pod, reserve, shared, shared_gpu, whole_gpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -330,11 +331,16 @@ def test_the_shortfall_is_the_closest_gpus_not_the_first() -> None:
 # --- MIG and whole GPUs against a reference ------------------------------------------------------
 
 
+_MIG_INVENTORY = (
+    mig_gpu(0, [("3g.40gb", 0, 4)]),
+    mig_gpu(1, [("3g.40gb", 0, 4), ("1g.10gb", 4, 1)]),
+)
+
+
 def mig_node(used: int) -> NodeView:
     """node-7: GPU 0 with one 3g.40gb slice, GPU 1 with a 3g.40gb and a 1g.10gb; `used` 3g pods."""
-    inv = (mig_gpu(0, [("3g.40gb", 0, 4)]), mig_gpu(1, [("3g.40gb", 0, 4), ("1g.10gb", 4, 1)]))
     pods = [bound(f"train-{i}", {"nvidia.com/mig-3g.40gb": 1}) for i in range(used)]
-    return assemble_node("node-7", inv, pods)
+    return assemble_node("node-7", _MIG_INVENTORY, pods)
 
 
 @given(
@@ -342,23 +348,46 @@ def mig_node(used: int) -> NodeView:
     st.dictionaries(st.sampled_from(["1g.10gb", "3g.40gb"]), st.integers(0, 3)),
     st.sampled_from(["1g.10gb", "3g.40gb", "7g.80gb"]),
     st.integers(1, 3),
+    st.lists(st.tuples(st.sampled_from(["team-a/new", "team-b/a", "team-b/b"]), st.integers(0, 7))),
 )
-def test_law_a_mig_fit_exists_exactly_when_enough_slices_are_free(
-    offered: dict[str, int], used: dict[str, int], profile: str, count: int
+def test_law_a_mig_fit_exists_exactly_when_enough_slices_are_free_for_the_pod(
+    offered: dict[str, int],
+    used: dict[str, int],
+    profile: str,
+    count: int,
+    reserved: list[tuple[str, int]],
 ) -> None:
+    """Free for the pod = offered - in use - reserved for other pods; `reserved` names a device
+    by its position (past the last one: an instance that does not exist yet, which takes
+    nothing); the first reservation of a device is the one that counts."""
     used = {p: min(n, offered.get(p, 0)) for p, n in used.items()}
-    slices = [(p, 0, 1) for p, n in offered.items() for _ in range(n)]
+    profiles = [p for p, n in offered.items() for _ in range(n)]
+    slices = [(p, k, 1) for k, p in enumerate(profiles)]  # each at a placement of its own
     pods = [
         bound(f"{p}-{k}", {f"nvidia.com/mig-{p}": 1}) for p, n in used.items() for k in range(n)
     ]
-    node = assemble_node("n", (mig_gpu(0, slices),), pods)
+    holds = [
+        reserve(who, 0, *slices[k]) if k < len(slices) else reserve(who, 0, "3g.40gb", 20 + k, 1)
+        for who, k in reserved
+    ]
+    holder: dict[int, str] = {}
+    for who, k in reserved:
+        if k < len(slices):
+            holder.setdefault(k, who)
+    others = sum(1 for k, who in holder.items() if slices[k][0] == profile and who != "team-a/new")
+    own = any(slices[k][0] == profile and who == "team-a/new" for k, who in holder.items())
+    node = assemble_node("n", (mig_gpu(0, slices),), pods, reservations=holds)
     verdict = decide(node, ask({f"nvidia.com/mig-{profile}": count}))
-    free = offered.get(profile, 0) - used.get(profile, 0)
+    total = offered.get(profile, 0)
+    free = total - used.get(profile, 0) - others
     assert isinstance(verdict, Fit) == (free >= count)
-    if isinstance(verdict, NoFit):
-        assert verdict.unresolvable == (offered.get(profile, 0) < count)
-        if not verdict.unresolvable:
-            assert verdict.shortfall == math.ceil(1000 * (count - free) / count)
+    if isinstance(verdict, Fit):
+        assert verdict.score == 10 or not own  # its reserved slice's node comes first
+    else:
+        assert verdict.unresolvable == (total - others < count)
+        if total >= count:
+            # A slice may be reserved and in use at once (the kubelet picks any of the profile).
+            assert verdict.shortfall == math.ceil(1000 * (count - max(free, 0)) / count)
 
 
 @given(st.integers(0, 4), st.integers(0, 4), st.integers(1, 5))
@@ -789,6 +818,43 @@ def golden_cases() -> dict[str, tuple[NodeView, Demand]]:
         "shared: only MIG here": (
             assemble_node("n", (mig_gpu(0, [("7g.80gb", 0, 8)]),), ()),
             ask(shared()),
+        ),
+        "mig: the free slice is reserved for another pod": (
+            assemble_node(
+                "node-7",
+                _MIG_INVENTORY,
+                [bound("train-0", mig3)],
+                reservations=[reserve("team-b/a", 1, "3g.40gb", 0, 4)],
+            ),
+            ask(mig3),
+        ),
+        "mig: every slice reserved for other pods": (
+            assemble_node(
+                "node-7",
+                _MIG_INVENTORY,
+                (),
+                reservations=[
+                    reserve("team-b/a", 0, "3g.40gb", 0, 4),
+                    reserve("team-b/b", 1, "3g.40gb", 0, 4),
+                ],
+            ),
+            ask(mig3),
+        ),
+        "mig: fewer free slices than asked, one reserved": (
+            assemble_node(
+                "node-7", _MIG_INVENTORY, (), reservations=[reserve("team-b/a", 0, "3g.40gb", 0, 4)]
+            ),
+            ask({"nvidia.com/mig-3g.40gb": 2}),
+        ),
+        "mig: unreadable MIG plan": (
+            assemble_node(
+                "node-7",
+                _MIG_INVENTORY,
+                (),
+                plan_problem="MIG plan unreadable: gpupart.io/mig-plan: not JSON (Expecting value: "
+                "line 1 column 1 (char 0))",
+            ),
+            ask(mig3),
         ),
         "shared: many pods in the way": (
             assemble_node("n", two_shared[:1], [on_gpu(f"p{k}", 0, memory=4000) for k in range(5)]),

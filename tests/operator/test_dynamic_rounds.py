@@ -132,3 +132,11 @@ def test_a_burst_is_one_round_and_a_trickle_gets_one_within_the_maximum() -> Non
         assert rounds, "no round during a steady trickle"
 
     asyncio.run(scenario())
+
+
+def test_pending_pods_carry_the_nodes_their_selector_allows() -> None:
+    wants = pod("wants", {"nvidia.com/mig-3g.40gb": "1"})
+    wants["spec"]["nodeSelector"] = {"zone": "b"}
+    facts = read_pods([wants, pod("anywhere", {"nvidia.com/mig-1g.10gb": "1"})])
+    placed = {p.key: p.nodes for p in facts.placed({"n1": {"zone": "a"}, "n2": {"zone": "b"}})}
+    assert placed == {"ns/wants": frozenset({"n2"}), "ns/anywhere": frozenset({"n1", "n2"})}

@@ -31,6 +31,7 @@ MAX_SELECTOR_TERMS = 64
 # Kubernetes' label rules (k8s.io/apimachinery/pkg/util/validation): a key is an optional
 # DNS-subdomain prefix and "/", then a name; a value is empty or a name.
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -67,6 +68,11 @@ class LabelRequirement:
             return labels.get(self.key) not in self.values
         if self.operator == "Exists":
             return self.key in labels
+        if self.operator in ("Gt", "Lt"):  # node affinity only: integer label values
+            value, bound = labels.get(self.key, ""), self.values[0] if self.values else ""
+            if not _INTEGER.fullmatch(value) or not _INTEGER.fullmatch(bound):
+                return False
+            return int(value) > int(bound) if self.operator == "Gt" else int(value) < int(bound)
         return self.key not in labels  # DoesNotExist
 
 

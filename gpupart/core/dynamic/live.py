@@ -79,6 +79,8 @@ class PendingPod:
     profiles: tuple[str, ...]
     priority: int = 0
     pending_since: float = 0.0
+    nodes: frozenset[str] | None = None
+    """The nodes it may run on (node selector, required node affinity); None: any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +158,7 @@ def plan_round(
         if not node.in_flight and not node.hold:
             gpus.extend(_planner_gpus(node, live, now, idle_since))
     demand = [
-        Demand(p.key, p.profiles, p.priority, p.pending_since)
+        Demand(p.key, p.profiles, p.priority, p.pending_since, p.nodes)
         for p in pending
         if p.key not in served and p.profiles
     ]

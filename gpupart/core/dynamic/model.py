@@ -99,6 +99,11 @@ class Demand:
     profiles: tuple[str, ...]
     priority: int = 0
     pending_since: float = 0.0
+    nodes: frozenset[str] | None = None
+    """The nodes the pod may run on (its node selector and required node affinity); None: any."""
+
+    def may_use(self, node: str) -> bool:
+        return self.nodes is None or node in self.nodes
 
 
 @dataclass(frozen=True, slots=True)

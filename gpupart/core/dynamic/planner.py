@@ -459,10 +459,11 @@ def plan(
     for work in works:
         nodes.gpus.setdefault(work.gpu.node, []).append(work)
     unserved: list[tuple[str, str]] = []
+    allowed = {d.pod: d for d in pending}
     for request in pending:
         if not request.profiles:
             continue
-        if not _serve(solver, nodes, request):
+        if not _serve(solver, nodes, request, allowed):
             unserved.append((request.pod, _reason(works, request, now)))
     _warm(solver, works)
     return _result(solver, works, unserved)
@@ -509,11 +510,14 @@ class _Nodes:
         self.versions[name] = self.versions.get(name, 0) + 1
 
 
-def _serve(solver: _Solver, nodes: _Nodes, request: Demand) -> bool:
-    """Claim GPUs for every instance of `request` on the best node; False when no node can."""
+def _serve(solver: _Solver, nodes: _Nodes, request: Demand, allowed: dict[str, Demand]) -> bool:
+    """Claim GPUs for every instance of `request` on the best node it may use; False when none
+    can. `allowed`: every pending pod by name, whose nodes a repack of its claims respects."""
     profiles = tuple(sorted(request.profiles, key=_size))
     best: tuple[tuple[float, int, str], list[_Work]] | None = None
     for name in nodes.gpus:
+        if not request.may_use(name):
+            continue
         bound = best[0][0] if best is not None and len(profiles) == 1 else inf
         found = nodes.choice(solver, name, profiles, bound)
         if found is not None and (best is None or (*found[0], name) < best[0]):
@@ -524,16 +528,18 @@ def _serve(solver: _Solver, nodes: _Nodes, request: Demand) -> bool:
         nodes.changed(best[0][2])
         return True
     for name, node in nodes.gpus.items():
-        if _repack(solver, node, request.pod, profiles):
+        if request.may_use(name) and _repack(solver, node, request.pod, profiles, allowed):
             nodes.changed(name)
             return True
     # across nodes: only when the pod fits some node without this round's claims, so that
     # moving earlier pods can help (in a saturated cluster most pods fail that cheap test)
     if len(nodes.gpus) > 1 and any(
-        _greedy(solver, node, profiles, fresh=True) is not None for node in nodes.gpus.values()
+        _greedy(solver, node, profiles, fresh=True) is not None
+        for name, node in nodes.gpus.items()
+        if request.may_use(name)
     ):
         works = [work for node in nodes.gpus.values() for work in node]
-        if _repack(solver, works, request.pod, profiles):
+        if _repack(solver, works, request.pod, profiles, allowed):
             for name in nodes.gpus:
                 nodes.changed(name)
             return True
@@ -585,9 +591,15 @@ def _greedy(
     return (cost, ops), chosen
 
 
-def _repack(solver: _Solver, works: list[_Work], pod: str, profiles: tuple[str, ...]) -> bool:
+def _repack(
+    solver: _Solver,
+    works: list[_Work],
+    pod: str,
+    profiles: tuple[str, ...],
+    allowed: dict[str, Demand],
+) -> bool:
     """Redistribute this round's claims on `works` plus `pod`'s over them, each pod's instances
-    on one node; exact within `REPACK_BUDGET` GPU evaluations."""
+    on one node it may use; exact within `REPACK_BUDGET` GPU evaluations."""
     items = [(c_pod, p) for work in works for c_pod, p in work.claims]
     if not items and len(profiles) == 1:
         return False  # the greedy pass already tried every GPU for this one instance
@@ -608,8 +620,11 @@ def _repack(solver: _Solver, works: list[_Work], pod: str, profiles: tuple[str, 
         owner = items[position][0]
         home = homes.get(owner)
         tried: set[tuple[int, _Claims]] = set()
+        demand = allowed.get(owner)
         for g, work in enumerate(works):
             if home is not None and work.gpu.node != home:
+                continue
+            if demand is not None and not demand.may_use(work.gpu.node):
                 continue
             claims = _claims_key(p for _, p in (*assignment[g], items[position]))
             state = (work.state, _claims_key(p for _, p in assignment[g]))
@@ -699,6 +714,9 @@ def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]
 def _reason(works: list[_Work], request: Demand, now: float) -> str:
     """Why `request` is not served, for a person: the profile, then the GPUs closest to taking it."""
     asked = ", ".join(f"{n} × {p}" for p, n in Counter(request.profiles).items())
+    if not any(request.may_use(w.gpu.node) for w in works):
+        return "none of the pod's nodes (node selector, node affinity) has a dynamic MIG GPU"
+    works = [w for w in works if request.may_use(w.gpu.node)]
     offering = [w for w in works if all(w.gpu.model.find_profile(p) for p in request.profiles)]
     if not offering:
         return f"no GPU offers {asked}"

@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import MIG_PLAN_ANNOTATION
 from gpupart.core.scheduling.pods import Demand, matches, node_conflict
 from gpupart.core.scheduling.scoring import MILLI, FragmentationModel, Request
 from gpupart.core.scheduling.shares import fragmentation_term, node_state, share_milli
@@ -50,6 +51,7 @@ class FailureKind(StrEnum):
     IN_USE = "in_use"
     ANTI_AFFINITY = "anti_affinity"
     UNKNOWN_NODE = "unknown_node"
+    UNREADABLE_PLAN = "unreadable_plan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,11 @@ def _modes_text(node: NodeView) -> str:
 
 
 def _pods_text(tenants: Iterable[Tenant]) -> str:
-    names = sorted({t.pod for t in tenants})
+    return _names_text(t.pod for t in tenants)
+
+
+def _names_text(pods: Iterable[str]) -> str:
+    names = sorted(set(pods))
     if not names:
         return "no pod the extender knows of"
     shown = ", ".join(names[:_NAMES_IN_REASON])
@@ -120,7 +126,17 @@ def _pods_text(tenants: Iterable[Tenant]) -> str:
     return f"{shown}, and {more} more" if more > 0 else shown
 
 
+PLAN_SUMMARY = f"node(s) had an unreadable MIG plan ({MIG_PLAN_ANNOTATION})"
+
+
 def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verdict:
+    if node.plan_problem:
+        return NoFit(
+            f"{node.name}: {node.plan_problem}",
+            PLAN_SUMMARY,
+            FailureKind.UNREADABLE_PLAN,
+            True,
+        )
     offered: Counter[str] = Counter()
     for gpu in node.gpus:
         if gpu.mode is Mode.MIG:
@@ -128,6 +144,17 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
     used: Counter[str] = Counter()
     for t in node.mig_tenants:
         used[t.profile] += t.count
+    # A slice reserved for another pod is taken; the pod's own reservations are free for it.
+    reserved: Counter[str] = Counter()
+    reserved_for: dict[str, list[str]] = {}
+    own = False
+    for r in node.reserved:
+        profile = r.instance.profile
+        if r.pod == demand.pod:
+            own = own or any(p == profile for p, _ in demand.request.mig)
+        else:
+            reserved[profile] += 1
+            reserved_for.setdefault(profile, []).append(r.pod)
     left_after = 0
     capacity = 0
     for profile, count in demand.request.mig:
@@ -149,16 +176,12 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
                 FailureKind.TOO_SMALL,
                 True,
             )
-        free = total - used[profile]
+        free = total - used[profile] - reserved[profile]
         if free < count:
             holders = [t for t in node.mig_tenants if t.profile == profile]
-            if free <= 0:
-                what = f"no free {profile} slice (all {total} in use by {_pods_text(holders)})"
-            else:
-                what = (
-                    f"{free} free {profile} slice{'s' if free > 1 else ''} of {total}, "
-                    f"needs {count} (in use by {_pods_text(holders)})"
-                )
+            what = _mig_taken_text(
+                profile, free, total, count, holders, used[profile], reserved_for.get(profile, [])
+            )
             short = (
                 f"no free {profile} MIG slice"
                 if count == 1
@@ -168,13 +191,15 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
                 f"{node.name}: {_gpus_text(node)}, {what}",
                 f"node(s) had {short}",
                 FailureKind.IN_USE,
-                False,
+                # No eviction frees a reserved slice: only its pod or its expiry does.
+                total - reserved[profile] < count,
                 _thousandths(count - max(free, 0), count),
             )
         left_after += free - count
         capacity += total
     all_slices = sum(offered.values())
-    contention = sum(used.values()) / all_slices if all_slices else 0.0
+    taken = sum(used.values()) + sum(reserved.values())
+    contention = min(1.0, taken / all_slices) if all_slices else 0.0
     mine = node.mig_tenants
     # The device plugin picks the slice, so a same-group pod on the node may share our GPU.
     conflict = (
@@ -190,7 +215,40 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
         anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
         fragmentation=0.5,  # the policy's model is about GPU shares; MIG slices are fixed
     )
-    return Fit(combine(terms, config.weights), None, terms)
+    # Its slice is being made (or kept) here for it: this node first, so that kube-scheduler
+    # binds it where the operator planned, not to another node with a free slice.
+    score = MAX_SCORE if own else combine(terms, config.weights)
+    return Fit(score, None, terms)
+
+
+def _mig_taken_text(
+    profile: str,
+    free: int,
+    total: int,
+    count: int,
+    holders: list[Tenant],
+    used: int,
+    reserved_for: list[str],
+) -> str:
+    """Why too few slices of `profile` are free: the pods holding them, those reserved for."""
+    if not reserved_for:
+        # The texts from before reservations, unchanged.
+        if free <= 0:
+            return f"no free {profile} slice (all {total} in use by {_pods_text(holders)})"
+        return (
+            f"{free} free {profile} slice{'s' if free > 1 else ''} of {total}, "
+            f"needs {count} (in use by {_pods_text(holders)})"
+        )
+    reserved = f"{len(reserved_for)} reserved for {_names_text(reserved_for)}"
+    if used > 0:
+        why = f"{used} in use by {_pods_text(holders)}; {reserved}"
+    elif free <= 0:
+        why = f"all {reserved}"
+    else:
+        why = reserved
+    if free <= 0:
+        return f"no free {profile} slice ({why})"
+    return f"{free} free {profile} slice{'s' if free > 1 else ''} of {total}, needs {count} ({why})"
 
 
 def _shared_tenants(node: NodeView) -> tuple[Tenant, ...]:

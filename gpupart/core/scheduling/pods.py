@@ -18,6 +18,9 @@ from gpupart.core.errors import InvalidInput
 from gpupart.core.node.admission import shared_containers
 from gpupart.core.scheduling.views import Tenant
 
+_MAX_TERMS = 64
+"""Terms and expressions per term a node affinity may have here (Kubernetes allows fewer in practice)."""
+
 
 @dataclass(frozen=True, slots=True)
 class AntiAffinityTerm:
@@ -215,6 +218,70 @@ def _term(raw: object, namespace: str, required: bool, where: str) -> AntiAffini
     if raw.get("namespaceSelector") == {}:
         namespaces = ["*"]  # an empty namespaceSelector selects every namespace
     return AntiAffinityTerm(selector, tuple(str(n) for n in namespaces) or (namespace,), required)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConstraint:
+    """The nodes a pod may run on by their labels: `spec.nodeSelector` and the required node
+    affinity (its terms ORed, each term's expressions ANDed); empty allows every node."""
+
+    selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[NodeSelector, ...] = ()
+
+    def allows(self, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(key) != value for key, value in self.selector):
+            return False
+        return not self.terms or any(term.matches(labels) for term in self.terms)
+
+
+_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def node_constraint(pod: Mapping[str, Any]) -> NodeConstraint:
+    """The pod's NodeConstraint; InvalidInput names the field. A term that also matches fields
+    (`matchFields`, e.g. a DaemonSet pod's node name) is read by its expressions only."""
+    spec = pod.get("spec") or {}
+    if not isinstance(spec, Mapping):
+        raise InvalidInput("Pod.spec", "must be an object")
+    selector = _labels(spec.get("nodeSelector"), "Pod.spec.nodeSelector")
+    where = "Pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, Mapping)
+        else None
+    )
+    terms: list[NodeSelector] = []
+    if required is not None:
+        raw_terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+        if not isinstance(raw_terms, list) or len(raw_terms) > _MAX_TERMS:
+            raise InvalidInput(
+                f"{where}.nodeSelectorTerms", f"must be a list of at most {_MAX_TERMS}"
+            )
+        for t, term in enumerate(raw_terms):
+            place = f"{where}.nodeSelectorTerms[{t}]"
+            if not isinstance(term, Mapping):
+                raise InvalidInput(place, "must be an object")
+            expressions = term.get("matchExpressions") or []
+            if not isinstance(expressions, list) or len(expressions) > _MAX_TERMS:
+                raise InvalidInput(
+                    f"{place}.matchExpressions", f"must be a list of at most {_MAX_TERMS}"
+                )
+            requirements = []
+            for e, expr in enumerate(expressions):
+                at = f"{place}.matchExpressions[{e}]"
+                operator = expr.get("operator") if isinstance(expr, Mapping) else None
+                if operator not in _NODE_OPERATORS:
+                    raise InvalidInput(f"{at}.operator", f"unknown operator {operator!r}")
+                values = expr.get("values") or []
+                if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                    raise InvalidInput(f"{at}.values", "must be a list of strings")
+                requirements.append(
+                    LabelRequirement(str(expr.get("key", "")), operator, tuple(values))
+                )
+            terms.append(NodeSelector((), tuple(requirements)))
+    return NodeConstraint(tuple(sorted(selector.items())), tuple(terms))
 
 
 def parse_label_selector(selector: object, where: str) -> NodeSelector:

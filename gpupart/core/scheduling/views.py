@@ -2,6 +2,8 @@
 
 `assemble_node` builds a `NodeView` from the node agent's inventory and the node's pods;
 `anonymous` blanks its identity so nodes in the same state share verdicts (memo keys).
+A view also carries the operator's live slice reservations (docs/adr-013-dynamic-mig-plans.md)
+that name a MIG device of its inventory: `evaluate` counts them as taken for every other pod.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from dataclasses import dataclass, field, replace
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
-from gpupart.core.api.wire import InventoryGpu, PodAssignment
+from gpupart.core.api.wire import InventoryGpu, PodAssignment, SliceReservation
+from gpupart.core.mig.layout import MigInstance
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -85,6 +88,11 @@ class NodeView:
     """CPU requests of the pods on the node (bound or assumed), GPU pods or not."""
     problem: str = ""
     """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
+    reserved: tuple[SliceReservation, ...] = ()
+    """Live slice reservations, each naming a distinct MIG device of the inventory (one whose
+    instance does not exist yet is not here: it takes nothing), by GPU and instance."""
+    plan_problem: str = ""
+    """Set when the node's MIG plan is unreadable: the node takes no MIG pod (others it may)."""
     version: int = field(default=0, compare=False)
     """Bumped by the cache on every change; memo keys use it."""
 
@@ -109,8 +117,15 @@ def assemble_node(
     cpu_milli: int | None = None,
     problem: str = "",
     version: int = 0,
+    reservations: Iterable[SliceReservation] = (),
+    plan_problem: str = "",
 ) -> NodeView:
-    """A node view from the node agent's inventory, the node's allocatable CPU and its pods."""
+    """A node view from the node agent's inventory, the node's allocatable CPU and its pods.
+
+    `reservations`: the live ones (not expired, their pod not bound anywhere; the caller knows
+    the clock and the cluster); each is kept when it names a MIG device of the inventory by GPU
+    index, placement and profile, the first one only where two name the same device.
+    """
     if inventory is None:
         return NodeView(name, problem=problem or "no GPU inventory", version=version)
     by_gpu: dict[int, list[Tenant]] = {}
@@ -160,8 +175,25 @@ def assemble_node(
         cpu_milli=cpu_milli,
         cpu_used_milli=cpu_used,
         problem=problem,
+        reserved=_matching(inventory, reservations),
+        plan_problem=plan_problem,
         version=version,
     )
+
+
+def _matching(
+    inventory: tuple[InventoryGpu, ...], reservations: Iterable[SliceReservation]
+) -> tuple[SliceReservation, ...]:
+    """The reservations that name a MIG device of the inventory, one per device, in order."""
+    devices = {
+        (g.index, d.instance) for g in inventory if g.mode is Mode.MIG for d in g.mig_devices
+    }
+    kept: dict[tuple[int, MigInstance], SliceReservation] = {}
+    for r in reservations:
+        where = (r.gpu, r.instance)
+        if where in devices and where not in kept:
+            kept[where] = r
+    return tuple(kept[k] for k in sorted(kept))
 
 
 def anonymous(node: NodeView) -> NodeView:
@@ -169,7 +201,10 @@ def anonymous(node: NodeView) -> NodeView:
 
     Name, version, GPU UUIDs and the tenants' pod names are blanked and tenants put in a
     canonical order; what `evaluate` decides on (inventory, usage, tenants' namespaces, labels
-    and requests, allocatable and requested CPU) is kept. Two nodes with equal anonymous views
+    and requests, allocatable and requested CPU, which devices are reserved) is kept. The
+    reservations' pods are blanked too: the verdict is shared only by pods that hold no
+    reservation on the node (for them every reservation is another pod's); the extender
+    evaluates a pod on the nodes where it holds one afresh (`memo`, own views). Two nodes with equal anonymous views
     get the same `Fit` for every demand, and the same `NoFit` up to the node name heading the
     reason, except where a reason lists the pods in the way (in use, anti-affinity) by name.
     """
@@ -197,6 +232,8 @@ def anonymous(node: NodeView) -> NodeView:
         cpu_milli=node.cpu_milli,
         cpu_used_milli=node.cpu_used_milli,
         problem=node.problem,
+        reserved=tuple(SliceReservation("", "", r.gpu, r.instance, 0.0) for r in node.reserved),
+        plan_problem=node.plan_problem,
     )
 
 
