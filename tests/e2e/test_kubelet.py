@@ -160,6 +160,20 @@ class Node:
         assert created is not None, f"{pod}/{container} was never created"
         return created
 
+    def until_dynamic(self) -> None:
+        """Until the agent ran a first pass of a dynamic partition: no MIG instance yet."""
+
+        def annotations() -> dict[str, str]:
+            return self.core.read_node(self.name).metadata.annotations or {}
+
+        self.until(
+            lambda: '"dynamic":true' in annotations().get(DESIRED_ANNOTATION, ""),
+            60,
+            "the operator's desired annotation with dynamic: true",
+        )
+        self.until(lambda: STATE_ANNOTATION in annotations(), 60, "a first pass")
+        assert self.allocatable(MIG_3G) <= 0, "no instance before a plan"
+
     def allocations_total(self) -> float:
         url = f"http://127.0.0.1:{self.real.agent_metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -454,13 +468,7 @@ def test_a_mig_plan_on_the_node_creates_its_instance_for_a_pod_through_the_real_
         )
 
     try:
-        node.until(
-            lambda: '"dynamic":true' in annotations().get(DESIRED_ANNOTATION, ""),
-            60,
-            "the operator's desired annotation with dynamic: true",
-        )
-        node.until(lambda: STATE_ANNOTATION in annotations(), 60, "a first pass")
-        assert node.allocatable(MIG_3G) <= 0, "no instance before a plan"
+        node.until_dynamic()
         layout = (MigInstance(Placement(4, 4), "3g.40gb"),)
 
         def write(plan_id: str) -> None:
@@ -497,9 +505,6 @@ def test_a_planned_instance_is_allocatable_before_the_kubelets_node_status_sync(
     spec = {"mode": "MIG", "mig": {"dynamic": {"profiles": ["3g.40gb", "1g.10gb"]}}}
     node = Node(stack, "early", "A100-SXM4-80GB", spec, node_status_s=60)
 
-    def annotations() -> dict[str, str]:
-        return node.core.read_node(node.name).metadata.annotations or {}
-
     def owners(resource: str) -> set[str]:
         """Who last changed the resource's allocatable amount (the Node's managed fields)."""
         managed = node.core.read_node(node.name).metadata.managed_fields or []
@@ -511,13 +516,7 @@ def test_a_planned_instance_is_allocatable_before_the_kubelets_node_status_sync(
         }
 
     try:
-        node.until(
-            lambda: '"dynamic":true' in annotations().get(DESIRED_ANNOTATION, ""),
-            60,
-            "the operator's desired annotation with dynamic: true",
-        )
-        node.until(lambda: STATE_ANNOTATION in annotations(), 60, "a first pass")
-        assert node.allocatable(MIG_3G) <= 0, "no instance before a plan"
+        node.until_dynamic()
         plan = encode_mig_plan(
             MigPlan("early-1", (PlannedGpu(0, (MigInstance(Placement(4, 4), "3g.40gb"),)),))
         )
