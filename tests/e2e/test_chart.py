@@ -122,8 +122,9 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
                 "patch gpupartitions.gpupart.io --subresource=status",
                 "create events",
                 "patch clusterkopfpeerings.kopf.dev",
+                "watch pods",  # dynamic MIG's demand
             ],
-            ["delete gpupartitions.gpupart.io", "list pods", "get secrets", "delete nodes"],
+            ["delete gpupartitions.gpupart.io", "patch pods", "get secrets", "delete nodes"],
         ),
         (
             "scheduler",
