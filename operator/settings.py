@@ -52,7 +52,7 @@ class OperatorSettings:
     """reportingInstance of the Events this replica writes (the pod name in a Deployment)."""
     verbose: bool = False
     """Log every pass and kopf's debug chatter."""
-    demand_idle_seconds: float = 1.0
+    demand_idle_seconds: float = 0.5
     """Dynamic MIG: plan once pending pods have been quiet this long ..."""
     demand_max_seconds: float = 5.0
     """... or once the first of a burst has waited this long."""
@@ -188,7 +188,7 @@ VERBOSE = Setting("--verbose", boolean, "false", "log every pass and kopf's chat
 DEMAND_IDLE = Setting(
     "--demand-idle-seconds",
     number,
-    "1",
+    "0.5",
     "dynamic MIG: plan once pods waiting for a MIG slice have been quiet this long",
 )
 DEMAND_MAX = Setting(

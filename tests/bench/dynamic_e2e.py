@@ -145,6 +145,11 @@ def breakdown(
             if count > before:
                 advertised.append(at - start)
                 break
+        step(
+            f"{pod}: planned {planned[-1]:.2f} s, created {made[-1] if created else float('nan'):.2f}"
+            f" s, advertised {advertised[-1] if count > (before or 0) else float('nan'):.2f} s,"
+            f" bound {end - start:.2f} s ({reservation.instance} on {node} GPU {reservation.gpu})"
+        )
 
     def median(values: list[float]) -> float | None:
         return round(statistics.median(values), 3) if values else None
