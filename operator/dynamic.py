@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gpupart import logs
 from gpupart.core.api.resources import parse_pod_request
@@ -45,10 +45,11 @@ from gpupart.core.mig.layout import MigInstance
 from gpupart.core.scheduling.pods import NodeConstraint, node_constraint, pod_key
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import GROUP, PLURAL, VERSION, merge_patch, read_node, read_partition
-from gpupart_operator.reconciler import MERGE_PATCH, Reconciler, _drain
+from gpupart_operator.reconciler import MERGE_PATCH, Reconciler, drain
 from gpupart_operator.settings import OperatorSettings
 
 log = logging.getLogger("gpupart.operator")
+T = TypeVar("T")
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 EVENT_REPEAT_S = 60.0
@@ -249,8 +250,8 @@ class DemandPlanner:
 
     def _round(self) -> Round | None:
         now = self.clock()
-        partitions = [read_partition(raw) for raw in self.reconciler._list_partitions()]
-        raw_nodes = self.reconciler._list(self.core.list_node)
+        partitions = [read_partition(raw) for raw in self.reconciler.list_partitions()]
+        raw_nodes = self.reconciler.list_all(self.core.list_node)
         nodes = [read_node(raw) for raw in raw_nodes]
         by_name = {n.name: raw for n, raw in zip(nodes, raw_nodes, strict=True)}
         dynamic = dynamic_gpus(partitions, nodes)
@@ -264,7 +265,7 @@ class DemandPlanner:
             self._write_plan(name, None)
         if not dynamic:
             return None
-        pods = read_pods(self.reconciler._list(self.core.list_pod_for_all_namespaces))
+        pods = read_pods(self.reconciler.list_all(self.core.list_pod_for_all_namespaces))
         facts = [
             self._facts(node, by_name[node.name], gpus, pods, now)
             for node in nodes
@@ -327,20 +328,9 @@ class DemandPlanner:
         pods: PodFacts,
         now: float,
     ) -> NodeFacts:
-        inventory = plan = None
-        text = _annotation(raw, INVENTORY_ANNOTATION)
-        if text is not None:
-            try:
-                inventory = decode_inventory(text)
-            except GpupartError as error:
-                log.warning("Ignored node inventory", extra=logs.kv(node=node.name, err=error))
-        text = _annotation(raw, MIG_PLAN_ANNOTATION)
-        if text is not None:
-            try:
-                plan = decode_mig_plan(text)
-            except GpupartError as error:
-                # Not ours (edited by hand, or another version): replaced by the next plan.
-                log.warning("Ignored MIG plan", extra=logs.kv(node=node.name, err=error))
+        inventory = _read(raw, INVENTORY_ANNOTATION, decode_inventory, node.name)
+        # A plan that is not ours (edited by hand, another version) is replaced by the next one.
+        plan = _read(raw, MIG_PLAN_ANNOTATION, decode_mig_plan, node.name)
         report = node.view.report.plan if node.view.report is not None else None
         hold = False
         if plan is not None and report is not None and report.id == plan.id:
@@ -391,8 +381,8 @@ class DemandPlanner:
         patch = {"metadata": {"annotations": {MIG_PLAN_ANNOTATION: text}}}
         try:
             return bool(
-                self.reconciler._contained(
-                    "write MIG plan", node, self.reconciler._patch_node, node, patch
+                self.reconciler.contained(
+                    "write MIG plan", node, self.reconciler.patch_node, node, patch
                 )
             )
         except Exception as error:  # noqa: BLE001 - the API failing: this node waits a round
@@ -488,7 +478,7 @@ class DemandPlanner:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self.reconciler._post_event(body)
+        self.reconciler.post_event(body)
 
     def _measure_bound(self, pods: PodFacts) -> None:
         for uid, (_, created, scheduled) in pods.bound.items():
@@ -544,14 +534,14 @@ class DemandPlanner:
             old = old if isinstance(old, Mapping) else {}
             if old == document:
                 continue
-            self.reconciler._contained(
+            self.reconciler.contained(
                 "write dynamic MIG status", name, self._patch_status, name, old, document
             )
 
     def _patch_status(self, name: str, old: Mapping[str, Any], document: Mapping[str, Any]) -> int:
         # A merge patch from the old document: nodes that left are set to null, lists replaced.
         patch = {"status": {"dynamicMig": merge_patch(old, document)}}
-        _drain(
+        drain(
             self.custom.patch_cluster_custom_object_status(
                 GROUP,
                 VERSION,
@@ -564,6 +554,18 @@ class DemandPlanner:
         )
         self.metrics.writes.labels(kind="status").inc()
         return 1
+
+
+def _read(raw: Mapping[str, Any], key: str, decode: Callable[[str], T], node: str) -> T | None:
+    """The annotation `key` decoded; None when absent or unreadable (logged: the node only)."""
+    text = _annotation(raw, key)
+    if text is None:
+        return None
+    try:
+        return decode(text)
+    except GpupartError as error:
+        log.warning("Ignored annotation", extra=logs.kv(node=node, annotation=key, err=error))
+        return None
 
 
 def _annotation(raw: Mapping[str, Any], key: str) -> str | None:

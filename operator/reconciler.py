@@ -57,7 +57,7 @@ MERGE_PATCH = "application/merge-patch+json"
 LIST_PAGE = 500
 
 
-def _drain(response: Any) -> None:
+def drain(response: Any) -> None:
     """Read a raw response to the end, so its connection goes back to the pool."""
     response.data  # noqa: B018 - the property reads the body
 
@@ -114,8 +114,8 @@ class Reconciler:
             return result
 
     def _pass(self, started: float) -> PassResult:
-        partitions = tuple(read_partition(raw) for raw in self._list_partitions())
-        nodes = tuple(read_node(raw) for raw in self._list(self.core.list_node))
+        partitions = tuple(read_partition(raw) for raw in self.list_partitions())
+        nodes = tuple(read_node(raw) for raw in self.list_all(self.core.list_node))
         for node in nodes:
             if node.report_error:
                 log.warning(
@@ -129,8 +129,8 @@ class Reconciler:
         patches = desired_patches(resolution.desired, nodes)
         writes += sum(
             self._pool.map(
-                lambda item: self._contained(
-                    "set desired configuration", item[0], self._patch_node, *item
+                lambda item: self.contained(
+                    "set desired configuration", item[0], self.patch_node, *item
                 ),
                 patches.items(),
             )
@@ -146,7 +146,7 @@ class Reconciler:
                 status = invalid_status(partition.generation, error)
             if status is None:
                 continue
-            writes += self._contained(
+            writes += self.contained(
                 "write status", partition.name, self._write_status, partition, status, now
             )
             ready = next(c for c in status.conditions if c.type == "Ready")
@@ -168,7 +168,7 @@ class Reconciler:
         self.writes += writes
         return PassResult(nodes, partitions, writes, seconds)
 
-    def _contained(self, action: str, name: str, write: Callable[..., int], *args: Any) -> int:
+    def contained(self, action: str, name: str, write: Callable[..., int], *args: Any) -> int:
         """`write(*args)` for one object; its refusal (a 4xx) or a bug on its data is logged with the
         API server's reason and costs that object only. The API being unreachable, or failing
         (5xx), fails the pass, which is retried."""
@@ -191,14 +191,14 @@ class Reconciler:
 
     # -- reads --
 
-    def _list_partitions(self) -> list[Mapping[str, Any]]:
+    def list_partitions(self) -> list[Mapping[str, Any]]:
         def page(**kwargs: Any) -> Any:
             return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
 
-        return self._list(page)
+        return self.list_all(page)
 
     @staticmethod
-    def _list(call: Callable[..., Any]) -> list[Mapping[str, Any]]:
+    def list_all(call: Callable[..., Any]) -> list[Mapping[str, Any]]:
         """All items of a list call, page by page, as plain dicts (no model deserialisation)."""
         items: list[Mapping[str, Any]] = []
         token: str | None = None
@@ -214,9 +214,9 @@ class Reconciler:
 
     # -- writes --
 
-    def _patch_node(self, name: str, patch: dict[str, Any]) -> int:
+    def patch_node(self, name: str, patch: dict[str, Any]) -> int:
         try:
-            _drain(
+            drain(
                 self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
             )
         except ApiException as error:
@@ -239,7 +239,7 @@ class Reconciler:
         if not patch:
             return 0
         try:
-            _drain(
+            drain(
                 self.custom.patch_cluster_custom_object_status(
                     GROUP,
                     VERSION,
@@ -257,7 +257,7 @@ class Reconciler:
         self.metrics.writes.labels(kind="status").inc()
         writes = 1
         for condition in condition_events(before, status.conditions):
-            writes += self._post_event(
+            writes += self.post_event(
                 event_manifest(
                     partition,
                     condition,
@@ -279,7 +279,7 @@ class Reconciler:
 
     def warn(self, name: str, uid: str, reason: str, message: str) -> None:
         """A Warning Event about the GpuPartition `name`, best effort."""
-        self._post_event(
+        self.post_event(
             partition_event(
                 name,
                 uid,
@@ -292,10 +292,10 @@ class Reconciler:
             )
         )
 
-    def _post_event(self, body: dict[str, Any]) -> int:
+    def post_event(self, body: dict[str, Any]) -> int:
         """Events are best effort: a failure is logged and never fails the pass."""
         try:
-            _drain(
+            drain(
                 self.core.create_namespaced_event(
                     body["metadata"]["namespace"],
                     client.CoreV1Event.model_validate(body),
