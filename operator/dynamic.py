@@ -297,10 +297,11 @@ class DemandPlanner:
             self.metrics.plans.labels(result="written").inc()
             self.metrics.operations.labels(op="create").inc(len(change.created))
             self.metrics.operations.labels(op="destroy").inc(len(change.destroyed))
-            self._last[name] = (
-                tuple(f"{i} on GPU {g}" for g, i in change.created),
-                tuple(f"{i} on GPU {g}" for g, i in change.destroyed),
-            )
+            if change.created or change.destroyed:  # not a plan that only ends reservations
+                self._last[name] = (
+                    tuple(f"{i} on GPU {g}" for g, i in change.created),
+                    tuple(f"{i} on GPU {g}" for g, i in change.destroyed),
+                )
             self._count_disruptions(name, change.plan, facts)
             log.info(
                 "Wrote MIG plan",
