@@ -132,6 +132,8 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
     objects = render()
     assert rules_of(objects, "node") == {
         ("", "nodes", v) for v in ("get", "list", "watch", "patch")
+    } | {
+        ("", "nodes/status", "patch")  # capacity: extender-managed resources, new MIG slices
     } | {("", "pods", v) for v in ("list", "watch", "patch")}  # pods leaving; the allocation record
     assert rules_of(objects, "extender") == {
         ("", "nodes", "list"),

@@ -79,7 +79,7 @@ class RunningOperator:
             release_timeout_seconds=12,
             write_workers=8,
         )
-        self.reconciler, self.registry = build(self.settings)
+        self.reconciler, self.planner, self.registry = build(self.settings)
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -107,6 +107,7 @@ class RunningOperator:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(TIMEOUT)
+        self.planner.close()
         self.reconciler.close()
         self.reconciler.core.api_client.close()
         assert not self.thread.is_alive(), "operator thread did not stop"
