@@ -11,7 +11,7 @@ layout the operator's MIG plan names for it, and is otherwise left as it is
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -30,7 +30,13 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
 from gpupart.core.mig.layout import Layout, check_layout
-from gpupart.core.mig.planning import GpuInstanceState, layout_of, plan_counts, plan_layout
+from gpupart.core.mig.planning import (
+    CreateComputeInstance,
+    GpuInstanceState,
+    layout_of,
+    plan_counts,
+    plan_layout,
+)
 from gpupart.core.node.devices import MigSlice, OfferedGpu
 from gpupart.core.node.modes import (
     MIG_MODE_STEPS,
@@ -49,6 +55,10 @@ from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
 
 log = logging.getLogger(__name__)
+
+Progress = Callable[[OfferedGpu, frozenset[str]], None]
+"""Called from a GPU's thread after each instance a MIG plan creates there (GI and CI made):
+the GPU's view now and the MIG device UUIDs on it in use (as `PassResult.used`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +112,16 @@ class Actuator:
             )
 
     def reconcile(
-        self, groups: tuple[DesiredGroup, ...] | None, plan: MigPlan | None = None
+        self,
+        groups: tuple[DesiredGroup, ...] | None,
+        plan: MigPlan | None = None,
+        progress: Progress | None = None,
     ) -> PassResult:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports.
 
         `plan`: the MIG plan on the node (None: none there), followed on its dynamic MIG GPUs
-        and answered in `NodeReport.plan`.
+        and answered in `NodeReport.plan`. `progress`: told of each instance the plan creates
+        as soon as it exists, from that GPU's thread (calls from two GPUs may overlap).
         """
         usage = device_usage(self.usage)
         gpus = self.backend.gpus()
@@ -121,7 +135,7 @@ class Actuator:
         def one(info: GpuInfo) -> tuple[GpuReport, OfferedGpu, frozenset[str]]:
             target = None if groups is None else targets[info.index]
             try:
-                report = self._gpu(info, target, usage, planned.get(info.index))
+                report = self._gpu(info, target, usage, planned.get(info.index), progress)
             except GpupartError as error:
                 # An NVML read failed outside a plan (GPU lost, no permission): say so, go on.
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
@@ -223,6 +237,7 @@ class Actuator:
         target: GpuConfig | None,
         usage: DeviceUsage,
         planned: Layout | None = None,
+        progress: Progress | None = None,
     ) -> GpuReport:
         index = info.index
         if index not in self._shared_modes and info.uuid in usage.shared:
@@ -260,7 +275,7 @@ class Actuator:
                 "or node reboot",
             )
         if mig:
-            return self._layout(info, target, usage, states, planned)
+            return self._layout(info, target, usage, states, planned, progress)
         self._shared_modes[index] = (target.mode, target.replicas)
         return self._report(index, GpuState.APPLIED, "")
 
@@ -271,6 +286,7 @@ class Actuator:
         usage: DeviceUsage,
         states: list[GpuInstanceState] | None,
         planned: Layout | None,
+        progress: Progress | None,
     ) -> GpuReport:
         """The MIG layout on a GPU in MIG mode: the target's counts, or on a dynamic GPU the
         plan's exact layout (none named: its instances stay as they are)."""
@@ -290,7 +306,9 @@ class Actuator:
         except (InfeasibleLayout, GpupartError) as error:
             return self._report(index, GpuState.FAILED, str(error))
         if steps:
-            problem = self._run(info, states, steps, usage)
+            problem = self._run(
+                info, states, steps, usage, progress if planned is not None else None
+            )
             if problem:
                 return self._report(index, GpuState.FAILED, problem)
             log.info(
@@ -372,13 +390,16 @@ class Actuator:
         before: Iterable[GpuInstanceState],
         steps: Iterable[GpuStep],
         usage: DeviceUsage,
+        progress: Progress | None = None,
     ) -> str:
         """Execute a plan in order; '' when done, else what failed and what the rollback did.
 
         A failed instance step rolls the layout back; a failed mode step raises (NvmlError):
         there is no layout to restore, and the next pass plans again from what NVML says.
+        `progress` hears of each instance once its compute instance exists.
         """
         before = tuple(before)
+        told = False
         for step in steps:
             try:
                 self._execute(info, step)
@@ -386,8 +407,16 @@ class Actuator:
                 if isinstance(step, ModeStep):
                     raise
                 log.warning("Failed to apply step", extra=logs.kv(gpu=info.index, err=error))
+                if told:
+                    # A pod may have been given an instance advertised during this pass: ask
+                    # PodResources again so the rollback keeps what is in use now.
+                    usage = device_usage(self.usage)
                 outcome = self._roll_back(info, layout_of(before), usage)
                 return f"{error}; {outcome}"
+            if progress is not None and isinstance(step, CreateComputeInstance):
+                view = self._view(info.index)
+                progress(view, self._held(info.index, view.mig, usage))
+                told = True
         return ""
 
     def _execute(self, info: GpuInfo, step: GpuStep) -> None:

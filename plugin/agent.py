@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from gpupart import logs
@@ -21,8 +22,8 @@ from gpupart.core.api.wire import (
     encode_report,
 )
 from gpupart.core.errors import WireFormatError
-from gpupart.core.node.devices import managed_capacity
-from gpupart_plugin.actuator import Actuator, PassResult, inventory
+from gpupart.core.node.devices import OfferedGpu, managed_capacity
+from gpupart_plugin.actuator import Actuator, PassResult, Progress, inventory
 from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
@@ -63,6 +64,12 @@ class NodeAgent:
         self.last_pass: float | None = None
         self._published = published
         self.status = status
+        self._offering = threading.Lock()
+        """Held by every offer: a plan's GPU threads offer their new instances concurrently."""
+        self._offered: tuple[tuple[OfferedGpu, ...], frozenset[str]] | None = None
+        """The views in the hub and the MIG device UUIDs in use, as last offered."""
+        self._state: str | None = None
+        """The state annotation last published at the end of a pass."""
 
     def resume(self, read: Published) -> None:
         """Take back the modes this agent published before it restarted (`Actuator.resume`).
@@ -101,23 +108,15 @@ class NodeAgent:
             log.error("Failed to read desired layout", extra=logs.kv(err=error))
             result = self.actuator.refuse(str(error), plan=followed)
         else:
-            result = self.actuator.reconcile(groups, followed)
+            progress = None if followed is None else self._progress()
+            result = self.actuator.reconcile(groups, followed, progress)
         if unreadable:
             answer = PlanReport("", GpuState.FAILED, unreadable)
             result = replace(result, report=replace(result.report, plan=answer))
-        before = self.hub.listings()
-        self.hub.set_gpus(result.views)
-        if self.plugins is not None:
-            self.plugins.sync()
-        self.publish(
-            encode_report(result.report),
-            encode_inventory(
-                Inventory(inventory(result.views, result.used), serial_admission=True)
-            ),
-            managed_capacity(result.views),
-        )
-        if self.status is not None:
-            self.status.after_pass(before, self.hub.listings())
+        state = encode_report(result.report)
+        with self._offering:
+            self._offer(state, result.views, result.used)
+        self._state = state
         self.metrics.apply_seconds.observe(self.clock() - started)
         self.metrics.apply_failures.inc(result.failed)
         self.metrics.count_devices(self.hub)
@@ -131,3 +130,50 @@ class NodeAgent:
             ),
         )
         return result
+
+    def _offer(self, state: str, views: Iterable[OfferedGpu], used: frozenset[str]) -> None:
+        """Devices to the hub (ListAndWatch) and plugins, state and inventory to the Node, and
+        the MIG counts that changed to the Node's status (`EarlyStatus`); under `_offering`."""
+        views = tuple(views)
+        before = self.hub.listings()
+        self.hub.set_gpus(views)
+        self._offered = (views, used)
+        if self.plugins is not None:
+            self.plugins.sync()
+        self.publish(
+            state,
+            encode_inventory(Inventory(inventory(views, used), serial_admission=True)),
+            managed_capacity(views),
+        )
+        if self.status is not None:
+            self.status.after_pass(before, self.hub.listings())
+
+    def _progress(self) -> Progress | None:
+        """Offers each instance a plan creates as soon as it exists, before the pass ends.
+
+        The state annotation stays the last one published: the plan's answer goes out only at
+        the end of the pass, since the operator takes an answered plan's missing instances for
+        failed ones (`gpupart.core.dynamic.live`). The other GPUs stay as last offered.
+        None before the first published pass: there is no state to keep yet.
+        """
+        state = self._state
+        if state is None or self._offered is None:
+            return None
+
+        def made(view: OfferedGpu, used: frozenset[str]) -> None:
+            try:
+                with self._offering:
+                    # On the last offer, which may be another GPU's in this pass.
+                    offered, in_use = self._offered or ((), frozenset[str]())
+                    views = {v.index: v for v in offered}
+                    old = views.get(view.index)
+                    views[view.index] = view
+                    left = in_use - {m.uuid for m in old.mig} if old is not None else in_use
+                    self._offer(state, views.values(), left | used)
+            except Exception as error:  # noqa: BLE001 - the pass goes on; its end offers again
+                log.warning(
+                    "Failed to offer a new MIG instance before the pass ends",
+                    extra=logs.kv(gpu=view.index, err=error),
+                )
+
+        return made

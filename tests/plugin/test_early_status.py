@@ -4,6 +4,8 @@ We test these aspects:
 - an instance a plan creates is written only after PodResources GetAllocatableResources lists
   its device, never before; a pass that changes nothing writes nothing and asks nothing;
 - a decrease (the instance destroyed) is written at once, even while the kubelet lags;
+- a plan creating two instances: the first is written once the kubelet lists it, before the
+  second exists;
 - a kubelet that never lists the device within the bound: nothing written, the pass still done;
 - a kubelet without GetAllocatableResources (UNIMPLEMENTED): nothing written, logged once.
 """
@@ -60,6 +62,8 @@ class Written:
     capacity: dict[str, int]
     allocatable: dict[str, int]
     kubelet_held: dict[str, set[str]] | None
+    made: int
+    """The complete instances on the GPU then."""
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Node:
     agent: NodeAgent
     kubelet: FakeKubelet
     pod_resources: FakePodResources
+    sim: SimulatedGpus
     writes: list[Written] = field(default_factory=list)
     states: list[str] = field(default_factory=list)
 
@@ -93,15 +98,15 @@ def make_node(
 
     def write(capacity: Mapping[str, int], allocatable: Mapping[str, int]) -> None:
         answers = pod_resources.answers
-        node.writes.append(
-            Written(dict(capacity), dict(allocatable), answers[-1] if answers else None)
-        )
+        made = sum(1 for r in sim.instances(0) if r.compute_instances)
+        held = answers[-1] if answers else None
+        node.writes.append(Written(dict(capacity), dict(allocatable), held, made))
 
     status = EarlyStatus(client.allocatable, write, timeout_s=timeout_s, poll_s=0.02)
     agent = NodeAgent(
         actuator, hub, plugins, lambda s, _i, _c: node.states.append(s), metrics, status=status
     )
-    node = Node(agent, kubelet, pod_resources)
+    node = Node(agent, kubelet, pod_resources, sim)
     yield node
     plugins.stop()
     client.close()
@@ -144,6 +149,23 @@ def test_a_new_instance_is_written_only_once_the_kubelet_lists_it_and_a_decrease
     node.agent.reconcile(DESIRED, plan("p2", ()))
     assert [(w.capacity, w.allocatable) for w in node.writes[1:]] == [({MIG_3G: 0}, {MIG_3G: 0})]
     assert len(node.pod_resources.answers) == asked, "a decrease waits for nobody"
+
+
+def test_each_instance_of_a_plan_is_written_before_the_next_one_exists(node: Node) -> None:
+    node.agent.reconcile(DESIRED)
+    node.agent.reconcile(DESIRED, plan("p1", TWO))
+    assert [(w.capacity, w.allocatable, w.made) for w in node.writes] == [
+        ({MIG_3G: 1}, {MIG_3G: 1}, 1),
+        ({MIG_3G: 2}, {MIG_3G: 2}, 2),
+    ]
+    held = node.writes[0].kubelet_held
+    assert held is not None and len(held[MIG_3G]) == 1, "written once the kubelet held it"
+    assert [decode_report(s).plan for s in node.states] == [
+        None,
+        None,
+        None,
+        PlanReport("p1", GpuState.APPLIED),
+    ], "the answer only at the end of the pass"
 
 
 def test_nothing_is_written_when_the_kubelet_never_lists_the_device(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -401,3 +402,65 @@ def test_random_plans_never_destroy_an_instance_in_use(
             assert set(after) == {i for i, _ in present}, "a Blocked plan ran no step"
         for p in range(101, pid + 1):
             sim.stop_process(0, p)
+
+
+# --- each instance offered as soon as it exists, the answer only at the end --------------------
+
+THREE = (at("1g.18gb", 0), at("1g.18gb", 1), at("1g.18gb", 2))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One publish and what the node showed at that moment."""
+
+    plan: PlanReport | None
+    inventory: frozenset[MigInstance]
+    hub: frozenset[str]
+    made: frozenset[MigInstance]
+    """The complete instances on the GPU then (NVML's view)."""
+
+
+def test_each_instance_a_plan_creates_is_offered_at_once_without_the_plan_answer(
+    tmp_path: Path,
+) -> None:
+    sim, hub = SimulatedGpus([H200]), DeviceHub()
+    offers: list[Offer] = []
+
+    def publish(state: str, inventory: str, _capacity: Mapping[str, int]) -> None:
+        # Called in the pass's GPU thread: NVML's view here is the pass's progress.
+        (gpu,) = decode_inventory(inventory).gpus
+        listed = hub.listings().get("nvidia.com/mig-1g.18gb")
+        offers.append(
+            Offer(
+                decode_report(state).plan,
+                frozenset(d.instance for d in gpu.mig_devices),
+                listed.ids if listed is not None else frozenset(),
+                frozenset(uuids(sim)),
+            )
+        )
+
+    agent = NodeAgent(actuator(sim, Pods(), tmp_path), hub, None, publish, NodeMetrics())
+    desired = encode_desired((dynamic(),))
+    agent.reconcile(desired, encode_mig_plan(plan("p0", {0: ()})))
+    assert [o.plan for o in offers] == [PlanReport("p0", GpuState.APPLIED)]
+    offers.clear()
+
+    agent.reconcile(desired, encode_mig_plan(plan("p1", {0: THREE})))
+    ids = uuids(sim)
+    assert len(offers) == 4, "one publish per created instance, then the pass's own"
+    for n, offer in enumerate(offers[:3], start=1):
+        made = frozenset(THREE[:n])
+        assert offer.made == made, "published while the pass still creates the rest"
+        assert offer.inventory == made and offer.hub == {ids[i] for i in made}
+        assert offer.plan == PlanReport("p0", GpuState.APPLIED), "still the previous answer"
+    assert offers[-1].plan == PlanReport("p1", GpuState.APPLIED)
+    assert offers[-1].inventory == set(THREE) and offers[-1].hub == set(ids.values())
+
+
+def test_the_first_pass_after_a_start_publishes_only_at_its_end(tmp_path: Path) -> None:
+    """No state published yet, so none to keep while the pass runs: nothing before its answer."""
+    sim = SimulatedGpus([H200])
+    agent, published = node_agent(sim, Pods(), tmp_path)
+    agent.reconcile(encode_desired((dynamic(),)), encode_mig_plan(plan("p1", {0: THREE})))
+    assert len(published.states) == 1
+    assert published.report.plan == PlanReport("p1", GpuState.APPLIED)
