@@ -413,3 +413,12 @@ def test_warm_mix_is_restored_on_idle_gpus_once_then_left_alone():
     # a GPU with an instance in use is not re-carved to the warm mix
     busy = Instance(MigInstance(Placement(0, 4), "4g.40gb"), Use.IN_USE, "x")
     assert plan([Gpu("node", 0, A100, (busy,), policy)], [], now=0.0).operations == 0
+
+
+def test_creates_of_one_round_are_spread_over_gpus_that_make_them_one_at_a_time() -> None:
+    # Without the queue cost all four land on GPU 0 (least fragmentation), and the last pod
+    # waits for three creates before its own; with it, two GPUs make two each.
+    gpus = [Gpu("n1", 0, H100), Gpu("n1", 1, H100)]
+    demand = [Demand(f"ns/p{i}", ("1g.10gb",), 0, float(i)) for i in range(4)]
+    result = plan(gpus, demand, now=0.0)
+    assert sorted(Counter(r.gpu for r in result.reservations).values()) == [2, 2]

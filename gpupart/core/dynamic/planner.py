@@ -9,7 +9,9 @@ Rules, in order:
   if every instance it asks for fits on one node, together with everything served before it.
 - Among the ways to serve a pod: least `OPS_WEIGHT` x instance operations (reusing an idle
   instance costs none, a create one, destroying an idle instance one) + fragmentation left
-  against the observed mix (`fragmentation`), then fewest operations, node name, GPU index.
+  against the observed mix (`fragmentation`) + `QUEUE_WEIGHT` x operations already planned on
+  the GPU this round when it needs one (a GPU makes instances one at a time: spreading a
+  burst's creates over GPUs binds its pods sooner), then fewest operations, node name, GPU index.
 - An idle instance is destroyed only when a pending pod's creation needs its slices, or, once
   older than the policy's `min_idle_s` (the hysteresis), to restore the warm mix on a GPU that
   holds nothing in use or reserved. The hysteresis never makes a pending pod wait: measured on
@@ -59,6 +61,9 @@ REPACK_BUDGET = 2_000
 OPS_WEIGHT = 1.0
 """What one instance operation costs against one memory slice of expected fragmentation: an
 idle instance is reused as is only when that does not strand more than a slice elsewhere."""
+QUEUE_WEIGHT = 1.0
+"""What one operation already planned on a GPU in the same round costs a new one there, against
+one memory slice of expected fragmentation (NVML changes one GPU's instances one at a time)."""
 REASON_GPUS = 3
 """How many GPUs an unserved pod's reason names (it counts the rest)."""
 
@@ -578,6 +583,11 @@ def _greedy(
             found = solver.delta(work.state, claims, profile)
             if found is None:
                 continue
+            if found[1] and claims:
+                # A GPU makes its instances one after another: each operation already planned
+                # on it this round delays this one (the pod binds later), so spread creates.
+                queued = solver.option(work.state, claims)
+                found = (found[0] + QUEUE_WEIGHT * (queued.ops if queued else 0), found[1])
             key = (found[0], found[1], position)
             if best is None or key < best[0]:
                 best = (key, work)
