@@ -46,6 +46,7 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
             mig_enabled=[g.mig_enabled for g in settings.simulate],
             create_s=settings.simulate_create_s,
             destroy_s=settings.simulate_destroy_s,
+            state_path=settings.simulate_state,
         )
     from gpupart_plugin.nvml import NvmlGpus  # only on real nodes: loads libnvidia-ml
 

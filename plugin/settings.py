@@ -50,6 +50,9 @@ class NodeSettings:
     """Simulated GPUs only: seconds a GPU instance create (with its compute instance) takes."""
     simulate_destroy_s: float
     """Simulated GPUs only: seconds a GPU instance destroy takes."""
+    simulate_state: Path | None
+    """Simulated GPUs only: a file that keeps their MIG modes and instances across restarts of
+    the agent, as a real GPU keeps them; None: they start empty with each process."""
     ignored_xids: frozenset[int]
     recovery_s: float
     resync_s: float
@@ -117,6 +120,13 @@ SIMULATE_DESTROY = Setting(
     "0",
     "simulated GPUs only: seconds each MIG instance destroy takes (the simulator assumes 0.5)",
 )
+SIMULATE_STATE = Setting(
+    "--simulate-state",
+    text,
+    "",
+    "simulated GPUs only: a file keeping their MIG modes and instances across restarts of the "
+    "agent (a real GPU keeps them); empty: they start empty with each process",
+)
 IGNORED_XIDS = Setting(
     "--ignored-xids",
     integers,
@@ -147,7 +157,7 @@ SETTINGS = SettingsTable(
     "GPUPART_",
     (
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, MPS_ROOT, MPS_CONTROL,
-        SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, IGNORED_XIDS, RECOVERY,
+        SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE, IGNORED_XIDS, RECOVERY,
         RESYNC, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
     ),
 )  # fmt: skip
@@ -199,6 +209,9 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
             raise InvalidInput(where, f"must be a number of seconds ≥ 0, got {seconds:g}")
         if seconds and not gpus:
             raise InvalidInput(where, "works only with --simulate (NVML takes its own time)")
+    state = read(SIMULATE_STATE)
+    if state and not gpus:
+        raise InvalidInput("--simulate-state", "works only with --simulate")
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
@@ -210,6 +223,7 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         simulate_auto_reset=auto_reset,
         simulate_create_s=latencies[SIMULATE_CREATE],
         simulate_destroy_s=latencies[SIMULATE_DESTROY],
+        simulate_state=Path(state) if state else None,
         ignored_xids=read(IGNORED_XIDS),
         recovery_s=read(RECOVERY),
         resync_s=read(RESYNC),

@@ -14,15 +14,19 @@ create or destroy (`create_s`, `destroy_s`), one step at a time per GPU, GPUs in
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
-from gpupart.core.mig.layout import MigInstance
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.mig.planning import (
     CreateGpuInstance,
     DestroyComputeInstance,
@@ -99,6 +103,7 @@ class SimulatedGpus:
         mode_change_needs_reset: bool = True,
         create_s: float = 0.0,
         destroy_s: float = 0.0,
+        state_path: Path | None = None,
     ) -> None:
         """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it).
 
@@ -131,6 +136,67 @@ class SimulatedGpus:
         self._created = 0
         self.calls: list[str] = []
         """Every mutating call, in order (for tests and the benchmark)."""
+        self._state_path = state_path
+        """Where MIG modes and instances outlive this object (`--simulate-state`), or None."""
+        if state_path is not None and state_path.exists():
+            self._load(state_path)
+
+    # ---- the state file: what a real GPU keeps when the agent restarts ----
+
+    def _load(self, path: Path) -> None:
+        """Take back MIG modes and instances saved by an earlier agent on these GPUs.
+
+        InvalidInput (naming the file) when it is unreadable or names other GPUs: a simulated
+        GPU is never guessed into a state.
+        """
+        try:
+            raw = json.loads(path.read_text())
+            if [g["uuid"] for g in raw["gpus"]] != [g.uuid for g in self._gpus]:
+                raise ValueError("it is for other GPUs")
+            for gpu, saved in zip(self._gpus, raw["gpus"], strict=True):
+                gpu.mig_enabled = bool(saved["mig_enabled"])
+                gpu.mig_pending = saved["mig_pending"]
+                gpu.exclusive = bool(saved["exclusive"])
+                gpu.instances = {
+                    MigInstance(Placement(int(i["start"]), int(i["size"])), str(i["profile"])): (
+                        _Instance(int(i["id"]), str(i["uuid"]), int(i["compute_instances"]))
+                    )
+                    for i in saved["instances"]
+                }
+            self._created = int(raw["created"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise InvalidInput("--simulate-state", f"{path}: cannot be read ({error})") from None
+
+    def _save(self) -> None:
+        """Write the GPUs' MIG state (under `_lock`), atomically: a kill mid-write keeps the last."""
+        if self._state_path is None:
+            return
+        document = {
+            "created": self._created,
+            "gpus": [
+                {
+                    "uuid": gpu.uuid,
+                    "mig_enabled": gpu.mig_enabled,
+                    "mig_pending": gpu.mig_pending,
+                    "exclusive": gpu.exclusive,
+                    "instances": [
+                        {
+                            "start": i.placement.start,
+                            "size": i.placement.size,
+                            "profile": i.profile,
+                            "id": r.gpu_instance_id,
+                            "uuid": r.uuid,
+                            "compute_instances": r.compute_instances,
+                        }
+                        for i, r in sorted(gpu.instances.items())
+                    ],
+                }
+                for gpu in self._gpus
+            ],
+        }
+        partial = self._state_path.with_suffix(".partial")
+        partial.write_text(json.dumps(document))
+        os.replace(partial, self._state_path)
 
     # ---- fault injection and test controls ----
 
@@ -162,6 +228,7 @@ class SimulatedGpus:
             if gpu.mig_pending is not None:
                 gpu.mig_enabled, gpu.mig_pending = gpu.mig_pending, None
             gpu.instances.clear()
+            self._save()
 
     def reset_idle(self) -> tuple[int, ...]:
         """Reset every GPU with a pending MIG mode change and no process; the indices reset.
@@ -223,6 +290,7 @@ class SimulatedGpus:
                 gpu.mig_pending = enabled
             else:
                 gpu.mig_enabled = enabled
+            self._save()
 
     def instances(self, index: int) -> tuple[GpuInstanceRecord, ...]:
         with self._lock:
@@ -283,6 +351,7 @@ class SimulatedGpus:
                 record.compute_instances = after[step.instance].compute_instances
             else:
                 del gpu.instances[step.instance]
+            self._save()
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         with self._lock:
@@ -294,6 +363,7 @@ class SimulatedGpus:
         with self._lock:
             self._fault("set_exclusive_process", f"set compute mode of GPU {index}")
             self._gpu(index).exclusive = exclusive
+            self._save()
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
         try:

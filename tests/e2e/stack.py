@@ -167,6 +167,8 @@ class Stack:
                 f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),
+                # The simulated GPUs outlive a restart of their agent, as real ones do.
+                f"--simulate-state={self.work / f'simgpu-{node}.json'}",
                 *([f"--simulate-create-seconds={create_s}"] if create_s else []),
                 *([f"--simulate-destroy-seconds={destroy_s}"] if destroy_s else []),
             ],

@@ -128,3 +128,28 @@ def test_a_slow_create_holds_only_its_own_gpu() -> None:
     assert sim.instances(0) == (), "the read did not wait for GPU 0's create"
     worker.join(10)
     assert [r.slice.instance for r in sim.instances(0)] == [whole]
+
+
+def test_a_state_file_keeps_mig_modes_and_instances_across_restarts(tmp_path) -> None:
+    from gpupart.core.errors import InvalidInput
+    from gpupart.core.mig.layout import MigInstance, Placement
+    from gpupart.core.mig.planning import CreateComputeInstance, CreateGpuInstance
+    from gpupart_plugin.simgpu import SimulatedGpus
+
+    path = tmp_path / "gpus.json"
+    first = SimulatedGpus(["H100-SXM5-80GB", "H100-SXM5-80GB"], node="n", state_path=path)
+    made = MigInstance(Placement(4, 4), "3g.40gb")
+    first.apply(CreateGpuInstance(1, made))
+    first.apply(CreateComputeInstance(1, made))
+    again = SimulatedGpus(["H100-SXM5-80GB", "H100-SXM5-80GB"], node="n", state_path=path)
+    assert again.instances(1) == first.instances(1) and again.instances(0) == ()
+    # A new instance after the restart gets a UUID never used before.
+    other = MigInstance(Placement(0, 4), "3g.40gb")
+    again.apply(CreateGpuInstance(1, other))
+    uuids = [r.slice.uuid for r in again.instances(1)]
+    assert len(set(uuids)) == 2
+    with pytest.raises(InvalidInput, match="gpus.json: cannot be read"):
+        SimulatedGpus(["A100-SXM4-80GB"], node="n", state_path=path)  # other GPUs
+    path.write_text("{")
+    with pytest.raises(InvalidInput, match="--simulate-state"):
+        SimulatedGpus(["H100-SXM5-80GB", "H100-SXM5-80GB"], node="n", state_path=path)
