@@ -44,7 +44,15 @@ from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.scheduling.pods import NodeConstraint, node_constraint, pod_key
 from gpupart_operator.metrics import Metrics
-from gpupart_operator.model import GROUP, PLURAL, VERSION, merge_patch, read_node, read_partition
+from gpupart_operator.model import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    merge_patch,
+    object_event,
+    read_node,
+    read_partition,
+)
 from gpupart_operator.reconciler import MERGE_PATCH, Reconciler, drain
 from gpupart_operator.settings import OperatorSettings
 
@@ -90,11 +98,12 @@ def _unix(timestamp: object) -> float | None:
         return None
 
 
-def _unschedulable(status: Mapping[str, Any]) -> bool:
+def _pod_scheduled(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod's PodScheduled condition ({} when it has none yet)."""
     for condition in status.get("conditions") or []:
         if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled":
-            return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
-    return False
+            return condition
+    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +164,11 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
             if node:
                 held = holders.setdefault(str(node), Counter())
                 held.update(profiles)
-                bound[uid] = (key, created, _scheduled_at(status))
+                bound[uid] = (key, created, _unix(_pod_scheduled(status).get("lastTransitionTime")))
                 continue
             unbound[key] = uid
-            if _unschedulable(status):
+            scheduled = _pod_scheduled(status)
+            if (scheduled.get("status"), scheduled.get("reason")) == ("False", "Unschedulable"):
                 priority = spec.get("priority") or 0
                 priority = priority if isinstance(priority, int) else 0
                 constraints[key] = node_constraint(pod)
@@ -166,13 +176,6 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
         except Exception as error:  # noqa: BLE001 - one unreadable pod never stops the others
             log.debug("Skipped pod", extra=logs.kv(pod=_safe_key(pod), err=error))
     return PodFacts(tuple(pending), unbound, holders, bound, namespaces, constraints)
-
-
-def _scheduled_at(status: Mapping[str, Any]) -> float | None:
-    for condition in status.get("conditions") or []:
-        if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled":
-            return _unix(condition.get("lastTransitionTime"))
-    return None
 
 
 def _safe_key(pod: object) -> str:
@@ -457,28 +460,22 @@ class DemandPlanner:
         ):
             return
         self._said[uid] = (reason, message, self.clock())
-        name = pod.split("/", 1)[1]
-        now = dt.datetime.now(dt.UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"namespace": namespace, "generateName": f"{name[:200]}."},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "type": kind,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "gpupart-operator"},
-            "reportingComponent": "gpupart.io/operator",
-            "reportingInstance": self.settings.instance,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.split("/", 1)[1],
+            "namespace": namespace,
+            "uid": uid,
         }
+        body = object_event(
+            involved,
+            reason=reason,
+            message=message,
+            kind=kind,
+            namespace=namespace,
+            now=self.reconciler.clock(),
+            instance=self.settings.instance,
+        )
         self.reconciler.post_event(body)
 
     def _measure_bound(self, pods: PodFacts) -> None:

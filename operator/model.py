@@ -282,11 +282,29 @@ def partition_event(
     instance: str,
 ) -> dict[str, Any]:
     """A core/v1 Event of `kind` (Normal or Warning) about the GpuPartition `name`."""
+    involved = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid}
+    return object_event(
+        involved, reason=reason, message=message, kind=kind, namespace=namespace, now=now,
+        instance=instance,
+    )  # fmt: skip
+
+
+def object_event(
+    involved: Mapping[str, str],
+    *,
+    reason: str,
+    message: str,
+    kind: str,
+    namespace: str,
+    now: str,
+    instance: str,
+) -> dict[str, Any]:
+    """A core/v1 Event of `kind` (Normal or Warning) about the object `involved` names."""
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{name}.", "namespace": namespace},
-        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid},
+        "metadata": {"generateName": f"{involved['name'][:200]}.", "namespace": namespace},
+        "involvedObject": dict(involved),
         "reason": reason,
         "message": message[:1024],
         "type": kind,
