@@ -153,11 +153,19 @@ class GivenContainer:
 
 @dataclass(frozen=True, slots=True)
 class PodAssignment:
+    """The extender's choice for one shared-GPU pod: its node and GPU, and the pod's totals.
+
+    `pod_uid` and `signature` bind it to the pod it was made for
+    (`gpupart.core.api.provenance`): the node agent serves only assignments that verify.
+    """
+
     node: str
     gpu: int
     gpu_uuid: str
     memory_mib: int = 0
     compute_percent: int = 0
+    pod_uid: str = ""
+    signature: str = ""
 
 
 T = TypeVar("T")
@@ -411,6 +419,8 @@ def encode_assignment(assignment: PodAssignment) -> str:
             "gpuUUID": assignment.gpu_uuid,
             "memoryMiB": assignment.memory_mib,
             "computePercent": assignment.compute_percent,
+            "podUID": assignment.pod_uid,
+            "signature": assignment.signature,
         }
     )
 
@@ -423,6 +433,8 @@ def decode_assignment(text: str) -> PodAssignment:
             gpu_uuid=record.string("gpuUUID"),
             memory_mib=record.integer("memoryMiB", 0, minimum=0),
             compute_percent=record.integer("computePercent", 0, minimum=0),
+            pod_uid=record.string("podUID", ""),
+            signature=record.string("signature", ""),
         )
 
     return _decode(text, ASSIGNMENT_ANNOTATION, read)
