@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gpupart import logs
+from gpupart.core.api.events import object_event
 from gpupart.core.api.resources import parse_pod_request
 from gpupart.core.api.spec import PartitionSpec
 from gpupart.core.api.wire import (
@@ -49,7 +50,6 @@ from gpupart_operator.model import (
     PLURAL,
     VERSION,
     merge_patch,
-    object_event,
     read_node,
     read_partition,
 )
@@ -474,6 +474,7 @@ class DemandPlanner:
             kind=kind,
             namespace=namespace,
             now=self.reconciler.clock(),
+            component="operator",
             instance=self.settings.instance,
         )
         self.reconciler.post_event(body)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupart.core.api.events import object_event
 from gpupart.core.api.spec import API_VERSION, KIND, parse_partition
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
@@ -285,33 +286,5 @@ def partition_event(
     involved = {"apiVersion": API_VERSION, "kind": KIND, "name": name, "uid": uid}
     return object_event(
         involved, reason=reason, message=message, kind=kind, namespace=namespace, now=now,
-        instance=instance,
+        component="operator", instance=instance,
     )  # fmt: skip
-
-
-def object_event(
-    involved: Mapping[str, str],
-    *,
-    reason: str,
-    message: str,
-    kind: str,
-    namespace: str,
-    now: str,
-    instance: str,
-) -> dict[str, Any]:
-    """A core/v1 Event of `kind` (Normal or Warning) about the object `involved` names."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{involved['name'][:200]}.", "namespace": namespace},
-        "involvedObject": dict(involved),
-        "reason": reason,
-        "message": message[:1024],
-        "type": kind,
-        "source": {"component": "gpupart-operator"},
-        "reportingComponent": "gpupart.io/operator",
-        "reportingInstance": instance,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }

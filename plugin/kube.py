@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, watch
@@ -14,20 +15,20 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpupart import logs
+from gpupart.core.api.events import object_event
+from gpupart.core.api.provenance import AssignmentKeys
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
-    ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     STATE_ANNOTATION,
     GivenContainer,
-    decode_allocation,
-    decode_assignment,
     encode_allocation,
 )
 from gpupart.core.errors import GpupartError
-from gpupart.core.node.admission import AssignedPod, shared_containers
+from gpupart.core.node.admission import SharedPod, read_shared_pod
+from gpupart.keyfile import KeyFile
 from gpupart.kubeconfig import describe_api_error
 from gpupart.watch import Backoff, Event, Failed, Listed, Resumed, list_watch
 
@@ -40,6 +41,10 @@ CONNECTION_ERRORS = (ApiException, HTTPError, OSError)
 urllib3's MaxRetryError (connection refused after its retries) and ProtocolError (connection
 dropped mid-watch) derive from urllib3's HTTPError, not from OSError.
 """
+
+
+ALLOCATE_REFUSED = "SharedGpuAllocateRefused"
+"""The reason of the Event on a pod whose shared-GPU Allocate the node agent refused."""
 
 
 class KubeUnavailable(GpupartError):
@@ -67,12 +72,15 @@ class NodeClient:
         self,
         api: client.ApiClient,
         node: str,
+        keys: KeyFile,
         *,
         timeout_s: float = 10.0,
         backoff_s: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node = node
+        self.keys = keys
+        """The extender's assignment keys: only assignments that verify are served."""
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
         """First and longest wait between failed watch attempts (doubling in between)."""
@@ -220,12 +228,14 @@ class NodeClient:
                 f"write the status of node {self.node}: {describe_api_error(error)}"
             ) from error
 
-    def assigned_pods(self) -> tuple[AssignedPod, ...]:
-        """Pods bound here, in any phase but a finished one, that carry the extender's assignment.
+    def shared_pods(self) -> tuple[SharedPod, ...]:
+        """Pods bound here, in any phase but a finished one, that ask for shared-GPU slots.
 
         Not only Pending ones: kwok reports a pod Running before the kubelet calls Allocate for
-        it (the core's `admit_shared` pairs by the allocation record, not the phase). Malformed
-        ones are skipped: the plugin never serves them.
+        it. Each assignment is checked against the extender's key here (`read_shared_pod`); a
+        pod without one that verifies stays listed with its problem: it may be the pod being
+        admitted, so the allocator refuses rather than pair, and can name it. Unreadable pods
+        are skipped: the plugin never serves them.
         """
         try:
             pods = self.core.list_pod_for_all_namespaces(
@@ -238,27 +248,63 @@ class NodeClient:
             raise KubeUnavailable(
                 f"list pods on node {self.node}: {describe_api_error(error)}"
             ) from error
+        keys: AssignmentKeys | str
+        try:
+            keys = self.keys.keys()
+        except GpupartError as error:
+            keys = str(error)
         found = []
         for pod in pods.items:
             # Parse at the edge: the plain dict form, where every field is what the API sent.
             raw: Mapping[str, Any] = self.core.api_client.sanitize_for_serialization(pod)
-            meta: Mapping[str, Any] = raw.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            text = annotations.get(ASSIGNMENT_ANNOTATION)
-            if text is None:
-                continue
             try:
-                assigned = _assigned_pod(raw, meta, text, annotations.get(ALLOCATION_ANNOTATION))
+                assigned = read_shared_pod(raw, keys)
             except Exception as error:  # noqa: BLE001 - one unreadable pod never hides the others
+                meta = raw.get("metadata") or {}
                 log.warning(
                     "Skipped unreadable pod",
                     extra=logs.kv(pod=f"{meta.get('namespace')}/{meta.get('name')}", err=error),
                 )
                 continue
+            if assigned is None:
+                continue
             found.append(assigned)
         return tuple(found)
 
-    def record_allocation(self, pod: AssignedPod, given: tuple[GivenContainer, ...]) -> None:
+    def warn(self, pod: SharedPod, message: str) -> None:
+        """A Warning Event on `pod` saying why its shared-GPU Allocate was refused; never raises."""
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "uid": pod.uid,
+        }
+        body = object_event(
+            involved,
+            reason=ALLOCATE_REFUSED,
+            message=message,
+            kind="Warning",
+            namespace=pod.namespace,
+            now=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            component="node",
+            instance=self.node,
+        )
+        try:
+            response: Any = self.core.create_namespaced_event(
+                pod.namespace,
+                client.CoreV1Event.model_validate(body),
+                _preload_content=False,
+                _request_timeout=self.timeout_s,
+            )
+            response.data  # noqa: B018 - read to the end: the connection goes back to the pool
+        except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
+            log.warning(
+                "Failed to post event",
+                extra=logs.kv(pod=pod.key, err=describe_api_error(error)),
+            )
+
+    def record_allocation(self, pod: SharedPod, given: tuple[GivenContainer, ...]) -> None:
         """Write what the plugin gave the pod's containers (`gpupart.io/allocation`) on the pod."""
         body = {"metadata": {"annotations": {ALLOCATION_ANNOTATION: encode_allocation(given)}}}
         try:
@@ -269,29 +315,6 @@ class NodeClient:
             raise KubeUnavailable(
                 f"record the allocation of pod {pod.key}: {describe_api_error(error)}"
             ) from error
-
-
-def _assigned_pod(
-    raw: Mapping[str, Any], meta: Mapping[str, Any], assignment: str, record: str | None
-) -> AssignedPod:
-    given: tuple[GivenContainer, ...] = ()
-    problem = ""
-    if record is not None:
-        try:
-            given = decode_allocation(record)
-        except GpupartError as error:
-            problem = str(error)  # served by someone, unknown how: never served again
-    return AssignedPod(
-        uid=str(meta.get("uid", "")),
-        namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
-        assignment=decode_assignment(assignment),
-        containers=shared_containers(raw),
-        given=given,
-        record_problem=problem,
-        phase=str((raw.get("status") or {}).get("phase", "")),
-        deleting=meta.get("deletionTimestamp") is not None,
-    )
 
 
 def _annotations(obj: Any) -> Mapping[str, str]:

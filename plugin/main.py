@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpupart import logs
 from gpupart.core.errors import GpupartError
+from gpupart.keyfile import KeyFile
 from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.actuator import Actuator, PassResult
@@ -20,6 +21,7 @@ from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.backend import GpuBackend
+from gpupart_plugin.checkpoint import Checkpoint
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.metrics import NodeMetrics, serve_http
@@ -154,11 +156,21 @@ def run(args: argparse.Namespace) -> int:
     from gpupart.kubeconfig import load_configuration
     from gpupart_plugin.kube import NodeClient
 
-    node = NodeClient(client.ApiClient(load_configuration(settings.kubeconfig)), settings.node_name)
+    node = NodeClient(
+        client.ApiClient(load_configuration(settings.kubeconfig)),
+        settings.node_name,
+        KeyFile(settings.assignment_key_file),
+    )
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
     allocator = Allocator(
-        hub, settings.node_name, node.assigned_pods, node.record_allocation, cdi=settings.cdi
+        hub,
+        settings.node_name,
+        node.shared_pods,
+        node.record_allocation,
+        Checkpoint(settings.state_dir, settings.node_name),
+        warn=node.warn,
+        cdi=settings.cdi,
     )
     plugins = DevicePlugins(
         hub,

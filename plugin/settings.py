@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
+from gpupart.keyfile import DEFAULT_KEY_FILE
 from gpupart.settings import (
     KUBECONFIG,
     Setting,
@@ -39,6 +40,11 @@ class NodeSettings:
     """Kubelet device-plugin directory; our sockets go here."""
     kubelet_socket: Path
     pod_resources_socket: Path
+    state_dir: Path
+    """Host directory of the agent's own records (the admission checkpoint); it survives restarts."""
+    assignment_key_file: Path
+    """The extender's assignment keys (a Secret volume): shared-GPU pods are served only when
+    their assignment verifies."""
     mps_root: Path
     """Host directory for MPS pipe, log and shm directories (hostPath mounted at the same path)."""
     mps_control: tuple[str, ...]
@@ -86,6 +92,20 @@ POD_RESOURCES_SOCKET = Setting(
     text,
     "/var/lib/kubelet/pod-resources/kubelet.sock",
     "kubelet PodResources socket",
+)
+STATE_DIR = Setting(
+    "--state-dir",
+    text,
+    "/var/lib/kubelet/plugins/gpupart.io",
+    "host directory for the agent's admission checkpoint (not the device-plugin directory, "
+    "which the kubelet empties when it starts)",
+)
+ASSIGNMENT_KEY_FILE = Setting(
+    "--assignment-key-file",
+    text,
+    DEFAULT_KEY_FILE,
+    "the extender's assignment keys, one per line: only shared-GPU assignments signed with "
+    "one of them are served",
 )
 MPS_ROOT = Setting(
     "--mps-root", text, "/run/gpupart/mps", "host directory for MPS pipe/log/shm directories"
@@ -156,7 +176,8 @@ ONCE = Setting("--once", boolean, "false", "run one reconcile pass and exit", bo
 SETTINGS = SettingsTable(
     "GPUPART_",
     (
-        NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, MPS_ROOT, MPS_CONTROL,
+        NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, STATE_DIR,
+        ASSIGNMENT_KEY_FILE, MPS_ROOT, MPS_CONTROL,
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE, IGNORED_XIDS, RECOVERY,
         RESYNC, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
     ),
@@ -217,6 +238,8 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         plugin_dir=plugin_dir,
         kubelet_socket=Path(read(KUBELET_SOCKET) or plugin_dir / "kubelet.sock"),
         pod_resources_socket=Path(read(POD_RESOURCES_SOCKET)),
+        state_dir=Path(read(STATE_DIR)),
+        assignment_key_file=Path(read(ASSIGNMENT_KEY_FILE)),
         mps_root=Path(read(MPS_ROOT)),
         mps_control=tuple(read(MPS_CONTROL).split()),
         simulate=gpus,

@@ -45,6 +45,7 @@ from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.api import deviceplugin_pb2 as api
 from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.checkpoint import Checkpoint
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
@@ -195,7 +196,13 @@ def main(floor: bool, kubelet: bool) -> None:
     directory = Path(tempfile.mkdtemp(prefix="gp-bench-", dir="/tmp"))
     sim = SimulatedGpus(["H200-141GB"] * 8, node="bench")
     hub, metrics = DeviceHub(), NodeMetrics()
-    allocator = Allocator(hub, "bench", lambda: (), lambda _pod, _given: None)
+    allocator = Allocator(
+        hub,
+        "bench",
+        lambda: (),
+        lambda _pod, _given: None,
+        Checkpoint(directory / "state", "bench"),
+    )
     # No kubelet.sock: the plugins serve but skip Register; the client below dials them directly.
     plugins = DevicePlugins(
         hub,

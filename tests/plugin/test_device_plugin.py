@@ -26,11 +26,12 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.admission import AssignedPod, SharedContainer
+from gpupart.core.node.admission import SharedContainer, SharedPod
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.checkpoint import Checkpoint
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.kube import KubeUnavailable
@@ -51,7 +52,9 @@ class Node:
     plugins: DevicePlugins
     agent: NodeAgent
     kubelet: FakeKubelet
-    pods: list[AssignedPod]
+    pods: list[SharedPod]
+    recorded: dict[str, tuple[GivenContainer, ...]]
+    """The `gpupart.io/allocation` annotations written, by pod uid."""
     published: list[tuple[str, str]]
 
     def apply(self, *groups: DesiredGroup) -> None:
@@ -63,10 +66,14 @@ def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterat
     sim = SimulatedGpus([H200, H200], mode_change_needs_reset=False)
     hub, metrics, pods = DeviceHub(), NodeMetrics(), []
 
-    def record(pod: AssignedPod, given: tuple[GivenContainer, ...]) -> None:
-        pods[:] = [replace(p, given=given) if p.uid == pod.uid else p for p in pods]
+    recorded: dict[str, tuple[GivenContainer, ...]] = {}
 
-    allocator = Allocator(hub, "node-a", lambda: tuple(pods), record)
+    def record(pod: SharedPod, given: tuple[GivenContainer, ...]) -> None:
+        recorded[pod.uid] = given
+
+    allocator = Allocator(
+        hub, "node-a", lambda: tuple(pods), record, Checkpoint(tmp_path / "state", "node-a")
+    )
     plugins = DevicePlugins(
         hub,
         allocator,
@@ -78,7 +85,7 @@ def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterat
     published: list[tuple[str, str]] = []
     actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", mps_command))
     agent = NodeAgent(actuator, hub, plugins, lambda s, i, _c: published.append((s, i)), metrics)
-    yield Node(sim, hub, plugins, agent, kubelet, pods, published)
+    yield Node(sim, hub, plugins, agent, kubelet, pods, recorded, published)
     plugins.stop()
 
 
@@ -224,12 +231,13 @@ def test_lost_gpu_goes_unhealthy_until_it_answers_again(node: Node) -> None:
     assert node.hub.unhealthy == frozenset()
 
 
-def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> AssignedPod:
-    return AssignedPod(
+def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> SharedPod:
+    return SharedPod(
         uid,
         "ml",
         f"pod-{uid}",
-        PodAssignment("node-a", 0, gpu_uuid, memory, compute),
+        "node-a",
+        PodAssignment("node-a", 0, gpu_uuid, memory, compute, pod_uid=uid),
         (SharedContainer("main", 1, memory, compute),),
     )
 
@@ -237,18 +245,26 @@ def _assigned(uid: str, gpu_uuid: str, memory: int, compute: int) -> AssignedPod
 def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) -> None:
     node.apply(DesiredGroup("s", 1, None, GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4)))
     node.kubelet.registered()
-    ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared")]
     stub = node.kubelet.stubs["nvidia.com/gpu.shared"]
-    gpu1 = node.sim.gpus()[1].uuid
+    gpu0, gpu1 = (g.uuid for g in node.sim.gpus())
+    ids = [i for i, _ in node.kubelet.latest("nvidia.com/gpu.shared") if i.startswith(gpu1)]
     request = api.AllocateRequest(
         container_requests=[api.ContainerAllocateRequest(devices_ids=ids[:1])]
     )
     with pytest.raises(grpc.RpcError) as refused:
         stub.Allocate(request, timeout=5)
-    assert "assignment" in (refused.value.details() or "")
+    assert "awaits" in (refused.value.details() or "")
     node.pods.append(_assigned("1", gpu1, 10240, 30))
+    elsewhere = api.AllocateRequest(
+        container_requests=[api.ContainerAllocateRequest(devices_ids=[f"{gpu0}::0"])]
+    )
+    with pytest.raises(grpc.RpcError) as wrong:  # slots of another GPU than the assigned one
+        stub.Allocate(elsewhere, timeout=5)
+    assert f"assigned GPU {gpu1}, the kubelet allocated slots of GPU {gpu0}" in (
+        wrong.value.details() or ""
+    )
     response = stub.Allocate(request, timeout=5).container_responses[0]
-    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == gpu1  # the assigned GPU, whatever slot
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == gpu1
     assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu1}=10240M"
     assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps"
@@ -256,7 +272,7 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
     assert mounts["/var/run/gpupart/mps"].endswith(f"{gpu1}/pipe")
     assert "/dev/shm" in mounts
     # What it gave is recorded on the pod; the same devices again get the same answer.
-    assert node.pods[0].given == (GivenContainer("main", tuple(ids[:1]), gpu1, 10240, 30),)
+    assert node.recorded["1"] == (GivenContainer("main", tuple(ids[:1]), gpu1, 10240, 30),)
     again = stub.Allocate(request, timeout=5).container_responses[0]
     assert again.envs == response.envs
     other = api.AllocateRequest(
@@ -276,9 +292,13 @@ def test_shared_allocate_serves_running_pods_across_a_plugin_restart(node: Node)
     assert dict(first.envs)["NVIDIA_VISIBLE_DEVICES"] == gpu0
     node.pods.append(_assigned("2", gpu1, 4096, 10))
 
-    # A new plugin process remembers nothing: the record on pod-1 says it was served.
+    # A new plugin process reads its checkpoint back: pod-1 was served.
     restarted = Allocator(
-        node.hub, "node-a", lambda: tuple(node.pods), node.plugins.allocator.record
+        node.hub,
+        "node-a",
+        lambda: tuple(node.pods),
+        node.plugins.allocator.record,
+        Checkpoint(node.plugins.allocator.checkpoint.path.parent, "node-a"),
     )
     assert restarted.preferred("nvidia.com/gpu.shared", [f"{gpu0}::1", f"{gpu1}::1"], [], 1) == (
         f"{gpu1}::1",  # pod-2 awaits: its assigned GPU first
@@ -292,13 +312,15 @@ def test_shared_allocate_fails_when_the_record_cannot_be_written(node: Node) -> 
     gpu0 = node.sim.gpus()[0].uuid
     node.pods.append(_assigned("1", gpu0, 8192, 20))
 
-    def down(_pod: AssignedPod, _given: tuple[GivenContainer, ...]) -> None:
+    def down(_pod: SharedPod, _given: tuple[GivenContainer, ...]) -> None:
         raise KubeUnavailable("record the allocation of pod ml/pod-1: 503 Service Unavailable")
 
-    blind = Allocator(node.hub, "node-a", lambda: tuple(node.pods), down)
+    checkpoint = node.plugins.allocator.checkpoint
+    blind = Allocator(node.hub, "node-a", lambda: tuple(node.pods), down, checkpoint)
     with pytest.raises(KubeUnavailable, match="503"):
         blind.allocate("nvidia.com/gpu.shared", [f"{gpu0}::0"])
-    assert node.pods[0].given == ()  # nothing given, nothing recorded: the pod still awaits
+    # Nothing given, nothing kept: the pod still awaits, in this process and the next.
+    assert "1" not in node.recorded and Checkpoint(checkpoint.path.parent, "node-a").records == {}
 
 
 def test_metrics_and_healthz(node: Node) -> None:

@@ -38,6 +38,7 @@ from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator
+from gpupart_plugin.checkpoint import Checkpoint
 from gpupart_plugin.devices import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
@@ -85,7 +86,13 @@ def make_node(
     kubelet: FakeKubelet, tmp_path: Path, *, implements_allocatable: bool = True, timeout_s: float
 ) -> Iterator[Node]:
     hub, metrics = DeviceHub(), NodeMetrics()
-    allocator = Allocator(hub, "node-a", lambda: (), lambda _pod, _given: None)
+    allocator = Allocator(
+        hub,
+        "node-a",
+        lambda: (),
+        lambda _pod, _given: None,
+        Checkpoint(tmp_path / "state", "node-a"),
+    )
     plugins = DevicePlugins(
         hub, allocator, metrics, plugin_dir=kubelet.directory, kubelet_socket=kubelet.socket,
         poll_s=0.05,

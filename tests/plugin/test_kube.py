@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from gpupart.keyfile import KeyFile
 from gpupart.logs import KlogFormatter
 from gpupart_plugin.kube import KubeUnavailable, NodeClient, PassInput
 from gpupart_testsupport.ports import free_port
@@ -29,7 +30,10 @@ closed_port = free_port  # a loopback port nothing listens on (bound, then relea
 def unreachable(node: str = "node-a") -> NodeClient:
     configuration = client.Configuration(host=f"http://{LOOPBACK}:{closed_port()}")
     configuration.retries = 0  # one refused connection per request, not urllib3's three
-    return NodeClient(client.ApiClient(configuration), node, timeout_s=2.0, backoff_s=(0.02, 0.1))
+    keys = KeyFile(Path("/nonexistent/assignment-keys"))  # no pod is verified here
+    return NodeClient(
+        client.ApiClient(configuration), node, keys, timeout_s=2.0, backoff_s=(0.02, 0.1)
+    )
 
 
 def test_watch_retries_with_backoff_while_the_api_server_is_unreachable(
@@ -76,7 +80,7 @@ def test_publish_pod_list_and_inventory_read_raise_the_agents_error_when_unreach
     with pytest.raises(KubeUnavailable, match="publish state of node node-a"):
         node.publish("{}", "[]", {})
     with pytest.raises(KubeUnavailable, match="list pods on node node-a"):
-        node.assigned_pods()
+        node.shared_pods()
     with pytest.raises(KubeUnavailable, match="read the inventory of node node-a"):
         node.last_inventory()
 
