@@ -9,6 +9,7 @@ directory and PodResources socket.
 
 from __future__ import annotations
 
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,15 @@ class Stack:
     real_nodes: dict[str, KubeletNode] = field(default_factory=dict)
     _agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each node agent's arguments, to start it again (`restart_agent`)."""
+
+    @property
+    def key_file(self) -> Path:
+        """The assignment keys the extender signs with and the agents verify (the chart's Secret)."""
+        path = self.work / "assignment-keys"
+        if not path.exists():
+            path.write_text(secrets.token_hex(32) + "\n")
+            path.chmod(0o600)
+        return path
 
     def tails(self) -> str:
         real = [r.tails() for r in self.real_nodes.values()]
@@ -164,6 +174,7 @@ class Stack:
                 f"--plugin-dir={plugin_dir}", f"--kubelet-socket={kubelet_socket}",
                 f"--pod-resources-socket={pod_resources_socket}",
                 f"--mps-root={self.work / f'mps-{node}'}", f"--mps-control={mps}",
+                f"--state-dir={self.work / f'state-{node}'}", f"--assignment-key-file={self.key_file}",
                 f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),

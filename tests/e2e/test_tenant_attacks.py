@@ -1,0 +1,221 @@
+"""Tenants' forgeries against the node agent on a real kubelet, with no admission policy installed.
+
+The chart's admission policies refuse these pods at the API server (tests/e2e/test_admission_policies.py);
+here none is installed, so the node agent's own checks are all that stands in the way
+(docs/adr-015-tenant-proof-admission.md). The tenant is impersonated with a namespaced Role
+only: pods create, get, list, patch, delete in its namespace. Real etcd, kube-apiserver with
+RBAC, gpupart-scheduler with the extender, a real kubelet v1.36 with simulated MPS GPUs; what a
+container got is read from the runtime's record of its CreateContainer.
+
+We test these aspects:
+- a pod through the scheduler with a pre-set `gpupart.io/allocation` claiming the whole GPU
+  gets exactly its own small limits;
+- a CPU-only pod with spec.nodeName preset and a forged record naming every slot answers
+  nobody's Allocate: the next tenant's pod gets its own GPU and limits;
+- pods with spec.nodeName preset asking for slots, with no assignment, an unsigned one claiming
+  the whole GPU, or a genuine one copied from another pod, are refused at Allocate with the
+  reason as an Event, are never given a device, and leave the running pods' limits as they
+  were; the node keeps admitting shared pods afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupart.core.api.wire import (
+    ALLOCATION_ANNOTATION,
+    ASSIGNMENT_ANNOTATION,
+    GivenContainer,
+    PodAssignment,
+    decode_assignment,
+    encode_allocation,
+    encode_assignment,
+)
+from gpupart_plugin.kube import ALLOCATE_REFUSED
+
+from .cluster import ControlPlane
+from .stack import Stack
+from .test_kubelet import MEMORY, SHARED, Node
+
+pytestmark = pytest.mark.e2e
+
+COMPUTE = "gpupart.io/gpu-compute"
+GPU_MIB = 81920
+
+
+@pytest.fixture
+def tenant(
+    k8s_control_plane: ControlPlane, namespace: str
+) -> Generator[client.CoreV1Api, None, None]:
+    """A client that acts as user `tenant-<ns>`, allowed pods in `namespace` only."""
+    admin = client.RbacAuthorizationV1Api(k8s_control_plane.api_client())
+    user = f"tenant-{namespace}"
+    admin.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "tenant"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"],
+                }
+            ],
+        },
+    )
+    admin.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "tenant"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
+    api = k8s_control_plane.api_client()
+    api.set_default_header("Impersonate-User", user)
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+def _pod(
+    name: str,
+    limits: dict[str, str],
+    *,
+    node: str = "",
+    notes: dict[str, str] | None = None,
+    scenario: str = "tenant",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {"name": "app-0", "image": "gpupart/cuda:0", "resources": {"limits": limits}}
+        ],
+    }
+    if node:
+        spec["nodeName"] = node  # preset: no scheduler, no extender
+    else:
+        spec["schedulerName"] = "gpupart-scheduler"
+        spec["nodeSelector"] = {"gpupart.io/e2e-kubelet": scenario}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": notes or {}},
+        "spec": spec,
+    }
+
+
+def _shared(memory: int, compute: int) -> dict[str, str]:
+    return {SHARED: "1", MEMORY: str(memory), COMPUTE: str(compute)}
+
+
+def test_forged_records_and_assignments_are_never_served(
+    stack: Stack, namespace: str, tenant: client.CoreV1Api
+) -> None:
+    node = Node(
+        stack, "tenant", "2xA100-SXM4-80GB:mig-off", {"mode": "MPS", "mps": {"maxClients": 4}}
+    )
+    core = node.core
+    try:
+        node.until(lambda: node.allocatable(SHARED) == 8, 90, "8 client slots")
+        gpu0, gpu1 = sorted(node.inventory(), key=lambda uuid: node.inventory()[uuid])[:2]
+        slots = [f"{g}::{i}" for g in (gpu0, gpu1) for i in range(4)]
+
+        # A victim, served first, through the scheduler.
+        tenant.create_namespaced_pod(namespace, _pod("victim", _shared(20000, 20)))
+        node.running(namespace, "victim")
+        victim_env = node.env(namespace, "victim", "app-0")["env"]
+        victim = decode_assignment(
+            core.read_namespaced_pod("victim", namespace).metadata.annotations[
+                ASSIGNMENT_ANNOTATION
+            ]
+        )
+        assert victim_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{victim.gpu_uuid}=20000M"
+
+        # 1. Through the scheduler, asking 1 MiB / 1 %, with a record that claims the whole GPU.
+        whole = encode_allocation((GivenContainer("app-0", tuple(slots), gpu0, GPU_MIB, 100),))
+        tenant.create_namespaced_pod(
+            namespace, _pod("greedy", _shared(1, 1), notes={ALLOCATION_ANNOTATION: whole})
+        )
+        node.running(namespace, "greedy")
+        greedy = node.env(namespace, "greedy", "app-0")["env"]
+        gpu = decode_assignment(
+            core.read_namespaced_pod("greedy", namespace).metadata.annotations[
+                ASSIGNMENT_ANNOTATION
+            ]
+        ).gpu_uuid
+        assert greedy["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=1M", greedy
+        assert greedy["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1", greedy
+
+        # 2. A CPU-only pod on the node with a record naming every slot: it answers nobody.
+        tenant.create_namespaced_pod(
+            namespace, _pod("squatter", {}, node=node.name, notes={ALLOCATION_ANNOTATION: whole})
+        )
+        node.running(namespace, "squatter")
+        tenant.create_namespaced_pod(namespace, _pod("next", _shared(15000, 15)))
+        node.running(namespace, "next")
+        nxt = node.env(namespace, "next", "app-0")["env"]
+        gpu = decode_assignment(
+            core.read_namespaced_pod("next", namespace).metadata.annotations[ASSIGNMENT_ANNOTATION]
+        ).gpu_uuid
+        assert nxt["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=15000M", nxt
+
+        # 3. Pods on the node with no, an unsigned, or a copied genuine assignment: refused.
+        copied = core.read_namespaced_pod("victim", namespace).metadata.annotations[
+            ASSIGNMENT_ANNOTATION
+        ]
+        unsigned = encode_assignment(PodAssignment(node.name, 1, gpu1, GPU_MIB, 100))
+        forged = {
+            "bare": {},
+            "unsigned": {ASSIGNMENT_ANNOTATION: unsigned},
+            "copied": {ASSIGNMENT_ANNOTATION: copied},
+        }
+        for name, notes in forged.items():
+            tenant.create_namespaced_pod(
+                namespace, _pod(name, _shared(1, 1), node=node.name, notes=notes)
+            )
+
+        def failed(name: str) -> bool:
+            return core.read_namespaced_pod(name, namespace).status.phase == "Failed"
+
+        for name in forged:
+            node.until(lambda name=name: failed(name), 90, f"{name} refused by the kubelet")
+            assert node.real.container(namespace, name, "app-0") is None, f"{name} got a container"
+
+        def reasons(name: str) -> list[str]:
+            events = core.list_namespaced_event(
+                namespace, field_selector=f"involvedObject.name={name}"
+            ).items
+            return [e.message for e in events if e.reason == ALLOCATE_REFUSED]
+
+        for name, says in (
+            ("bare", "has no gpupart.io/assignment"),
+            ("unsigned", "carries no signature"),
+            ("copied", "made for pod UID"),
+        ):
+            node.until(
+                lambda name=name, says=says: any(says in m for m in reasons(name)),
+                30,
+                f"{name}'s Event: {says}",
+            )
+
+        # The running pods kept their limits (no new container), and the node still admits.
+        assert node.env(namespace, "victim", "app-0")["env"] == victim_env
+        tenant.create_namespaced_pod(namespace, _pod("after", _shared(10000, 10)))
+        node.running(namespace, "after")
+        after = node.env(namespace, "after", "app-0")["env"]
+        gpu = decode_assignment(
+            core.read_namespaced_pod("after", namespace).metadata.annotations[ASSIGNMENT_ANNOTATION]
+        ).gpu_uuid
+        assert after["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=10000M", after
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        node.remove()
+        stack.stop_real_node(node.name)
