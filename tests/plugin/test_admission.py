@@ -162,6 +162,30 @@ def test_only_the_extenders_assignment_for_this_pod_and_node_is_believed() -> No
     assert read_shared_pod(cpu_only, KEYS) is None
 
 
+def test_a_pod_whose_spec_is_unreadable_but_asks_for_slots_blocks_rather_than_hides() -> None:
+    # A tenant's pod with a malformed shared container may be the pod being admitted: if the
+    # agent skipped it, its Allocate would be paired with the one honest pod awaiting.
+    broken = raw_pod("u5", [container("a", 1), container("b", 0, memory=1000)])
+    pod = read_shared_pod(broken, KEYS)
+    assert pod is not None and "spec is unreadable" in pod.problem
+    honest = SharedPod(
+        "u1",
+        "ml",
+        "honest",
+        NODE,
+        PodAssignment(NODE, 0, "GPU-0", pod_uid="u1"),
+        (SharedContainer("main", 1),),
+    )
+    with pytest.raises(AdmissionRefused, match="2 pods on node node-a await.*spec is unreadable"):
+        admit_shared([honest, pod], {}, node=NODE, ids=["GPU-0::0"], gpu=GPU0)
+    # One that names no shared slot anywhere is none of the allocator's business.
+    with pytest.raises(InvalidInput):
+        read_shared_pod(
+            raw_pod("u6", [{"name": "c", "resources": {"limits": {"gpupart.io/gpu-memory": "x"}}}]),
+            KEYS,
+        )
+
+
 def shared_pod(n: int, *containers: SharedContainer, **kw: Any) -> SharedPod:
     gpu = int(kw.pop("gpu", 0))
     memory = int(kw.pop("memory", 0))

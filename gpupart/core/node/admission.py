@@ -187,28 +187,19 @@ def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> Share
     spec = raw.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidInput("pod.spec", "must be a mapping")
-    containers = shared_containers(raw)
+    uid, node = str(meta.get("uid") or ""), str(spec.get("nodeName") or "")
+    assignment, problem = PodAssignment("", 0, ""), ""
+    try:
+        containers = shared_containers(raw)
+    except InvalidInput as error:
+        if not _mentions_shared(spec):
+            raise
+        # It may be the pod the kubelet is admitting: a candidate that is never served.
+        containers, problem = (SharedContainer("", 0),), f"its spec is unreadable: {error}"
     if not containers:
         return None
-    uid, node = str(meta.get("uid") or ""), str(spec.get("nodeName") or "")
-    text = annotations.get(ASSIGNMENT_ANNOTATION)
-    assignment, problem = PodAssignment("", 0, ""), ""
-    if text is None:
-        problem = (
-            f"it has no {ASSIGNMENT_ANNOTATION} (it was not bound by gpupart's scheduler extender)"
-        )
-    else:
-        try:
-            assignment = decode_assignment(str(text))
-        except GpupartError as error:
-            problem = f"its {ASSIGNMENT_ANNOTATION} is unreadable: {error}"
     if not problem:
-        if isinstance(keys, str):
-            problem = f"the node agent cannot verify its {ASSIGNMENT_ANNOTATION}: {keys}"
-        else:
-            problem = forgery(assignment, keys, pod_uid=uid, node=node)
-            if problem:
-                problem = f"its {ASSIGNMENT_ANNOTATION} is not the extender's: {problem}"
+        assignment, problem = _verified(annotations.get(ASSIGNMENT_ANNOTATION), keys, uid, node)
     status = raw.get("status")
     return SharedPod(
         uid=uid,
@@ -221,6 +212,39 @@ def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> Share
         deleting=meta.get("deletionTimestamp") is not None,
         problem=problem,
     )
+
+
+def _verified(
+    text: object, keys: AssignmentKeys | str, uid: str, node: str
+) -> tuple[PodAssignment, str]:
+    """The assignment and "" when it is the extender's for this pod and node, else why not."""
+    if text is None:
+        return PodAssignment("", 0, ""), (
+            f"it has no {ASSIGNMENT_ANNOTATION} (it was not bound by gpupart's scheduler extender)"
+        )
+    try:
+        assignment = decode_assignment(str(text))
+    except GpupartError as error:
+        return PodAssignment("", 0, ""), f"its {ASSIGNMENT_ANNOTATION} is unreadable: {error}"
+    if isinstance(keys, str):
+        return assignment, f"the node agent cannot verify its {ASSIGNMENT_ANNOTATION}: {keys}"
+    problem = forgery(assignment, keys, pod_uid=uid, node=node)
+    if problem:
+        return assignment, f"its {ASSIGNMENT_ANNOTATION} is not the extender's: {problem}"
+    return assignment, ""
+
+
+def _mentions_shared(spec: Mapping[str, Any]) -> bool:
+    """Whether any container's resources name `nvidia.com/gpu.shared`, however malformed the rest."""
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for container in containers if isinstance(containers, list) else ():
+            resources = container.get("resources") if isinstance(container, Mapping) else None
+            for part in ("limits", "requests"):
+                amounts = resources.get(part) if isinstance(resources, Mapping) else None
+                if isinstance(amounts, Mapping) and GPU_SHARED in amounts:
+                    return True
+    return False
 
 
 def slot_gpu(devices: Sequence[Device]) -> OfferedGpu:
