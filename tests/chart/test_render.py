@@ -16,7 +16,7 @@ K8S_SCHEMA_VERSION = (
     "1.33.0"  # newest strict schema kubernetes-validate ships at or below our floor
 )
 # Kinds whose schema comes from a CRD, not from Kubernetes itself.
-CRD_KINDS = {"ClusterKopfPeering", "ServiceMonitor"}
+CRD_KINDS = {"ClusterKopfPeering", "ServiceMonitor", "Certificate"}
 # Built-in ClusterRoles the second scheduler binds to (what the cluster's own scheduler has).
 BUILTIN_ROLES = {
     "system:kube-scheduler",
@@ -27,7 +27,20 @@ BUILTIN_ROLES = {
 # Every value combination the chart documents (values.yaml comments, docs/install.md).
 COMBINATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "existing-scheduler": {"scheduler.mode": "existing"},
+    "existing-scheduler": {
+        "scheduler.mode": "existing",
+        "extender.tls.secretName": "gpupart-extender-tls",
+    },
+    "existing-scheduler-cert-manager": {
+        "scheduler.mode": "existing",
+        "extender.tls.certManager.issuerRef": {"name": "gpupart-ca", "kind": "Issuer"},
+        "extender.networkPolicy.from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+        "extender.tls.urlHost": "10.96.0.20",
+        "extender.settings": {"scheduler_names": ["default-scheduler", "batch"]},
+        "serviceMonitor.enabled": True,
+    },
+    "own-assignment-key": {"assignmentKey.existingSecret": "my-gpupart-key"},
+    "no-admission-policies": {"admissionPolicies.enabled": False},
     "no-scheduler": {"scheduler.mode": "none", "extender.enabled": False},
     "simulated-gpus": {"node.simulate": "8xH200-141GB", "node.privileged": False},
     "simulated-shared-gpus": {
@@ -36,6 +49,11 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         "node.privileged": False,
     },
     "monitoring": {"serviceMonitor.enabled": True, "serviceMonitor.labels": {"release": "prom"}},
+    "node-agent-only": {
+        "operator.enabled": False,
+        "extender.enabled": False,
+        "scheduler.mode": "none",
+    },
     "no-dashboard": {"grafanaDashboard.enabled": False},
     "operator-only": {
         "node.enabled": False,
@@ -87,7 +105,11 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schemas(
     assert objects
     for obj in objects:
         if obj["kind"] in CRD_KINDS:
-            assert obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1"), obj
+            assert obj["apiVersion"] in (
+                "kopf.dev/v1",
+                "monitoring.coreos.com/v1",
+                "cert-manager.io/v1",
+            ), obj
             continue
         try:
             kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
@@ -117,83 +139,140 @@ def test_rbac_has_no_wildcards_and_no_admin_roles(render: Render, combination: s
         assert ref not in ("cluster-admin", "admin", "edit")
 
 
-def rules_of(objects: list[dict[str, Any]], component: str) -> set[tuple[str, str, str]]:
+def rules_of(objects: list[dict[str, Any]], component: str) -> set[tuple[str, str, str, str]]:
+    """(group, resource, name or "", verb) of the component's ClusterRole."""
     role = named(objects, "ClusterRole", f"-{component}")
     return {
-        (group, resource, verb)
+        (group, resource, name, verb)
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
+        for name in rule.get("resourceNames") or [""]
         for verb in rule["verbs"]
     }
 
 
+def grants(
+    group: str, resource: str, *verbs: str, name: str = ""
+) -> set[tuple[str, str, str, str]]:
+    return {(group, resource, name, verb) for verb in verbs}
+
+
 def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None:
     objects = render()
-    assert rules_of(objects, "node") == {
-        ("", "nodes", v) for v in ("get", "list", "watch", "patch")
-    } | {
-        ("", "nodes/status", "patch")  # capacity: extender-managed resources, new MIG slices
-    } | {("", "pods", v) for v in ("list", "watch", "patch")}  # pods leaving; the allocation record
-    assert rules_of(objects, "extender") == {
-        ("", "nodes", "list"),
-        ("", "nodes", "watch"),
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-        ("", "pods/binding", "create"),  # its metadata carries the assignment annotation
-        ("policy", "poddisruptionbudgets", "list"),  # the preempt verb's PDB count
-        ("policy", "poddisruptionbudgets", "watch"),
-    }
-    operator = rules_of(objects, "operator")
-    assert ("gpupart.io", "gpupartitions/status", "patch") in operator
-    assert ("", "nodes", "patch") in operator and ("", "events", "create") in operator
-    assert ("kopf.dev", "clusterkopfpeerings", "patch") in operator
-    # Dynamic MIG reads pods (demand and slices in use) and never writes them.
-    assert {r for r in operator if r[1].startswith("pods")} == {
-        ("", "pods", "get"),
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-    }
-    # Each ServiceAccount is bound to its own component's role only.
-    for binding in by_kind(objects, "ClusterRoleBinding"):
+    assert rules_of(objects, "node") == (
+        grants("", "nodes", "get", "list", "watch", "patch")  # its own Node; state, inventory
+        | grants("", "nodes/status", "patch")  # capacity: extender-managed resources, new slices
+        | grants("", "pods", "list", "watch", "patch")  # pods leaving; the allocation record
+        | grants("", "events", "create")  # why an Allocate was refused
+    )
+    assert rules_of(objects, "extender") == (
+        grants("", "nodes", "list", "watch")
+        | grants("", "pods", "get", "list", "watch")  # bind re-reads the live pod
+        | grants("", "pods/binding", "create")  # its metadata carries the assignment annotation
+        | grants("policy", "poddisruptionbudgets", "list", "watch")  # the preempt verb's PDBs
+    )
+    assert rules_of(objects, "operator") == (
+        grants("gpupart.io", "gpupartitions", "list", "watch", "patch")
+        | grants("gpupart.io", "gpupartitions/status", "patch")
+        | grants("", "nodes", "list", "watch", "patch")
+        | grants("", "pods", "list", "watch")  # dynamic MIG reads pods and never writes them
+        | grants("", "events", "create")
+        | grants("kopf.dev", "clusterkopfpeerings", "list", "watch")
+        | grants("kopf.dev", "clusterkopfpeerings", "patch", name="gp-gpupart")  # its own only
+        | grants("apiextensions.k8s.io", "customresourcedefinitions", "list", "watch")
+    )
+
+
+@pytest.mark.parametrize("combination", sorted(COMBINATIONS))
+def test_no_account_but_the_node_agent_may_update_pods_and_none_reads_secrets(
+    render: Render, combination: str
+) -> None:
+    objects = render(COMBINATIONS[combination])
+    for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role"):
+        for rule in role["rules"]:
+            if "" not in rule["apiGroups"]:
+                continue
+            assert "secrets" not in rule["resources"], role["metadata"]["name"]
+            if "pods" in rule["resources"] and not role["metadata"]["name"].endswith("-node"):
+                assert not {"patch", "update"} & set(rule["verbs"]), role["metadata"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("combination", "accounts"),
+    [
+        # The dedicated scheduler's pod runs the extender: no account of its own.
+        ("defaults", {"operator", "node", "scheduler"}),
+        ("existing-scheduler", {"operator", "node", "extender"}),
+        ("operator-only", {"operator"}),
+    ],
+)
+def test_each_account_is_bound_to_its_own_roles_only(
+    render: Render, combination: str, accounts: set[str]
+) -> None:
+    objects = render(COMBINATIONS[combination])
+    names = {o["metadata"]["name"] for o in by_kind(objects, "ServiceAccount")}
+    assert names == {f"gp-gpupart-{a}" for a in accounts}
+    extender_account = "scheduler" if "scheduler" in accounts else "extender"
+    for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
         (subject,) = binding["subjects"]
-        component = subject["name"].rsplit("-", 1)[1]
-        assert component in binding["metadata"]["name"]
+        assert subject["kind"] == "ServiceAccount" and subject["name"] in names
+        account = subject["name"].rsplit("-", 1)[1]
+        if binding["roleRef"]["name"] == "gp-gpupart-extender":
+            assert account == extender_account
+        else:
+            assert account in binding["metadata"]["name"], binding["metadata"]["name"]
+
+
+def containers_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(spec["containers"]) + list(spec.get("initContainers") or [])
 
 
 def test_only_the_node_pod_is_privileged_or_root(render: Render) -> None:
     for name, spec in pod_specs(render()).items():
-        (container,) = spec["containers"]
-        sc = container["securityContext"]
-        assert container["resources"]["requests"], name
-        assert "livenessProbe" in container and "readinessProbe" in container, name
-        assert sc["readOnlyRootFilesystem"] is True, name
-        if name.endswith("-node"):
-            assert sc["privileged"] is True
-            continue
-        assert spec["securityContext"]["runAsNonRoot"] is True, name
-        assert spec["securityContext"]["runAsUser"] != 0, name
-        assert sc["allowPrivilegeEscalation"] is False, name
-        assert sc["capabilities"] == {"drop": ["ALL"]}, name
-        assert not any("hostPath" in v for v in spec.get("volumes", [])), name
+        for container in containers_of(spec):
+            where = f"{name}/{container['name']}"
+            sc = container["securityContext"]
+            assert container["resources"]["requests"], where
+            assert "livenessProbe" in container and "readinessProbe" in container, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            if name.endswith("-node"):
+                assert sc["privileged"] is True
+                continue
+            assert spec["securityContext"]["runAsNonRoot"] is True, where
+            assert sc.get("runAsUser", spec["securityContext"]["runAsUser"]) != 0, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+        if not name.endswith("-node"):
+            assert not any("hostPath" in v for v in spec.get("volumes", [])), name
 
 
 def test_node_daemonset_mounts_the_kubelet_sockets_on_gpu_nodes_only(render: Render) -> None:
     spec = pod_specs(render())["gp-gpupart-node"]
-    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    host_paths = {
+        v["hostPath"]["path"]: v["hostPath"]["type"] for v in spec["volumes"] if "hostPath" in v
+    }
     assert host_paths == {
-        "/var/lib/kubelet/device-plugins",
-        "/var/lib/kubelet/pod-resources",
-        "/run/gpupart/mps",
+        "/var/lib/kubelet/device-plugins": "Directory",
+        "/var/lib/kubelet/pod-resources": "Directory",
+        "/run/gpupart/mps": "DirectoryOrCreate",
+        # The agent's admission checkpoint, beside the kubelet's device-plugin directory.
+        "/var/lib/kubelet/plugins/gpupart.io": "DirectoryOrCreate",
     }
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
-    args = spec["containers"][0]["args"]
+    (container,) = spec["containers"]
+    args = container["args"]
     assert args[0] == "node" and not any(a.startswith("--simulate") for a in args)
-    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert "--state-dir=/var/lib/kubelet/plugins/gpupart.io" in args
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/var/lib/kubelet/plugins/gpupart.io"]["name"] == "state"
+    env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    moved = pod_specs(render({"node.kubeletDir": "/var/lib/k0s/kubelet"}))["gp-gpupart-node"]
+    assert "--state-dir=/var/lib/k0s/kubelet/plugins/gpupart.io" in moved["containers"][0]["args"]
 
 
 def test_simulated_gpus_drop_privileges(render: Render) -> None:
@@ -228,7 +307,18 @@ def test_operator_runs_two_peered_replicas_with_a_disruption_budget(render: Rend
         assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
-def test_dedicated_scheduler_calls_the_extender_service(render: Render) -> None:
+def extender_settings(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (config_map,) = [
+        c
+        for c in by_kind(objects, "ConfigMap")
+        if c["metadata"]["name"].endswith("-extender")
+        and not c["metadata"]["name"].endswith("-scheduler-extender")
+    ]
+    settings: dict[str, Any] = yaml.safe_load(config_map["data"]["settings.yaml"])
+    return settings
+
+
+def test_dedicated_scheduler_calls_its_extender_sidecar_on_loopback(render: Render) -> None:
     objects = render()
     config = yaml.safe_load(named(objects, "ConfigMap", "-scheduler")["data"]["config.yaml"])
     assert config["kind"] == "KubeSchedulerConfiguration"
@@ -238,10 +328,8 @@ def test_dedicated_scheduler_calls_the_extender_service(render: Render) -> None:
     sampled_config = named(sampled, "ConfigMap", "-scheduler")["data"]["config.yaml"]
     assert yaml.safe_load(sampled_config)["profiles"][0]["percentageOfNodesToScore"] == 0
     (extender,) = config["extenders"]
-    service = named(objects, "Service", "-extender")
-    port = service["spec"]["ports"][0]["port"]
-    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
-    assert extender["urlPrefix"] == f"http://{name}.{namespace}.svc:{port}/gpupart"
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888/gpupart"
+    assert extender["enableHTTPS"] is False and "tlsConfig" not in extender
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     # GPU memory and compute are counted in-tree too: that makes preemption see them (ADR 005).
     for counted in ("gpupart.io/gpu-memory", "gpupart.io/gpu-compute"):
@@ -250,19 +338,224 @@ def test_dedicated_scheduler_calls_the_extender_service(render: Render) -> None:
     assert config["leaderElection"]["resourceName"] == "gpupart-scheduler"
     lease = named(objects, "Role", "-scheduler-lease")
     assert lease["rules"][1]["resourceNames"] == ["gpupart-scheduler"]
-    settings = yaml.safe_load(named(objects, "ConfigMap", "-extender")["data"]["settings.yaml"])
-    assert settings["host"] == "0.0.0.0" and settings["port"] == port
-    image = named(objects, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
-    assert image["image"].rsplit(":", 1)[1].startswith("v1.")
+    # Nothing but the scheduler's pod reaches the extender: no Service, no Deployment of its own.
+    assert not [
+        o
+        for o in objects
+        if o["metadata"]["name"].endswith("-extender") and o["kind"] in ("Service", "Deployment")
+    ]
+    pod = named(objects, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    scheduler, sidecar = pod["containers"]
+    assert scheduler["image"].rsplit(":", 1)[1].startswith("v1.")
+    assert sidecar["name"] == "extender" and sidecar["args"][0] == "extender"
+    assert [p["name"] for p in sidecar["ports"]] == ["health"]
+    assert sidecar["livenessProbe"]["httpGet"]["port"] == "health"
+    assert sidecar["readinessProbe"]["httpGet"]["port"] == "health"
+    settings = extender_settings(objects)
+    assert settings["host"] == "127.0.0.1" and settings["port"] == 8888
+    assert settings["health_port"] == 8889 and settings["url_prefix"] == "/gpupart"
+    assert settings["scheduler_names"] == ["gpupart-scheduler"]
+    assert not any(k.startswith("tls_") for k in settings)
+    # The sidecar (uid 10001) reads the key through the pod's fsGroup.
+    assert pod["securityContext"]["fsGroup"] == 10001
+    assert sidecar["securityContext"]["runAsUser"] == 10001
 
 
-def test_existing_scheduler_gets_only_the_extenders_entry(render: Render) -> None:
+def test_existing_scheduler_gets_an_https_entry_with_a_client_certificate(render: Render) -> None:
     objects = render(COMBINATIONS["existing-scheduler"])
     assert not any(o["metadata"]["name"].endswith("-scheduler") for o in objects)
     entry = yaml.safe_load(
         named(objects, "ConfigMap", "-scheduler-extender")["data"]["extenders.yaml"]
     )
-    assert entry["extenders"][0]["urlPrefix"].endswith(".svc:8888/gpupart")
+    (extender,) = entry["extenders"]
+    service = named(objects, "Service", "-extender")
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert extender["urlPrefix"] == f"https://{name}.{namespace}.svc:8888/gpupart"
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "certFile": "/etc/kubernetes/gpupart/tls.crt",
+        "keyFile": "/etc/kubernetes/gpupart/tls.key",
+        "caFile": "/etc/kubernetes/gpupart/ca.crt",
+        "serverName": f"{name}.{namespace}.svc",
+    }
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "https": 8888,
+        "health": 8889,
+    }
+    settings = extender_settings(objects)
+    assert settings["host"] == "0.0.0.0"
+    assert settings["tls_cert_file"] == "/etc/gpupart/tls/tls.crt"
+    assert settings["tls_key_file"] == "/etc/gpupart/tls/tls.key"
+    assert settings["tls_client_ca_file"] == "/etc/gpupart/tls/ca.crt"
+    assert settings["scheduler_names"] == ["default-scheduler"]
+    pod = named(objects, "Deployment", "-extender")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/etc/gpupart/tls"]]["secret"]["secretName"] == "gpupart-extender-tls"
+    # No client can reach the verbs by default; the health port is open.
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= pod_labels(objects, "-extender").items()
+    )
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "health", "protocol": "TCP"}]}]
+    assert not by_kind(objects, "Certificate")
+
+
+def pod_labels(objects: list[dict[str, Any]], suffix: str) -> dict[str, str]:
+    labels: dict[str, str] = named(objects, "Deployment", suffix)["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    return labels
+
+
+def test_existing_scheduler_with_cert_manager_and_allowed_peers(render: Render) -> None:
+    objects = render(COMBINATIONS["existing-scheduler-cert-manager"])
+    certificates = {c["metadata"]["name"]: c["spec"] for c in by_kind(objects, "Certificate")}
+    server, client = (
+        certificates["gp-gpupart-extender"],
+        certificates["gp-gpupart-scheduler-client"],
+    )
+    assert "gp-gpupart-extender.gpupart-system.svc" in server["dnsNames"]
+    assert "server auth" in server["usages"] and "client auth" in client["usages"]
+    assert server["issuerRef"] == client["issuerRef"] == {"name": "gpupart-ca", "kind": "Issuer"}
+    pod = named(objects, "Deployment", "-extender")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == server["secretName"]
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["ingress"][0] == {
+        "ports": [{"port": "https", "protocol": "TCP"}],
+        "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+    }
+    entry = yaml.safe_load(
+        named(objects, "ConfigMap", "-scheduler-extender")["data"]["extenders.yaml"]
+    )
+    (extender,) = entry["extenders"]
+    assert extender["urlPrefix"] == "https://10.96.0.20:8888/gpupart"
+    assert extender["tlsConfig"]["serverName"] == "gp-gpupart-extender.gpupart-system.svc"
+    assert extender_settings(objects)["scheduler_names"] == ["default-scheduler", "batch"]
+    (monitor,) = [
+        m for m in by_kind(objects, "ServiceMonitor") if m["metadata"]["name"].endswith("-extender")
+    ]
+    assert monitor["spec"]["endpoints"][0]["port"] == "health"
+
+
+def key_volumes(spec: dict[str, Any]) -> dict[str, str]:
+    """container name -> the Secret mounted at the assignment key's directory."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    found = {}
+    for container in containers_of(spec):
+        for mount in container.get("volumeMounts", []):
+            if mount["mountPath"] == "/etc/gpupart/assignment-key":
+                assert mount["readOnly"] is True
+                found[container["name"]] = volumes[mount["name"]]["secret"]["secretName"]
+    return found
+
+
+@pytest.mark.parametrize("combination", ["defaults", "existing-scheduler", "own-assignment-key"])
+def test_the_assignment_key_reaches_the_extender_and_the_node_agents_only(
+    render: Render, combination: str
+) -> None:
+    objects = render(COMBINATIONS[combination])
+    own = COMBINATIONS[combination].get("assignmentKey.existingSecret")
+    secret = own or "gp-gpupart-assignment-key"
+    secrets = by_kind(objects, "Secret")
+    if own:
+        assert not secrets
+    else:
+        (made,) = secrets
+        assert made["metadata"]["name"] == secret
+        import base64
+        import re
+
+        keys = base64.b64decode(made["data"]["keys"]).decode()
+        assert re.fullmatch(r"[A-Za-z0-9]{64}", keys), keys
+    mounted = {name: key_volumes(spec) for name, spec in pod_specs(objects).items()}
+    assert mounted["gp-gpupart-node"] == {"node": secret}
+    assert mounted["gp-gpupart-operator"] == {}
+    extender = (
+        "gp-gpupart-scheduler" if "gp-gpupart-scheduler" in mounted else "gp-gpupart-extender"
+    )
+    assert mounted[extender] == {"extender": secret}  # not the kube-scheduler container
+    assert extender_settings(objects)["assignment_key_file"] == "/etc/gpupart/assignment-key/keys"
+    args = pod_specs(objects)["gp-gpupart-node"]["containers"][0]["args"]
+    assert "--assignment-key-file=/etc/gpupart/assignment-key/keys" in args
+
+
+def test_the_generated_key_differs_per_render(render: Render) -> None:
+    """helm template cannot look the Secret up: each render makes a fresh key (an upgrade of a
+    release keeps its key: tests/e2e/test_chart.py)."""
+    first, second = (by_kind(render(), "Secret")[0]["data"]["keys"] for _ in range(2))
+    assert first != second
+
+
+def policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"].removeprefix("gp-gpupart-"): p["spec"]
+        for p in by_kind(objects, "ValidatingAdmissionPolicy")
+    }
+
+
+def expressions(spec: dict[str, Any]) -> str:
+    parts = [v["expression"] for v in spec.get("variables", [])]
+    parts += [c["expression"] for c in spec.get("matchConditions", [])]
+    for v in spec["validations"]:
+        parts += [v["expression"], v.get("messageExpression", "")]
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("combination", "assigner"),
+    [("defaults", "gp-gpupart-scheduler"), ("existing-scheduler", "gp-gpupart-extender")],
+)
+def test_admission_policies_name_the_release_accounts(
+    render: Render, combination: str, assigner: str
+) -> None:
+    objects = render(COMBINATIONS[combination])
+    found = policies(objects)
+    assert set(found) == {"annotation-owners", "gpu-pods-scheduled", "node-agent"}
+    bindings = {
+        b["spec"]["policyName"]: b["spec"]
+        for b in by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    }
+    assert set(bindings) == {f"gp-gpupart-{name}" for name in found}
+    for name, spec in found.items():
+        assert spec["failurePolicy"] == "Fail", name
+        assert "paramKind" not in spec, name
+        assert all(
+            v.get("messageExpression") and v["reason"] == "Forbidden" for v in spec["validations"]
+        ), name
+        assert bindings[f"gp-gpupart-{name}"]["validationActions"] == ["Deny"]
+    sa = "system:serviceaccount:gpupart-system:"
+    owners = expressions(found["annotation-owners"])
+    assert f"'gpupart.io/assignment': '{sa}{assigner}'" in owners
+    assert f"'gpupart.io/allocation': '{sa}gp-gpupart-node'" in owners
+    assert f"'gpupart.io/desired': '{sa}gp-gpupart-operator'" in owners
+    assert f"'gpupart.io/state': '{sa}gp-gpupart-node'" in owners
+    agent = found["node-agent"]
+    assert agent["matchConditions"] == [
+        {
+            "name": "the-node-agent",
+            "expression": f"request.userInfo.username == '{sa}gp-gpupart-node'",
+        }
+    ]
+    assert "authentication.kubernetes.io/node-name" in expressions(agent)
+    hint = (
+        "schedulerName: gpupart-scheduler"
+        if combination == "defaults"
+        else "let the scheduler place it"
+    )
+    assert hint in expressions(found["gpu-pods-scheduled"])
+
+
+def test_admission_policies_leave_out_components_that_are_not_installed(render: Render) -> None:
+    found = policies(render(COMBINATIONS["operator-only"]))
+    assert set(found) == {"annotation-owners", "gpu-pods-scheduled"}
+    owners = expressions(found["annotation-owners"])
+    # Nobody may write the agent's or the extender's keys: no request has an empty user name.
+    assert "'gpupart.io/assignment': ''" in owners and "'gpupart.io/state': ''" in owners
+    assert not policies(render(COMBINATIONS["no-admission-policies"]))
 
 
 def test_dashboard_has_the_sidecar_label_and_the_four_views(render: Render) -> None:
@@ -290,6 +583,11 @@ def test_service_monitors_scrape_each_component(render: Render) -> None:
         "extender",
     }
     assert all(m["metadata"]["labels"]["release"] == "prom" for m in monitors)
+    # The dedicated scheduler's sidecar: only its health port is behind a Service.
+    objects = render(COMBINATIONS["monitoring"])
+    service = named(objects, "Service", "-extender-metrics")
+    assert [p["name"] for p in service["spec"]["ports"]] == ["health"]
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "scheduler"
 
 
 @pytest.mark.parametrize(
@@ -306,6 +604,19 @@ def test_service_monitors_scrape_each_component(render: Render) -> None:
         ({"operator.resources": {"requests": {"cpu": "lots"}}}, "operator/resources/requests/cpu"),
         ({"node.privileged": False}, "node.privileged=false works only with node.simulate"),
         ({"extender.enabled": False}, "needs extender.enabled=true"),
+        ({"scheduler.mode": "existing"}, "set extender.tls.secretName"),
+        (
+            {
+                "scheduler.mode": "existing",
+                "extender.tls.secretName": "a",
+                "extender.tls.certManager.issuerRef": {"name": "ca"},
+            },
+            "set secretName or certManager.issuerRef, not both",
+        ),
+        ({"scheduler.mode": "none"}, "set extender.enabled=false too"),
+        ({"extender.settings": {"tls_cert_file": "/x"}}, "tls_cert_file"),
+        ({"assignmentKey.existingSecret": "Not_A_Name"}, "assignmentKey/existingSecret"),
+        ({"admissionPolicies.enable": True}, "enable"),
     ],
 )
 def test_a_wrong_value_fails_with_a_message_naming_it(
@@ -348,10 +659,13 @@ def test_the_components_accept_the_rendered_arguments_and_settings(
     for var in ("NODE_NAME", "KUBECONFIG"):
         monkeypatch.delenv(var, raising=False)
     objects = render(COMBINATIONS[combination])
-    for workload in by_kind(objects, "Deployment") + by_kind(objects, "DaemonSet"):
-        (container,) = workload["spec"]["template"]["spec"]["containers"]
-        if "args" not in container:
-            continue  # kube-scheduler
+    containers = [
+        (workload, container)
+        for workload in by_kind(objects, "Deployment") + by_kind(objects, "DaemonSet")
+        for container in workload["spec"]["template"]["spec"]["containers"]
+        if "args" in container  # not kube-scheduler
+    ]
+    for workload, container in containers:
         args = container["args"]
         parsed = build_parser(args[0]).parse_args(args)
         if args[0] == "node":
@@ -361,12 +675,9 @@ def test_the_components_accept_the_rendered_arguments_and_settings(
         elif args[0] == "operator":
             assert operator_settings.from_args(parsed).peering
         elif args[0] == "extender":
-            name = workload["metadata"]["name"]
-            (config_map,) = [
-                c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == name
-            ]
             path = tmp_path / "settings.yaml"
-            path.write_text(config_map["data"]["settings.yaml"])
+            path.write_text(yaml.safe_dump(extender_settings(objects)))
             extender = load_settings(path)
-            assert extender.host == "0.0.0.0"
+            sidecar = workload["metadata"]["name"].endswith("-scheduler")
+            assert extender.host == ("127.0.0.1" if sidecar else "0.0.0.0")
             assert f"--config={container['volumeMounts'][0]['mountPath']}/settings.yaml" in args
