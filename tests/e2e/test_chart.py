@@ -1,4 +1,4 @@
-"""`helm install` into the real API server, RBAC checked with `kubectl auth can-i`, uninstall keeps only the CRDs.
+"""`helm install` into the real API server, each account's RBAC against docs/install.md, uninstall keeps only the CRDs.
 
 No container images exist here, and the control plane runs no controller-manager, so no chart
 pod ever runs: the test checks what the API server accepts and stores.
@@ -6,13 +6,17 @@ pod ever runs: the test checks what the API server accepts and stores.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import yaml
 
+from .admission import admin_probes, service_account, wait_lifted
 from .cluster import REPO, ControlPlane
 
 pytestmark = pytest.mark.e2e
@@ -42,11 +46,15 @@ def installed(k8s_control_plane: ControlPlane) -> Generator[list[dict[str, Any]]
         "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
         "--timeout", "60s",
     )  # fmt: skip
+    api = cp.api_client()
     try:
         manifest = cp.helm("get", "manifest", RELEASE, "--namespace", NAMESPACE).stdout
         yield [doc for doc in yaml.safe_load_all(manifest) if doc]
     finally:
         cp.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--timeout", "60s", check=False)
+        # Its admission policies refuse what later modules write as the admin.
+        wait_lifted(admin_probes(api, "default"))
+        api.close()
 
 
 def test_install_creates_every_object_and_the_crds(
@@ -56,7 +64,9 @@ def test_install_creates_every_object_and_the_crds(
     assert {
         "Deployment",
         "DaemonSet",
-        "Service",
+        "Secret",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ClusterRole",
         "ClusterRoleBinding",
         "ServiceAccount",
@@ -82,83 +92,191 @@ def test_the_example_partitions_are_accepted_by_the_installed_crd(
         k8s_control_plane.kubectl("apply", "--dry-run=server", "-f", str(path))
 
 
-@pytest.mark.parametrize(
-    ("component", "allowed", "denied"),
-    [
-        (
-            "node",
-            [
-                "patch nodes",
-                "patch nodes --subresource=status",
-                "watch nodes",
-                "list pods",
-                "watch pods",
-                "patch pods",
-            ],
-            ["delete nodes", "delete pods", "get secrets", "create pods --subresource=binding"],
-        ),
-        (
-            "extender",
-            [
-                "watch nodes",
-                "watch pods",
-                "create pods --subresource=binding",  # carries the assignment annotation
-                "watch poddisruptionbudgets.policy",
-            ],
-            [
-                "patch nodes",
-                "patch pods",
-                "delete pods",
-                "get secrets",
-                "create pods",
-                "patch poddisruptionbudgets.policy",
-            ],
-        ),
-        (
-            "operator",
-            [
-                "patch nodes",
-                "patch gpupartitions.gpupart.io",
-                "patch gpupartitions.gpupart.io --subresource=status",
-                "create events",
-                "patch clusterkopfpeerings.kopf.dev",
-                "watch pods",  # dynamic MIG's demand
-            ],
-            ["delete gpupartitions.gpupart.io", "patch pods", "get secrets", "delete nodes"],
-        ),
-        (
-            "scheduler",
-            [
-                "create pods --subresource=binding",
-                "watch nodes",
-                "get leases.coordination.k8s.io/gpupart-scheduler",
-            ],
-            [
-                "patch nodes",
-                "get secrets",
-                "update leases.coordination.k8s.io/kube-controller-manager",
-            ],
-        ),
-    ],
-)
-def test_service_accounts_can_do_what_their_component_needs_and_no_more(
-    k8s_control_plane: ControlPlane,
-    installed: list[dict[str, Any]],
-    component: str,
-    allowed: list[str],
-    denied: list[str],
-) -> None:
-    (account,) = [
-        o["metadata"]["name"]
-        for o in installed
-        if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith(f"-{component}")
-    ]
-    who = f"--as=system:serviceaccount:{NAMESPACE}:{account}"
-    for action, expected in [(a, "yes") for a in allowed] + [(d, "no") for d in denied]:
-        result = k8s_control_plane.kubectl(
-            "auth", "can-i", *action.split(), who, "-n", NAMESPACE, check=False
+# -- RBAC: what `kubectl auth can-i --list` says each account may do, against docs/install.md --
+
+DOCS = REPO / "docs" / "install.md"
+Grant = tuple[str, str, str]
+"""(resource as `kubectl auth can-i --list` names it, resource name or "", verb)"""
+
+
+@dataclass(frozen=True)
+class DocRow:
+    account: str
+    resource: str
+    names: tuple[str, ...]
+    verbs: tuple[str, ...]
+    where: str
+
+
+def documented_rows() -> list[DocRow]:
+    """The RBAC table of docs/install.md, cell by cell."""
+    section = DOCS.read_text().split("### RBAC", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| `<"):
+            continue
+        account, resource, names, verbs, where, _why = (
+            c.strip() for c in line.strip("|").split("|")
         )
-        assert result.stdout.strip() == expected, f"{component} {action}: {result.stdout}"
+        rows.append(
+            DocRow(
+                account=account.strip("`"),
+                resource=resource,
+                names=tuple(n.strip("` ") for n in names.split(",") if n.strip()),
+                verbs=tuple(v.strip() for v in verbs.split(",")),
+                where=where,
+            )
+        )
+    assert len(rows) > 20, "docs/install.md lost its RBAC table"
+    return rows
+
+
+def expand(rules: list[dict[str, Any]]) -> set[Grant]:
+    """A Role's rules as grants, named as `kubectl auth can-i --list` names resources."""
+    grants = set()
+    for rule in rules:
+        for group in rule.get("apiGroups") or []:
+            for resource in rule.get("resources") or []:
+                base, _, sub = resource.partition("/")
+                name = f"{base}.{group}" if group else base
+                name += f"/{sub}" if sub else ""
+                for verb in rule["verbs"]:
+                    for one in rule.get("resourceNames") or [""]:
+                        grants.add((name, one, verb))
+    return grants
+
+
+def can_i_list(cp: ControlPlane, user: str, namespace: str) -> set[Grant]:
+    """`kubectl auth can-i --list` as `user` in `namespace`, resource rows only."""
+    out = cp.kubectl("auth", "can-i", "--list", f"--as={user}", "-n", namespace).stdout.splitlines()
+    header = out[0]
+    cols = [header.index(h) for h in ("Non-Resource URLs", "Resource Names", "Verbs")]
+    grants = set()
+    for line in out[1:]:
+        resource = line[: cols[0]].strip()
+        if not resource:
+            continue  # a non-resource URL
+        names = line[cols[1] : cols[2]].strip().strip("[]").split() or [""]
+        for verb in line[cols[2] :].strip().strip("[]").split():
+            grants.update((resource, name, verb) for name in names)
+    return grants
+
+
+def documented_grants(
+    cp: ControlPlane, release: Release, account: str, namespace: str
+) -> set[Grant]:
+    """What the docs table grants `account` (the release's, e.g. gpupart-node) in `namespace`."""
+    extender = f"{release.fullname}-{'scheduler' if release.mode == 'dedicated' else 'extender'}"
+    names = {"<peering>": release.fullname, "<schedulerName>": "gpupart-scheduler"}
+    grants: set[Grant] = set()
+    for row in documented_rows():
+        who = row.account.replace("<fullname>", release.fullname).replace("<extender>", extender)
+        applies = {"cluster": True, "release namespace": namespace == release.namespace}
+        if who != account or not applies.get(row.where, namespace == row.where):
+            continue
+        kind, _, builtin = row.resource.partition(" ")
+        if kind in ("ClusterRole", "Role"):
+            ref = [kind.lower(), builtin.strip("`")]
+            if kind == "Role":
+                ref += ["-n", row.where]
+            grants |= expand(json.loads(cp.kubectl("get", *ref, "-o", "json").stdout)["rules"])
+            continue
+        for verb in row.verbs:
+            for name in row.names or ("",):
+                grants.add((row.resource.strip("`"), names.get(name, name), verb))
+    return grants
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    mode: str
+    objects: list[dict[str, Any]]
+
+    @property
+    def fullname(self) -> str:
+        return self.name  # every release name here contains the chart's name
+
+    @property
+    def accounts(self) -> set[str]:
+        return {o["metadata"]["name"] for o in self.objects if o["kind"] == "ServiceAccount"}
+
+
+@pytest.fixture(scope="module")
+def existing(k8s_control_plane: ControlPlane) -> Generator[Release, None, None]:
+    """A second release for scheduler.mode=existing (the extender as its own Deployment); its
+    admission policies off, so that the first release's stay the only ones."""
+    cp = k8s_control_plane
+    name, namespace = "gpupart-existing", "gpupart-existing-e2e"
+    cp.helm(
+        "install", name, str(CHART), "--namespace", namespace, "--create-namespace",
+        "--set", "scheduler.mode=existing", "--set", "extender.tls.secretName=gpupart-extender-tls",
+        "--set", "admissionPolicies.enabled=false",
+    )  # fmt: skip
+    try:
+        manifest = cp.helm("get", "manifest", name, "--namespace", namespace).stdout
+        yield Release(name, namespace, "existing", [d for d in yaml.safe_load_all(manifest) if d])
+    finally:
+        cp.helm("uninstall", name, "--namespace", namespace, "--timeout", "60s", check=False)
+
+
+@pytest.mark.parametrize("mode", ["dedicated", "existing"])
+def test_each_account_can_do_exactly_what_docs_install_md_says(
+    request: pytest.FixtureRequest, k8s_control_plane: ControlPlane, mode: str
+) -> None:
+    cp = k8s_control_plane
+    if mode == "dedicated":
+        release = Release(RELEASE, NAMESPACE, mode, request.getfixturevalue("installed"))
+    else:
+        release = request.getfixturevalue("existing")
+    component = "scheduler" if mode == "dedicated" else "extender"
+    assert release.accounts == {f"{release.fullname}-{c}" for c in ("operator", "node", component)}
+    for namespace in (release.namespace, "kube-system", "default"):
+        # What every service account may do (discovery, self reviews): not the chart's doing.
+        everyone = can_i_list(cp, service_account(release.namespace, "gpupart-nobody"), namespace)
+        for account in sorted(release.accounts):
+            actual = can_i_list(cp, service_account(release.namespace, account), namespace)
+            documented = documented_grants(cp, release, account, namespace)
+            assert actual - everyone == documented - everyone, (
+                f"{account} in {namespace}: not documented {sorted(actual - documented - everyone)}, "
+                f"documented but not granted {sorted(documented - actual)}"
+            )
+
+
+@pytest.mark.parametrize("action", ["patch pods", "update pods", "get secrets", "list secrets"])
+def test_no_account_but_the_node_agent_may_write_pods_and_none_reads_secrets(
+    k8s_control_plane: ControlPlane, installed: list[dict[str, Any]], action: str
+) -> None:
+    accounts = {o["metadata"]["name"] for o in installed if o["kind"] == "ServiceAccount"}
+    for account in sorted(accounts):
+        who = f"--as={service_account(NAMESPACE, account)}"
+        for namespace in (NAMESPACE, "kube-system"):
+            answer = k8s_control_plane.kubectl(
+                "auth", "can-i", *action.split(), who, "-n", namespace, check=False
+            ).stdout.strip()
+            # The agent's patch is confined by the <fullname>-node-agent policy to one annotation.
+            expected = "yes" if (account.endswith("-node") and action == "patch pods") else "no"
+            assert answer == expected, f"{account} {action} in {namespace}: {answer}"
+
+
+@pytest.mark.usefixtures("installed")
+def test_the_assignment_key_is_made_once_and_kept_across_upgrades(
+    k8s_control_plane: ControlPlane,
+) -> None:
+    cp = k8s_control_plane
+    name = f"{RELEASE}-assignment-key"
+
+    def key() -> str:
+        data = json.loads(cp.kubectl("get", "secret", name, "-n", NAMESPACE, "-o", "json").stdout)
+        return base64.b64decode(data["data"]["keys"]).decode()
+
+    before = key()
+    assert re.fullmatch(r"[A-Za-z0-9]{64}", before), before
+    cp.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values")
+    assert key() == before
+    status = json.loads(cp.helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed" and status["version"] == 2
 
 
 def test_uninstall_removes_everything_but_the_crds(k8s_control_plane: ControlPlane) -> None:
