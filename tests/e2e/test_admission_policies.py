@@ -407,7 +407,7 @@ def test_the_node_agent_writes_its_own_nodes_report_and_gpu_capacity(cp: Control
         ),
         (
             lambda agent: agent.patch_node(NODE_A, _annotate({"gpupart.io/mig-plan": "{}"})),
-            "this request to Node vap-node-a changes metadata.annotations[gpupart.io/mig-plan]",
+            "gpupart.io/mig-plan",  # the operator's: both policies refuse
         ),
         (
             lambda agent: agent.patch_node(NODE_A, _annotate({"note": "x"})),
@@ -459,7 +459,7 @@ def test_the_node_agent_may_change_nothing_else_on_nodes(
             change(agent)
         assert denied.value.status == 403
     else:
-        assert message in refused_by(AGENT_POLICY, lambda: change(agent))
+        assert message in refused_by((AGENT_POLICY, OWNERS), lambda: change(agent))
     after = _core(cp).read_node(NODE_A).to_dict(), _core(cp).read_node(NODE_B).to_dict()
     assert [n["metadata"]["resource_version"] for n in after] == [
         n["metadata"]["resource_version"] for n in before
@@ -503,16 +503,16 @@ def test_the_node_agent_cannot_change_a_pods_spec_or_its_other_metadata(cp: Cont
         for patch, changed in (
             ({"metadata": {"labels": {"app": "x"}}}, "metadata.labels"),
             (_annotate({"note": "x"}), "metadata.annotations[note]"),
-            (_annotate({ASSIGNMENT: '{"gpu": 1}'}), f"metadata.annotations[{ASSIGNMENT}]"),
+            (_annotate({ASSIGNMENT: '{"gpu": 1}'}), ASSIGNMENT),  # the extender's: both refuse
             ({"metadata": {"finalizers": ["example.com/hold"]}}, "metadata.finalizers"),
         ):
             message = refused_by(
-                AGENT_POLICY,
+                (AGENT_POLICY, OWNERS),
                 lambda patch=patch: agent.patch_namespaced_pod(
                     "kube-proxy-x", "kube-system", patch
                 ),
             )
-            assert f"changes {changed}" in message
+            assert changed in message
         pod = _core(cp).read_namespaced_pod("kube-proxy-x", "kube-system")
         assert pod.spec.containers[0].image == "gpupart/sleep:0" and not pod.metadata.labels
     finally:
