@@ -522,20 +522,16 @@ def test_the_node_agent_cannot_change_a_pods_spec_or_its_other_metadata(cp: Cont
 def test_the_node_agent_creates_events_about_pods_and_its_own_node_only(cp: ControlPlane) -> None:
     agent = _core(cp, AGENT, NODE_A)
 
-    def event(kind: str, name: str) -> dict[str, Any]:
+    def event(kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         return {
             "metadata": {"generateName": "gpupart-"},
-            "involvedObject": {
-                "kind": kind,
-                "name": name,
-                "namespace": TENANT if kind == "Pod" else None,
-            },
+            "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
             "reason": "AllocateRefused",
             "message": "no verified assignment",
             "type": "Warning",
         }
 
-    agent.create_namespaced_event(TENANT, event("Pod", "served"))
+    agent.create_namespaced_event(TENANT, event("Pod", "served", TENANT))
     agent.create_namespaced_event("default", event("Node", NODE_A))
     message = refused_by(
         AGENT_POLICY, lambda: agent.create_namespaced_event("default", event("Node", NODE_B))
@@ -543,6 +539,11 @@ def test_the_node_agent_creates_events_about_pods_and_its_own_node_only(cp: Cont
     assert (
         f"may create Events only about pods and Node {NODE_A}, not about Node {NODE_B}" in message
     )
+    message = refused_by(
+        AGENT_POLICY,
+        lambda: agent.create_namespaced_event(NAMESPACE, event("Secret", "x", NAMESPACE)),
+    )
+    assert "not about Secret x" in message
 
 
 def test_the_node_agent_without_its_node_name_is_refused(cp: ControlPlane) -> None:
