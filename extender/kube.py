@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupart import logs
 from gpupart.core.errors import GpupartError
-from gpupart.kubeconfig import load_configuration
+from gpupart.kubeconfig import describe_api_error, load_configuration
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NODE, PDB, POD, ClusterCache
@@ -42,18 +42,6 @@ def api_client(kubeconfig: Path | None) -> client.ApiClient:
 
 class PodUnreadable(GpupartError):
     """The live pod could not be read before a bind (gone, forbidden, API unreachable)."""
-
-
-def _status_message(body: bytes) -> str:
-    """The message of a Kubernetes Status body, or its first 200 bytes."""
-    try:
-        status = json.loads(body)
-    except ValueError:
-        status = None
-    message = status.get("message") if isinstance(status, dict) else None
-    if isinstance(message, str):
-        return message[:300]
-    return body[:200].decode(errors="replace")
 
 
 class ApiBinder:
@@ -80,9 +68,10 @@ class ApiBinder:
             )
             body = response.read()
         except Exception as error:  # noqa: BLE001 - the connection's failure, in words
-            raise PodUnreadable(f"GET pod: {type(error).__name__}: {error}") from None
+            raise PodUnreadable(f"GET pod: {describe_api_error(error)}") from None
         if not 200 <= response.status < 300:
-            raise PodUnreadable(f"GET pod: HTTP {response.status}: {_status_message(body)}")
+            refused = ApiException(http_resp=response)
+            raise PodUnreadable(f"GET pod: {describe_api_error(refused)}")
         try:
             found = json.loads(body)
         except ValueError:

@@ -223,7 +223,8 @@ def from_args(
     except ValidationError as error:
         first = error.errors()[0]
         path = tuple(str(p) for p in first["loc"])
-        where = given.get(path) or (f"{config}: {'.'.join(path)}" if config else ".".join(path))
+        dotted = ".".join(path)
+        where = given.get(path) or (f"{config}: {dotted}" if config and dotted else dotted)
         # A rule across fields (no loc) reads as a sentence, without pydantic's prefix.
         message = first["msg"].removeprefix("Value error, ")
         raise InvalidInput(where or config or "settings", message) from None

@@ -6,7 +6,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from extender_objects import KEY, FakeBinder, keys, mig_gpu, node, pod, shared_gpu, whole_gpu
+from extender_objects import (
+    FakeBinder,
+    keys,
+    mig_gpu,
+    node,
+    pod,
+    shared_gpu,
+    whole_gpu,
+    write_key_file,
+)
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import PodAssignment
@@ -65,13 +74,6 @@ def cache() -> ClusterCache:
 @pytest.fixture
 def binder() -> FakeBinder:
     return FakeBinder()
-
-
-def write_key_file(path: Path, *keys: bytes) -> Path:
-    """An assignment key file as the chart's Secret holds it: one key a line (default: KEY)."""
-    path.write_bytes(b"".join(k + b"\n" for k in keys or (KEY,)))
-    path.chmod(0o600)
-    return path
 
 
 @pytest.fixture

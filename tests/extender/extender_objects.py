@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from gpupart.core.api.provenance import AssignmentKeys, sign
@@ -38,6 +39,13 @@ KEYS = AssignmentKeys((KEY,))
 def keys() -> AssignmentKeys:
     """The `KeySource` of the cache and service in these tests."""
     return KEYS
+
+
+def write_key_file(path: Path, *keys: bytes) -> Path:
+    """An assignment key file as the chart's Secret holds it: one key a line (default: KEY)."""
+    path.write_bytes(b"".join(k + b"\n" for k in keys or (KEY,)))
+    path.chmod(0o600)
+    return path
 
 
 def signed(assignment: PodAssignment, pod_uid: str) -> PodAssignment:
