@@ -87,7 +87,9 @@ class NoBinder:
     The live pod it answers is the bench's pod of that name, pending."""
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return _asked(int(name.removeprefix("p")))
+        asked = _asked(int(name.removeprefix("p")))
+        assert asked["metadata"]["namespace"] == namespace
+        return asked
 
     def bind(self, *_: Any) -> None: ...
 
