@@ -5,8 +5,8 @@ Whatever arrives, memory stays under the ceiling docs/extender.md states: a body
 to more than `BODY_BUDGET_FACTOR` of the largest one allowed (503 beyond, at once, before the
 body is read), no more than `max_concurrent_requests` requests are served at once (503), and a
 request head (request line and headers) longer than `MAX_HEAD_BYTES` closes the connection
-(431). A parsed body costs a bounded multiple of its size (at worst ~65x for JSON made of
-empty objects), so these bounds bound the memory.
+(431). A parsed body costs a bounded multiple of its size (`PARSE_FACTOR`), so these bounds
+bound the memory: `memory_allowance` above what the process holds at rest.
 
 All counting happens on the event loop's thread: no locks.
 """
@@ -27,6 +27,18 @@ one allowed: two maximal bodies at a time, or any number of the small ones the s
 MAX_HEAD_BYTES = 64 * 1024
 """The longest request line and headers read (kube-scheduler's are a few hundred bytes);
 httptools itself has no limit, and would buffer a header of any length."""
+PARSE_FACTOR = 40
+"""A body costs at most this many times its size while it is parsed and answered: measured
+for the worst JSON for its size (arrays of empty objects, `[{},{},...]`: a 2 MiB body took the
+process up by 79 MiB, two at once by 128 MiB); names and quantities cost far less."""
+SLACK_BYTES = 64 << 20
+"""Connections, threads and allocator arenas on top (the bind pool runs 40 threads)."""
+
+
+def memory_allowance(max_request_bytes: int) -> int:
+    """How far above its resting size (the watch cache and the memo) requests can take the
+    process, whatever arrives: every body held at once, parsed, plus `SLACK_BYTES`."""
+    return BODY_BUDGET_FACTOR * max_request_bytes * PARSE_FACTOR + SLACK_BYTES
 
 
 class RequestLimits:
@@ -125,7 +137,8 @@ class RequestLimits:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(body)),
-            # The body is left unread: closing spares reading (and dropping) the rest of it.
+            # The body is left unread: closing spares reading (and dropping) the rest of it,
+            # and uvicorn would keep such a connection open with no keep-alive timeout.
             (b"connection", b"close"),
         ]
         if status == 503:
