@@ -1,8 +1,10 @@
-"""The HTTP edge: `create_app(settings, service)` serves the extender verbs, health and metrics.
+"""The HTTP edge: `create_app` serves the verbs, health and metrics; `create_health_app` health and metrics only.
 
 Handlers parse the wire models, call the service with plain values, and write the answer in
 the exact shape kube-scheduler decodes. Filter and prioritize answer with pre-encoded JSON: at
 5,000 nodes pydantic serialisation of the reply would cost more than the decision itself.
+Every request passes `limits.RequestLimits` first (size, count and bodies in flight), and a
+request naming more than `max_request_nodes` nodes is refused (413) before any is looked at.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 from gpupart import logs
 from gpupart.core.errors import GpupartError
 
+from .limits import RequestLimits
 from .models import (
-    MAX_BODY_BYTES,
     POD_SCHEMA,
     DiagnosisResult,
     ExtenderArgs,
@@ -41,6 +43,12 @@ from .texts import explain
 
 log = logging.getLogger(__name__)
 _JSON = "application/json"
+HEALTH_BODY_BYTES = 4096
+"""The largest body the health port reads (its three routes read none)."""
+
+
+class TooManyNodes(Exception):
+    """A request naming more nodes than `max_request_nodes` (answered 413)."""
 
 
 def filter_reply(passed: str, failed: str, unresolvable: str) -> str:
@@ -61,6 +69,18 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     )
     app.state.service = service
     metrics = service.metrics
+    most = settings.max_request_nodes
+    app.add_middleware(
+        RequestLimits,
+        max_body=settings.max_request_bytes,
+        max_concurrent=settings.max_concurrent_requests,
+        metrics=metrics,
+    )
+
+    @app.exception_handler(TooManyNodes)
+    async def _too_many(_: Request, error: TooManyNodes) -> JSONResponse:
+        metrics.refused.labels("too_large").inc()
+        return JSONResponse({"Error": str(error)}, status_code=413)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
@@ -91,7 +111,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     async def filter_nodes(request: Request) -> Response:
         started = time.perf_counter()
         args = await _parse(request, ExtenderArgs)
-        names, items = _names(args)
+        names, items = _names(args, most)
         try:
             # nodeCacheCapable: the reply is joined from pre-encoded pieces, no lists needed.
             outcome = service.filter(args.Pod, names, items, lists=args.NodeNames is None)
@@ -137,7 +157,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     async def prioritize(request: Request) -> Response:
         started = time.perf_counter()
         args = await _parse(request, ExtenderArgs)
-        names, items = _names(args)
+        names, items = _names(args, most)
         try:
             text = service.prioritize_json(args.Pod, names, items)
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
@@ -162,7 +182,10 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         try:
             # On the thread pool: preempt writes its proposals under the writer lock, which a
             # relist may hold for a while; the event loop never waits for it.
-            kept = await run_in_threadpool(service.preempt, args.Pod, _candidates(args))
+            candidates = _candidates(args, most)
+            kept = await run_in_threadpool(service.preempt, args.Pod, candidates)
+        except TooManyNodes:
+            raise
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             # No Error field in the result: a 400 fails this preemption attempt, and
             # kube-scheduler tries again on the pod's next cycle.
@@ -212,6 +235,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         ] = None,
     ) -> Response:
         # A plain `def` (thread pool): evaluating every node must not hold up filter calls.
+        _bounded(len(node or ()), most, "node")
         try:
             found = service.diagnose(pod, node or ())
         except GpupartError as error:
@@ -224,6 +248,28 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             Unreadable=found.unreadable,
         )
         return Response(result.model_dump_json(), media_type=_JSON)
+
+    _health_routes(app, service)
+    return app
+
+
+def create_health_app(service: ExtenderService) -> FastAPI:
+    """The plain-HTTP health port: /healthz, /readyz and /metrics and nothing else (no
+    documentation routes either), for probes and scrapers that hold no client certificate.
+    Nothing here names a pod or a namespace: the metrics are aggregate counters."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_middleware(
+        RequestLimits,
+        max_body=HEALTH_BODY_BYTES,
+        max_concurrent=16,
+        metrics=service.metrics,
+    )
+    _health_routes(app, service)
+    return app
+
+
+def _health_routes(app: FastAPI, service: ExtenderService) -> None:
+    metrics = service.metrics
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -255,33 +301,28 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             metrics.unreadable.labels(kind).set(count)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
-
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
 async def _parse(request: Request, model: type[_Model]) -> _Model:
     """The body in one pass of pydantic's JSON parser: at 5,000 node names, half the cost of
-    FastAPI's json.loads and then validation. Errors answer like FastAPI's own (400)."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise RequestValidationError([_too_large(int(length))])
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise RequestValidationError([_too_large(len(body))])
+    FastAPI's json.loads and then validation. Errors answer like FastAPI's own (400). The
+    body's size was bounded before it was read (`RequestLimits`)."""
+    body = await request.body()
     try:
-        return model.model_validate_json(bytes(body))
+        return model.model_validate_json(body)
     except ValidationError as error:
         raise RequestValidationError(error.errors()) from None
     except RecursionError:  # JSON nested past what the parser walks
         raise RequestValidationError([{"loc": ("body",), "msg": "nested too deeply"}]) from None
 
 
-def _too_large(size: int) -> dict[str, Any]:
-    return {"loc": ("body",), "msg": f"{size} bytes; at most {MAX_BODY_BYTES}"}
+def _bounded(count: int, most: int, what: str) -> None:
+    if count > most:
+        raise TooManyNodes(
+            f"the request names {count} {what}s; at most {most} (setting max_request_nodes)"
+        )
 
 
 def _json_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -303,8 +344,10 @@ def _json_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
-def _candidates(args: ExtenderPreemptionArgs) -> dict[str, NodeVictims]:
+def _candidates(args: ExtenderPreemptionArgs, most: int) -> dict[str, NodeVictims]:
     """Victims per node from NodeNameToMetaVictims (nodeCacheCapable) or NodeNameToVictims."""
+    _bounded(len(args.NodeNameToMetaVictims or {}), most, "candidate node")
+    _bounded(len(args.NodeNameToVictims or {}), most, "candidate node")
     if args.NodeNameToMetaVictims is not None:
         return {
             node: NodeVictims(
@@ -324,10 +367,12 @@ def _candidates(args: ExtenderPreemptionArgs) -> dict[str, NodeVictims]:
     return found
 
 
-def _names(args: ExtenderArgs) -> tuple[list[str], list[dict[str, Any]]]:
+def _names(args: ExtenderArgs, most: int) -> tuple[list[str], list[dict[str, Any]]]:
     """Node names from NodeNames (nodeCacheCapable) or from the full NodeList."""
     if args.NodeNames is not None:
+        _bounded(len(args.NodeNames), most, "node")
         return args.NodeNames, []
     items = (args.Nodes.items if args.Nodes is not None else None) or []
+    _bounded(len(items), most, "node")
     names = [str((n.get("metadata") or {}).get("name") or "") for n in items]
     return [n for n in names if n], items

@@ -33,6 +33,13 @@ comes first (requests call `expire_slices` before they read the snapshot).
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
+Assignments (docs/extender.md, "What the watch cache trusts"): a pod's `gpupart.io/assignment`
+counts only when it verifies with the shared key for that pod's UID and node, and on the GPU
+its UUID names in the node's inventory; otherwise the pod counts on its node on no GPU in
+particular (logged once, with the reason). A verified assignment a tenant later edits stays
+counted as it was. Assignments that could not be checked for want of a readable key are
+checked again once one can be read (`recheck_assignments`).
+
 Over 400 lines for a reason: every write path (events, relists, reservations, publishing) is
 here so that one lock and one publish cover them all; reading objects lives in `objects.py`.
 """
@@ -57,6 +64,7 @@ from .objects import (
     NODE,
     PDB,
     POD,
+    KeySource,
     NodeEntry,
     PodEntry,
     Unreadable,
@@ -68,6 +76,7 @@ from .objects import (
     read_nomination,
     read_pod,
     uid_of,
+    verified_entry,
 )
 from .reservations import Proposal, Reservations
 from .snapshot import NodeState, Snapshot, assemble_view
@@ -87,8 +96,16 @@ _DONE_PHASES = ("Succeeded", "Failed")
 class ClusterCache:
     """Nodes, pods, budgets and reservations, changed under one writer lock, read as `snapshot`."""
 
-    def __init__(self, *, max_states: int = 200_000, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        keys: KeySource | None = None,
+        max_states: int = 200_000,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self._lock = threading.RLock()
+        self.keys = keys
+        """The shared assignment keys pods' assignments are verified with (None: none is)."""
         self.wall = wall
         """Unix seconds, the clock slice reservations expire by (tests pass their own)."""
         self._changed = threading.Condition(self._lock)
@@ -125,6 +142,10 @@ class ClusterCache:
         self._expiry: dict[str, float] = {}
         """Per node with live reservations: when the first of them expires."""
         self._next_expiry = math.inf
+        self._unchecked: set[str] = set()
+        """Uids of pods whose assignment awaits a readable key (`recheck_assignments`)."""
+        self._told: dict[str, str] = {}
+        """Per pod uid, the last reason logged for not counting its assignment (logged once)."""
         self.synced: dict[str, bool] = {NODE: False, POD: False}
         self._health = threading.Lock()
         self._failures: dict[str, tuple[int, str]] = {}
@@ -224,13 +245,58 @@ class ClusterCache:
                 self._touch(node)
 
     def _read_pod(self, uid: str, obj: Mapping[str, Any]) -> PodEntry | None:
+        old = self._pods.get(uid)
         try:
-            entry = read_pod(obj)
+            entry = read_pod(obj, self.keys, kept=None if old is None else old.placed.assignment)
         except UnreadablePod as error:
             self._unreadable_seen(POD, uid, key_of(obj), obj, str(error))
             return None
         self._readable(POD, uid)
+        if entry is not None:
+            self._tell(entry, entry.distrusted)
         return entry
+
+    def _tell(self, entry: PodEntry, reason: str, *, lost: bool = False) -> None:
+        """Log, once per pod and reason, that its assignment is not counted as it says."""
+        if not reason:
+            self._told.pop(entry.uid, None)
+            return
+        if self._told.get(entry.uid) == reason:
+            return
+        self._told[entry.uid] = reason
+        kept = None if lost else entry.placed.assignment
+        log.warning(
+            "Ignored a pod's GPU assignment",
+            extra=logs.kv(
+                pod=entry.key,
+                node=entry.node,
+                reason=reason,
+                counted="on no GPU in particular" if kept is None else f"on GPU {kept.gpu_uuid}",
+            ),
+        )
+
+    def recheck_assignments(self, *, wait: bool = True) -> int:
+        """Count the assignments that could not be checked for want of a readable key, now
+        that one may be readable; returns how many were checked. A check of one set when
+        there are none (requests call it); `wait=False`: nothing while a writer holds the lock."""
+        if not self._unchecked or self.keys is None or not self._lock.acquire(blocking=wait):
+            return 0
+        try:
+            checked = 0
+            for uid in list(self._unchecked):
+                entry = self._pods.get(uid)
+                fresh = None if entry is None else verified_entry(entry, self.keys)
+                if entry is None or fresh is not None:
+                    self._unchecked.discard(uid)
+                if fresh is not None:
+                    checked += 1
+                    self._set_pod(uid, fresh)
+                    self._tell(fresh, fresh.distrusted)
+            if checked:
+                self._publish()
+            return checked
+        finally:
+            self._lock.release()
 
     def _unreadable_seen(
         self, kind: str, key: str, name: str, obj: Mapping[str, Any], problem: str
@@ -298,6 +364,12 @@ class ClusterCache:
         if entry is not None:
             # The watch now shows the pod bound: the reservation has served its purpose.
             self._drop_assumed(uid)
+        if entry is not None and entry.unchecked is not None:
+            self._unchecked.add(uid)
+        else:
+            self._unchecked.discard(uid)
+        if entry is None:
+            self._told.pop(uid, None)
         if old == entry:
             return
         self._stale.add("counts")
@@ -431,7 +503,12 @@ class ClusterCache:
         live = [r for r in entry.reservations if r.expires > now and r.pod not in self._placed_keys]
         if live:
             self._expiry[name] = min(r.expires for r in live)
-        view = assemble_view(name, entry, (*counted, *nominated), self._versions.get(name, 0), live)
+        lost: list[tuple[PodEntry, str]] = []
+        view = assemble_view(
+            name, entry, (*counted, *nominated), self._versions.get(name, 0), live, lost=lost
+        )
+        for pod, reason in lost:
+            self._tell(pod, reason, lost=True)
         key = anonymous(view)
         state = self._states.get(key)
         if state is None:
@@ -558,12 +635,12 @@ class ClusterCache:
 
 def _pod_shapes(entries: Iterable[PodEntry], view: NodeView) -> tuple[Shape, ...]:
     """(GPU count, milli per GPU, CPU) of the node's bound GPU pods, for the policy's mix."""
-    gpus = {g.index: g for g in view.gpus}
+    gpus = {g.uuid: g for g in view.gpus}
     shapes = []
     for entry in entries:
         placed = entry.placed
         a = placed.assignment
-        shape = demand_shape(placed.request, gpus.get(a.gpu) if a else None, placed.cpu_milli)
+        shape = demand_shape(placed.request, gpus.get(a.gpu_uuid) if a else None, placed.cpu_milli)
         if shape is not None:
             shapes.append(shape)
     return tuple(shapes)

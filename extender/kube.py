@@ -7,6 +7,7 @@ extender that talks to the API server.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -18,7 +19,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupart import logs
-from gpupart.kubeconfig import load_configuration
+from gpupart.core.errors import GpupartError
+from gpupart.kubeconfig import describe_api_error, load_configuration
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NODE, PDB, POD, ClusterCache
@@ -38,12 +40,45 @@ def api_client(kubeconfig: Path | None) -> client.ApiClient:
     return client.ApiClient(load_configuration(kubeconfig, pool_size=POOL_SIZE))
 
 
+class PodUnreadable(GpupartError):
+    """The live pod could not be read before a bind (gone, forbidden, API unreachable)."""
+
+
 class ApiBinder:
-    """The Binding create through the API server (the `Binder` protocol)."""
+    """The live pod's GET and the Binding create through the API server (the `Binder`
+    protocol): RBAC `pods: get` and `pods/binding: create`."""
 
     def __init__(self, api: client.ApiClient, *, timeout_s: float = 10.0) -> None:
         self.api = api
         self.timeout = timeout_s
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The pod as the API server has it now (bind never trusts the request or the watch
+        cache for what it writes); ApiException when it cannot be read (404: gone)."""
+        method, url, headers, data, _ = self.api.param_serialize(
+            method="GET",
+            resource_path="/api/v1/namespaces/{namespace}/pods/{name}",
+            path_params={"namespace": namespace, "name": name},
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self.api.call_api(
+                method, url, header_params=headers, body=data, _request_timeout=self.timeout
+            )
+            body = response.read()
+        except Exception as error:  # noqa: BLE001 - the connection's failure, in words
+            raise PodUnreadable(f"GET pod: {describe_api_error(error)}") from None
+        if not 200 <= response.status < 300:
+            refused = ApiException(http_resp=response)
+            raise PodUnreadable(f"GET pod: {describe_api_error(refused)}")
+        try:
+            found = json.loads(body)
+        except ValueError:
+            found = None
+        if not isinstance(found, dict):
+            raise PodUnreadable("GET pod: the answer is not a JSON object")
+        return found
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]

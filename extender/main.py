@@ -1,15 +1,25 @@
-"""`gpupart extender`: read settings, build the cache, watcher, service and app, serve with uvicorn."""
+"""`gpupart extender`: read settings, build the cache, watcher, service and apps, serve them with uvicorn.
+
+Two listeners on one event loop: the verbs (and health) on `host:port`, HTTPS with required
+client certificates when `tls_client_ca_file` is set (else loopback only, unless
+`allow_unauthenticated`), and the plain-HTTP health port (`health_host:health_port`) serving
+only /healthz, /readyz and /metrics.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import cProfile
 import gc
 import logging
 import socket
+import ssl
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -17,11 +27,13 @@ from fastapi import FastAPI
 
 from gpupart import logs
 from gpupart.core.errors import InvalidInput
+from gpupart.keyfile import KeyFile
 
 from . import settings as settings_module
-from .app import create_app
+from .app import create_app, create_health_app
 from .cache import ClusterCache
 from .kube import ApiBinder, Watcher, api_client
+from .limits import BoundedHttpTools
 from .metrics import Metrics
 from .service import ExtenderService
 from .settings import ExtenderSettings
@@ -80,66 +92,165 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
+    # Listening from here: a client that connects before uvicorn starts waits in the backlog
+    # instead of being refused (uvicorn listens again on the same socket, which is harmless).
+    sock.listen(2048)
     return sock
 
 
 def server(app: FastAPI, settings: ExtenderSettings) -> uvicorn.Server:
-    """uvicorn as production runs it: uvloop and the C HTTP parser (httptools).
+    """uvicorn as production runs it: uvloop and the C HTTP parser (httptools), with the
+    request head bounded (`limits.BoundedHttpTools`); HTTPS when a certificate is set,
+    requiring a client certificate signed by `tls_client_ca_file` when that is set.
 
     At 5,000 nodes a filter request carries ~70 KB of names and its answer ~300 KB; the
     pure-Python h11 parser and the default event loop cost more than the decision itself.
     """
+    ca = settings.tls_client_ca_file
     return uvicorn.Server(
         uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=BoundedHttpTools,
             log_level=settings.log_level.lower(),
             access_log=False,
             ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
             ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+            ssl_cert_reqs=ssl.CERT_REQUIRED if ca is not None else ssl.CERT_NONE,
+            ssl_ca_certs=str(ca) if ca is not None else None,
         )
     )
+
+
+class _Follower(uvicorn.Server):
+    """A second server on the same loop: it leaves the signals to the first one, which stops
+    it when it stops (two servers each taking SIGTERM would leave one running)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def health_server(app: FastAPI, settings: ExtenderSettings) -> uvicorn.Server:
+    """The plain-HTTP health port (no TLS: kubelet probes and scrapers carry no client cert)."""
+    return _Follower(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http=BoundedHttpTools,
+            lifespan="off",
+            log_level=settings.log_level.lower(),
+            access_log=False,
+        )
+    )
+
+
+def serve(
+    main: uvicorn.Server,
+    main_socket: socket.socket,
+    health: uvicorn.Server | None = None,
+    health_socket: socket.socket | None = None,
+) -> None:
+    """Serve both until the main server stops (SIGTERM, SIGINT), then stop the health one."""
+
+    async def both() -> None:
+        followed = None
+        if health is not None and health_socket is not None:
+            followed = asyncio.create_task(health.serve(sockets=[health_socket]))
+        try:
+            await main.serve(sockets=[main_socket])
+        finally:
+            if health is not None and followed is not None:
+                health.should_exit = True
+                await followed
+
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(both())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings_module.add_arguments(parser)
 
 
+def _fail(problem: str) -> int:
+    sys.stderr.write(f"gpupart extender: {problem}\n")
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_module.from_args(args)
     except InvalidInput as error:
-        sys.stderr.write(f"gpupart extender: {error}\n")
-        return 2
+        return _fail(str(error))
     logs.configure(settings.log_level)
+    keys = None if settings.assignment_key_file is None else KeyFile(settings.assignment_key_file)
+    if keys is None:
+        log.warning(
+            "Started without an assignment key: shared-GPU binds will be refused",
+            extra=logs.kv(setting="assignment_key_file"),
+        )
+    else:
+        try:
+            keys.keys()
+        except InvalidInput as error:  # it may appear later (a Secret being mounted)
+            log.warning(
+                "Cannot read the assignment key yet: shared-GPU binds are refused until it can",
+                extra=logs.kv(err=str(error)),
+            )
+    metrics = Metrics()
+    # Both listeners first: a port in use or an unreadable certificate is a one-line error.
+    try:
+        main_socket = listen(settings.host, settings.port)
+        health_socket = (
+            listen(settings.health_host, settings.health_port) if settings.health_port else None
+        )
+    except OSError as error:
+        return _fail(f"cannot listen: {error}")
     profilers = start_profiling(settings.profile)
     api = api_client(settings.kubeconfig)
-    cache = ClusterCache()
+    cache = ClusterCache(keys=None if keys is None else keys.keys)
     service = ExtenderService(
         cache,
         settings.scoring(),
         binder=ApiBinder(api),
-        metrics=Metrics(),
+        metrics=metrics,
         ttl_seconds=settings.reservation_ttl_seconds,
         admission_wait_seconds=settings.admission_wait_seconds,
         refresh_seconds=settings.fragmentation_refresh_seconds,
         memo_size=settings.memo_size,
+        keys=None if keys is None else keys.keys,
+        scheduler_names=settings.scheduler_names,
     )
+    app = create_app(settings, service)
+    main = server(app, settings)
+    health = None if health_socket is None else health_server(create_health_app(service), settings)
+    try:
+        main.config.load()  # reads the certificates and the client CA now
+    except (OSError, ssl.SSLError) as error:
+        return _fail(
+            f"cannot set up TLS (tls_cert_file, tls_key_file, tls_client_ca_file): {error}"
+        )
     watcher = Watcher(api, cache, timeout_seconds=settings.resync_seconds)
     watcher.start()
     tune_gc()
     log.info(
         "Started extender",
-        extra=logs.kv(host=settings.host, port=settings.port, prefix=settings.prefix),
+        extra=logs.kv(
+            host=settings.host,
+            port=settings.port,
+            prefix=settings.prefix,
+            tls="client certificates"
+            if settings.tls_client_ca_file
+            else ("server only" if settings.tls_cert_file else "off"),
+            health=f"{settings.health_host}:{settings.health_port}" if health else "off",
+        ),
     )
     try:
-        app = create_app(settings, service)
         # uvicorn re-raises SIGTERM after its graceful shutdown: dump from the shutdown hook.
         if settings.profile is not None:
             profile = settings.profile
             app.router.on_shutdown.append(lambda: dump_profile(profilers, profile))
-        server(app, settings).run(sockets=[listen(settings.host, settings.port)])
+        serve(main, main_socket, health, health_socket)
     finally:
         watcher.stop()
     return 0

@@ -46,6 +46,14 @@ class Metrics:
             "GPU lets the pod fit, or the victims shown free no slice of its profile",
             registry=self.registry,
         )
+        self.refused = Counter(
+            "gpupart_extender_requests_refused_total",
+            "Requests refused before they were read in full: too_large (413: over "
+            "max_request_bytes or max_request_nodes), busy (503: over max_concurrent_requests, "
+            "or the bodies in flight over their budget)",
+            ["reason"],
+            registry=self.registry,
+        )
         self.cache = Gauge(
             "gpupart_extender_cache_objects",
             "Objects in the watch cache",

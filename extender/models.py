@@ -12,9 +12,8 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 MAX_NODE_NAMES = 100_000
-"""Far above the 5,000-node envelope: a longer list is a broken client, not a cluster."""
-MAX_BODY_BYTES = 64 << 20
-"""The largest request body read: a full NodeList of 5,000 nodes is ~25 MB."""
+"""The hard cap on names in one list, whatever the settings: the setting max_request_nodes
+(at most this) is checked after parsing, the body's size (max_request_bytes) before."""
 
 
 _QUANTITY: dict[str, Any] = {"type": "string", "format": "quantity"}

@@ -1,16 +1,26 @@
 """Reading Nodes, Pods and their reservations into the entries the cluster state keeps.
 
-Pure functions over API objects (raw JSON mappings): no I/O, no state. An object that cannot be
-read is never fatal: a Node is kept with the problem as its reason (`NodeEntry.unreadable`), a
-Pod raises `UnreadablePod` for the caller to skip and report.
+Pure functions over API objects (raw JSON mappings): no I/O, no state (the assignment keys
+come in as a function). An object that cannot be read is never fatal: a Node is kept with the
+problem as its reason (`NodeEntry.unreadable`), a Pod raises `UnreadablePod` for the caller to
+skip and report.
+
+A pod's annotations are its tenant's to write, so a `gpupart.io/assignment` counts only when
+it verifies (`provenance.forgery`: signed by the extender for this pod's UID and the node it is
+bound to). One that does not is ignored, never trusted for its GPU or amounts: the pod then
+counts as what kube-scheduler counted it as, a shared-GPU pod on its node with the amounts of
+its own spec, on no GPU in particular (`NodeView.unplaced_tenants`: its memory is taken from the
+node's total room). A forged or copied assignment so neither takes room on the GPU it names nor
+frees room on the one the pod was given (`read_pod`'s `kept`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpupart.core.api.provenance import AssignmentKeys, forgery
 from gpupart.core.api.resources import parse_pod_request
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -35,6 +45,11 @@ NODE = "Node"
 POD = "Pod"
 PDB = "PodDisruptionBudget"
 _DONE_PHASES = ("Succeeded", "Failed")
+
+KeySource = Callable[[], AssignmentKeys]
+"""The shared assignment keys (`gpupart.keyfile.KeyFile.keys`); raises InvalidInput when they
+cannot be read."""
+NO_KEY = "no assignment key is configured (setting assignment_key_file)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +80,12 @@ class PodEntry:
     awaiting: bool = False
     """A live shared-GPU pod with an assignment whose containers the device plugin has not all
     served yet (no complete `gpupart.io/allocation` record)."""
+    distrusted: str = ""
+    """Why the pod's `gpupart.io/assignment` annotation is not counted ("" when it is, or when
+    there is none): forged, copied, edited, or no key to check it with."""
+    unchecked: tuple[PodAssignment, bool] | None = None
+    """The assignment that could not be checked for want of a readable key, and whether the
+    pod would await admission with it: checked again once the key can be read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,19 +187,28 @@ def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
+def read_pod(
+    pod: Mapping[str, Any], keys: KeySource | None = None, *, kept: PodAssignment | None = None
+) -> PodEntry | None:
     """The GPU capacity and CPU a bound, live pod holds; None for pods that hold neither.
+
+    Its assignment counts only when it verifies with `keys` (None: no key, none does). `kept`:
+    the verified assignment the pod was counted with so far; an annotation that no longer
+    verifies (a tenant edited or removed it) leaves it in place: the extender never rewrites
+    an assignment after bind, so a change to one is never its own.
 
     Raises UnreadablePod when what it holds cannot be read: the cache skips it and says so,
     rather than count it as holding nothing (or fail the watch).
     """
     try:
-        return _read_pod(pod)
+        return _read_pod(pod, keys, kept)
     except Exception as error:  # noqa: BLE001 - whatever breaks, it is this pod's problem
         raise UnreadablePod(problem_of(error)) from None
 
 
-def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
+def _read_pod(
+    pod: Mapping[str, Any], keys: KeySource | None, kept: PodAssignment | None
+) -> PodEntry | None:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -190,29 +220,96 @@ def _read_pod(pod: Mapping[str, Any]) -> PodEntry | None:
     cpu = pod_cpu_milli(pod)
     if request.empty and cpu == 0:
         return None
-    assignment = None
-    text = annotations.get(ASSIGNMENT_ANNOTATION)
-    if text is not None:
-        try:
-            assignment = decode_assignment(text)
-        except GpupartError:
-            assignment = None  # unplaced: it still counts against the node, on no GPU in particular
-    awaiting = (
-        bool(request.shared)
-        and assignment is not None
-        and meta.get("deletionTimestamp") is None
-        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
-    )
     # A CPU-only pod is no GPU tenant of the view; its labels and priority are kept for the
     # preempt verb (kube-scheduler may name it as a victim, and PDBs may cover it).
     tenant = tenant_of(pod, request)
+    uid = str(meta.get("uid") or tenant.pod)
+    assignment = None
+    distrusted = ""
+    unchecked = None
+    text = annotations.get(ASSIGNMENT_ANNOTATION)
+    if text is not None:
+        try:
+            claimed = decode_assignment(text)
+        except GpupartError as error:
+            distrusted = f"unreadable ({problem_of(error)})"
+        else:
+            distrusted, retry = check_assignment(claimed, keys, pod_uid=uid, node=str(node))
+            if not distrusted:
+                assignment = claimed
+            elif retry:
+                unchecked = claimed
+    if assignment is None and kept is not None and kept.node == node:
+        assignment = kept
+    could_await = (
+        bool(request.shared)
+        and meta.get("deletionTimestamp") is None
+        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
+    )
     return PodEntry(
-        str(meta.get("uid") or tenant.pod),
+        uid,
         tenant.pod,
         str(node),
+        # Without a verified assignment: unplaced, it still counts against the node, on no
+        # GPU in particular, with its own spec's amounts.
         PlacedPod(tenant, request, assignment, cpu),
-        awaiting,
+        could_await and assignment is not None,
+        distrusted,
+        None if unchecked is None else (unchecked, could_await),
     )
+
+
+def check_assignment(
+    claimed: PodAssignment, keys: KeySource | None, *, pod_uid: str, node: str
+) -> tuple[str, bool]:
+    """Why `claimed` is not the extender's assignment for pod `pod_uid` on `node` ("" if it
+    is), and whether that may change once a key can be read (no key, or an unreadable one)."""
+    if keys is None:
+        return NO_KEY, True
+    try:
+        found = keys()
+    except InvalidInput as error:
+        return str(error), True
+    return forgery(claimed, found, pod_uid=pod_uid, node=node), False
+
+
+def verified_entry(entry: PodEntry, keys: KeySource) -> PodEntry | None:
+    """`entry` with its unchecked assignment counted, once `keys` verify it (None: still not
+    checkable, or checked and not genuine: `distrusted` then says why)."""
+    if entry.unchecked is None:
+        return None
+    claimed, could_await = entry.unchecked
+    reason, retry = check_assignment(claimed, keys, pod_uid=entry.uid, node=entry.node)
+    if retry:
+        return None
+    if reason:
+        return replace(entry, distrusted=reason, unchecked=None)
+    placed = replace(entry.placed, assignment=claimed)
+    return replace(entry, placed=placed, awaiting=could_await, distrusted="", unchecked=None)
+
+
+def placed_by_uuid(
+    inventory: tuple[InventoryGpu, ...] | None, entries: Iterable[PodEntry]
+) -> tuple[list[PlacedPod], list[tuple[PodEntry, str]]]:
+    """The pods as the node's view counts them: each assignment on the GPU its UUID names in
+    the node's inventory (the node agent serves by UUID; an index may name another GPU after a
+    change of hardware), and the pods whose GPU the inventory does not have (counted on no GPU
+    in particular), with the reason."""
+    by_uuid = {g.uuid: g.index for g in inventory or ()}
+    placed: list[PlacedPod] = []
+    lost: list[tuple[PodEntry, str]] = []
+    for e in entries:
+        p = e.placed
+        a = p.assignment
+        if a is not None and inventory is not None:
+            index = by_uuid.get(a.gpu_uuid)
+            if index is None:
+                lost.append((e, f"its assignment names GPU {a.gpu_uuid}, not in the inventory"))
+                p = replace(p, assignment=None)
+            elif index != a.gpu:
+                p = replace(p, assignment=replace(a, gpu=index))
+        placed.append(p)
+    return placed, lost
 
 
 def read_nomination(pod: Mapping[str, Any], gpu: tuple[int, str] | None = None) -> PodEntry | None:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from gpupart import logs
+from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
-from gpupart.core.errors import GpupartError
+from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
 from gpupart.core.scheduling.pods import Demand, parse_demand, tenant_of
 from gpupart.core.scheduling.scoring import FragmentationModel
@@ -34,7 +35,7 @@ from .answers import FAILED, PASSED, Batch
 from .cache import ClusterCache
 from .memo import KEPT_LISTS, Memo
 from .metrics import Metrics
-from .objects import PodEntry, read_node
+from .objects import KeySource, PodEntry, read_node
 from .preemption import NodeVictims, victims_on
 from .reservations import Hold
 from .snapshot import Snapshot
@@ -45,9 +46,13 @@ _Reply = TypeVar("_Reply")
 
 
 class Binder(Protocol):
-    """The one API write of a bind: a Binding that also carries the pod's new annotations (the
-    API server copies a Binding's annotations onto the pod in the same update as its nodeName).
-    `kube.ApiBinder` does it for real, tests pass a fake."""
+    """The API calls of a bind: read the live pod, then one write, a Binding that also carries
+    the pod's new annotations (the API server copies a Binding's annotations onto the pod in
+    the same update as its nodeName). `kube.ApiBinder` does it for real, tests pass a fake."""
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The pod as the API server has it now; raises when it cannot be read."""
+        ...
 
     def bind(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
@@ -98,9 +103,15 @@ class ExtenderService:
         refresh_seconds: float = 60.0,
         memo_size: int = 200_000,
         kept_lists: int = KEPT_LISTS,
+        keys: KeySource | None = None,
+        scheduler_names: Sequence[str] = ("gpupart-scheduler",),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
+        self.keys = keys
+        """Signs every shared-GPU assignment at bind (None: shared-GPU binds are refused)."""
+        self.scheduler_names = tuple(scheduler_names)
+        """Bind only pods whose spec.schedulerName is one of these."""
         self.scoring = scoring
         self.binder = binder
         self.metrics = metrics
@@ -149,6 +160,7 @@ class ExtenderService:
             return
         self._last_sweep = now
         self.cache.expire(now, wait=wait)
+        self.cache.recheck_assignments(wait=wait)
 
     def _demand(self, pod: Mapping[str, Any]) -> Demand:
         return parse_demand(pod, group_label=self.scoring.group_label)
@@ -322,18 +334,52 @@ class ExtenderService:
         return kept
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> str:
-        """Choose the GPU again on fresh state, reserve it, write the assignment, bind; "" = done."""
+        """Check the live pod, choose the GPU again on fresh state, reserve it, write the
+        signed assignment, bind; "" = done, else why not (a sentence the scheduler logs).
+
+        Nothing in the request is trusted beyond the names it asks about: the pod is read
+        from the API server, must be the one filter saw (same UID, same demand), ours
+        (`scheduler_names`), unbound and not being deleted; its amounts come from its spec.
+        """
         now = self.clock()
         self._sweep(now, wait=True)
-        key = uid or f"{namespace}/{name}"
+        pod_name = f"{namespace}/{name}"
+        if not uid:
+            return self._refused(pod_name, f"the bind request for pod {pod_name} names no pod UID")
+        key = uid
         hold = self.cache.reservations.held(key)
-        if hold is None or hold.demand.pod != f"{namespace}/{name}":
-            self.metrics.decisions.labels("bind", "error").inc()
-            return (
-                f"no filter decision for pod {namespace}/{name} (uid {uid!r}) in the last "
-                f"{self.ttl:g}s; the scheduler will retry"
+        if hold is None or hold.demand.pod != pod_name:
+            return self._refused(
+                pod_name,
+                f"no filter decision for pod {pod_name} (uid {uid!r}) in the last "
+                f"{self.ttl:g}s; the scheduler will retry",
             )
-        demand = hold.demand
+        try:
+            live = self.binder.pod(namespace, name)
+        except Exception as error:  # noqa: BLE001 - any API failure is reported, never raised
+            return self._refused(
+                pod_name,
+                f"cannot read pod {pod_name} to check it before binding: {explain(error)}; "
+                "the scheduler will retry",
+            )
+        problem = self._unbindable(live, pod_name, uid)
+        if problem:
+            return self._refused(pod_name, problem)
+        try:
+            demand = self._demand(live)
+        except GpupartError as error:
+            return self._refused(pod_name, f"pod {pod_name} cannot be read: {explain(error)}")
+        if _amounts(demand) != _amounts(hold.demand):
+            return self._refused(
+                pod_name,
+                f"pod {pod_name} asks for {_amounts_text(demand)}, but the filter call was "
+                f"for {_amounts_text(hold.demand)}; not bound, the scheduler will retry",
+            )
+        keys = None
+        if demand.request.shared:
+            keys, problem = self._signing_keys(pod_name)
+            if problem:
+                return self._refused(pod_name, problem)
         model = self.model(now)
         with self.cache.lock():  # no change lands between this evaluation and the reservation
             if demand.request.shared:
@@ -357,16 +403,21 @@ class ExtenderService:
                 return f"node changed since filter: {verdict.reason}"
             assignment = None
             if verdict.gpu is not None:
+                assert keys is not None  # a GPU is chosen for shared-GPU pods only
                 gpu = next(g for g in view.gpus if g.index == verdict.gpu)
-                assignment = PodAssignment(
-                    node,
-                    gpu.index,
-                    gpu.uuid,
-                    demand.request.memory_mib,
-                    demand.request.compute_percent,
+                assignment = sign(
+                    PodAssignment(
+                        node,
+                        gpu.index,
+                        gpu.uuid,
+                        demand.request.memory_mib,
+                        demand.request.compute_percent,
+                        pod_uid=uid,
+                    ),
+                    keys,
                 )
             placed = PlacedPod(
-                tenant_of(hold.pod, demand.request), demand.request, assignment, demand.cpu_milli
+                tenant_of(live, demand.request), demand.request, assignment, demand.cpu_milli
             )
             entry = PodEntry(key, demand.pod, node, placed, awaiting=assignment is not None)
             # Reserved before the API calls, so a concurrent bind already sees this capacity gone.
@@ -398,6 +449,56 @@ class ExtenderService:
         )
         return ""
 
+    def _refused(self, pod: str, reason: str) -> str:
+        self.metrics.decisions.labels("bind", "error").inc()
+        log.info("Refused to bind pod", extra=logs.kv(pod=pod, reason=reason))
+        return reason
+
+    def _unbindable(self, live: Mapping[str, Any], pod: str, uid: str) -> str:
+        """Why the live pod must not be bound by this extender ("" when it may)."""
+        meta = live.get("metadata")
+        spec = live.get("spec")
+        status = live.get("status")
+        if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+            return f"pod {pod} as read from the API server has no metadata or spec; not bound"
+        live_uid = meta.get("uid")
+        if live_uid != uid:
+            return (
+                f"pod {pod} now has UID {live_uid!r}, not {uid!r} as in the bind request (it was "
+                "replaced under the same name); not bound"
+            )
+        scheduler = spec.get("schedulerName") or "default-scheduler"
+        if scheduler not in self.scheduler_names:
+            return (
+                f"pod {pod} is for scheduler {scheduler!r}; this extender binds only pods of "
+                f"{', '.join(repr(n) for n in self.scheduler_names)} (setting scheduler_names)"
+            )
+        if spec.get("nodeName"):
+            return f"pod {pod} is already bound to node {spec.get('nodeName')!r}; not bound again"
+        if meta.get("deletionTimestamp") is not None:
+            return f"pod {pod} is being deleted; not bound"
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if phase not in (None, "", "Pending"):
+            return f"pod {pod} is {phase}, not Pending; not bound"
+        return ""
+
+    def _signing_keys(self, pod: str) -> tuple[AssignmentKeys | None, str]:
+        """The keys that sign the pod's assignment, or why there are none (then no bind: the
+        node agent serves only signed assignments)."""
+        if self.keys is None:
+            return None, (
+                f"shared-GPU pod {pod} not bound: no assignment key is configured (setting "
+                "assignment_key_file, GPUPART_EXTENDER_ASSIGNMENT_KEY_FILE), and node agents "
+                "serve only assignments signed with it"
+            )
+        try:
+            return self.keys(), ""
+        except InvalidInput as error:
+            return None, (
+                f"shared-GPU pod {pod} not bound: {error} (setting assignment_key_file); node "
+                "agents serve only assignments signed with it"
+            )
+
     def _await_admission(self, node: str, pod: str) -> str:
         """Wait (under the writer lock) until no other shared-GPU pod awaits admission on `node`.
 
@@ -422,6 +523,23 @@ class ExtenderService:
                 )
             self.cache.wait_for_change(left)
         return ""
+
+
+def _amounts(demand: Demand) -> tuple[object, ...]:
+    """What a pod asks a node for: its GPU request, CPU and priority (all from its spec)."""
+    return (demand.request, demand.cpu_milli, demand.priority)
+
+
+def _amounts_text(demand: Demand) -> str:
+    r = demand.request
+    parts = []
+    if r.shared:
+        parts.append(f"{r.shared} shared-GPU slot(s), {r.memory_mib} MiB, {r.compute_percent} %")
+    if r.whole_gpus:
+        parts.append(f"{r.whole_gpus} whole GPU(s)")
+    parts.extend(f"{count} {profile} slice(s)" for profile, count in r.mig)
+    parts.append(f"{demand.cpu_milli}m CPU, priority {demand.priority}")
+    return "; ".join(parts)
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

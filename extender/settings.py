@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,15 +40,46 @@ class ExtenderSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
-    """Listen address; a separate Deployment (not a sidecar of kube-scheduler) needs 0.0.0.0."""
+    """Listen address of the verbs. Loopback (a sidecar of the scheduler) or, for a separate
+    Deployment, any address with tls_client_ca_file set: the extender refuses to start on a
+    non-loopback address without it, unless allow_unauthenticated is true."""
     port: int = Field(8888, ge=0, le=65535)
-    """Listen port."""
+    """Listen port of the verbs (and of /healthz, /readyz and /metrics too)."""
     url_prefix: str = "/gpupart"
     """Verbs are served at <url_prefix>/filter, /prioritize, /bind (urlPrefix in the scheduler config)."""
     tls_cert_file: Path | None = None
     """Serve HTTPS with this certificate (with tls_key_file)."""
     tls_key_file: Path | None = None
     """The private key of tls_cert_file."""
+    tls_client_ca_file: Path | None = None
+    """Require a client certificate signed by this CA (PEM) on every connection of the verbs'
+    listener (needs tls_cert_file and tls_key_file): a client without one gets no TLS
+    handshake, so no answer at all."""
+    allow_unauthenticated: bool = False
+    """Serve the verbs on a non-loopback host without client certificates (anyone who reaches
+    the port can then bind pods): for test clusters only."""
+    health_host: str = "0.0.0.0"
+    """Listen address of the plain-HTTP health port."""
+    health_port: int = Field(8889, ge=0, le=65535)
+    """Plain-HTTP port serving only /healthz, /readyz and /metrics (aggregate counters, no pod
+    or namespace names), for probes and scrapers that hold no client certificate; 0: off."""
+    max_request_bytes: int = Field(2 << 20, ge=1024, le=256 << 20)
+    """The largest request body read (413 beyond, refused before more is read). A filter at
+    5,000 nodes (nodeCacheCapable) is ~100 KB; a full NodeList (nodeCacheCapable false) needs
+    ~5 KB a node, and memory to match (docs/extender.md: the memory ceiling)."""
+    max_request_nodes: int = Field(20_000, ge=1, le=100_000)
+    """The most node names (or NodeList items, or preemption candidates) one request may name
+    (413 beyond)."""
+    max_concurrent_requests: int = Field(64, ge=1, le=10_000)
+    """Requests served at once on the verbs' listener; one more is answered 503 at once (binds
+    waiting for a node's admission hold theirs for up to admission_wait_seconds)."""
+    assignment_key_file: Path | None = None
+    """The shared key (one per line, the first signs) that signs every shared-GPU assignment
+    at bind and verifies those the watch cache counts; re-read when it changes. None or
+    unreadable: shared-GPU binds are refused with the reason, and no assignment is trusted."""
+    scheduler_names: list[str] = Field(default_factory=lambda: ["gpupart-scheduler"], min_length=1)
+    """Bind only pods whose spec.schedulerName is one of these (the scheduler(s) that call this
+    extender); comma-separated in a flag or variable."""
     kubeconfig: Path | None = None
     """None: in-cluster service account, else ~/.kube/config."""
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
@@ -89,6 +121,19 @@ class ExtenderSettings(BaseModel):
             raise ValueError("url_prefix must start with /")
         if self.high_priority < self.low_priority:
             raise ValueError("high_priority must not be below low_priority")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file (HTTPS)")
+        if (
+            not is_loopback(self.host)
+            and self.tls_client_ca_file is None
+            and not self.allow_unauthenticated
+        ):
+            raise ValueError(
+                f"host {self.host!r} is not a loopback address and tls_client_ca_file is unset: "
+                "anyone reaching the port could bind pods; set tls_client_ca_file (with "
+                "tls_cert_file and tls_key_file), listen on 127.0.0.1, or set "
+                "allow_unauthenticated: true"
+            )
         return self
 
     @property
@@ -110,6 +155,16 @@ class ExtenderSettings(BaseModel):
             low_priority=self.low_priority,
             group_label=self.anti_affinity_label,
         )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (127.0.0.0/8, ::1 or "localhost")."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any address
 
 
 ENV_PREFIX = "GPUPART_EXTENDER_"
@@ -162,17 +217,30 @@ def from_args(
         where, value = source
         path = paths[setting.flag]
         given[path] = where
-        _put(values, path, value)
+        _put(values, path, _split(value) if path in _LISTS else value)
     try:
         return ExtenderSettings.model_validate(values)
     except ValidationError as error:
         first = error.errors()[0]
         path = tuple(str(p) for p in first["loc"])
-        where = given.get(path) or (f"{config}: {'.'.join(path)}" if config else ".".join(path))
-        raise InvalidInput(where, first["msg"]) from None
+        dotted = ".".join(path)
+        where = given.get(path) or (f"{config}: {dotted}" if config and dotted else dotted)
+        # A rule across fields (no loc) reads as a sentence, without pydantic's prefix.
+        message = first["msg"].removeprefix("Value error, ")
+        raise InvalidInput(where or config or "settings", message) from None
 
 
-def _put(values: dict[str, Any], path: tuple[str, ...], value: str) -> None:
+_LISTS = {
+    (name,) for name, f in ExtenderSettings.model_fields.items() if get_origin(f.annotation) is list
+}
+"""Fields given as a comma-separated list in a flag or variable (scheduler_names)."""
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _put(values: dict[str, Any], path: tuple[str, ...], value: object) -> None:
     """values[a][b] = value for path (a, b), copying the mappings on the way (the file's)."""
     target = values
     for key in path[:-1]:

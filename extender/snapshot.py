@@ -16,7 +16,7 @@ from gpupart.core.scheduling.preemption import Budget
 from gpupart.core.scheduling.shares import Shape
 from gpupart.core.scheduling.views import NodeView, assemble_node
 
-from .objects import NODE, PDB, POD, NodeEntry, PodEntry, Unreadable, problem_of
+from .objects import NODE, PDB, POD, NodeEntry, PodEntry, Unreadable, placed_by_uuid, problem_of
 from .reservations import Proposal
 
 Signature = tuple[int, int]
@@ -46,15 +46,21 @@ def assemble_view(
     entries: Iterable[PodEntry],
     version: int,
     reservations: Iterable[SliceReservation] = (),
+    *,
+    lost: list[tuple[PodEntry, str]] | None = None,
 ) -> NodeView:
-    """The node's view with the pods `entries` on it and the live slice `reservations`; a node
-    that cannot be evaluated gets the reason as its problem (alone: the others are not
-    affected)."""
+    """The node's view with the pods `entries` on it (each on the GPU its assignment's UUID
+    names: `objects.placed_by_uuid`) and the live slice `reservations`; a node that cannot be
+    evaluated gets the reason as its problem (alone: the others are not affected). `lost`
+    collects the pods whose GPU the inventory does not have, with the reason."""
     try:
+        placed, missing = placed_by_uuid(entry.inventory, entries)
+        if lost is not None:
+            lost.extend(missing)
         return assemble_node(
             name,
             entry.inventory,
-            [e.placed for e in entries],
+            placed,
             cpu_milli=entry.cpu_milli,
             problem=entry.problem,
             version=version,

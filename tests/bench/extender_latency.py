@@ -27,6 +27,10 @@ of one GPU per node. Timed from the client as the pairs are: "preempt_p50_ms", "
 replaying, per pod shape, the reply bytes the real extender gave once ("floor_p50_ms_N",
 "floor_p99_ms_N": what HTTP and the client's JSON cost at these sizes).
 
+The synthetic cluster's shared-GPU pods carry assignments signed with a bench key, as the
+extender writes them (the cache verifies each one), and binds re-read the pod (from the bench's
+binder, which answers at once: the API round trip a real bind adds is not in these figures).
+
 Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go] [--floor]
 """
 
@@ -42,6 +46,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,7 @@ import goclients
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -72,22 +78,37 @@ GPUS = 8
 MIB = 81559
 
 
+KEYS = AssignmentKeys((b"gpupart-bench-assignment-key-0000000000",))
+SCHEDULER = "gpupart-scheduler"
+
+
 class NoBinder:
-    """Binds nothing: the extender's own bookkeeping (the assumed pod) is all that happens."""
+    """Binds nothing: the extender's own bookkeeping (the assumed pod) is all that happens.
+    The live pod it answers is the bench's pod of that name, pending."""
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        asked = _asked(int(name.removeprefix("p")))
+        assert asked["metadata"]["namespace"] == namespace
+        return asked
 
     def bind(self, *_: Any) -> None: ...
 
 
+def _signed(assignment: PodAssignment, uid: str) -> str:
+    return encode_assignment(sign(replace(assignment, pod_uid=uid), KEYS))
+
+
 def _pod(
-    name: str, node: str, limits: dict[str, str], app: str, assignment: str = ""
+    name: str, node: str, limits: dict[str, str], app: str, assignment: PodAssignment | None = None
 ) -> dict[str, Any]:
+    uid = f"uid-{name}"
     return {
         "metadata": {
             "name": name,
             "namespace": "bench",
-            "uid": f"uid-{name}",
+            "uid": uid,
             "labels": {"app": app},
-            "annotations": {ASSIGNMENT_ANNOTATION: assignment} if assignment else {},
+            "annotations": {ASSIGNMENT_ANNOTATION: _signed(assignment, uid)} if assignment else {},
         },
         "spec": {"nodeName": node, "containers": [{"resources": {"limits": limits}}]},
         "status": {"phase": "Running"},
@@ -107,7 +128,7 @@ def cluster(nodes: int, seed: int = 1) -> tuple[list[dict[str, Any]], list[dict[
             for i in range(GPUS):
                 for k in range(rng.randrange(0, 5)):
                     mem = rng.choice((4096, 8192, 10240, 20480))
-                    a = encode_assignment(PodAssignment(name, i, f"GPU-{n}-{i}", mem))
+                    a = PodAssignment(name, i, f"GPU-{n}-{i}", mem)
                     pods.append(
                         _pod(
                             f"s-{n}-{i}-{k}",
@@ -198,7 +219,7 @@ def preempt_cluster(seed: int = 3) -> tuple[list[dict[str, Any]], list[dict[str,
         gpus = [InventoryGpu(i, f"GPU-{n}-{i}", "H100", MIB, Mode.MPS, (), 16) for i in range(GPUS)]
         for k in range(PREEMPT_VICTIMS):
             i = k % GPUS
-            a = encode_assignment(PodAssignment(name, i, f"GPU-{n}-{i}", 25000))
+            a = PodAssignment(name, i, f"GPU-{n}-{i}", 25000)
             pod = _pod(
                 f"v-{n}-{k}",
                 name,
@@ -214,12 +235,14 @@ def preempt_cluster(seed: int = 3) -> tuple[list[dict[str, Any]], list[dict[str,
 
 
 def serve(nodes: int, port_file: Path, *, floor: bool) -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=lambda: KEYS)
     node_objs, pods = preempt_cluster() if nodes == PREEMPT_NODES else cluster(nodes)
     cache.replace(NODE, node_objs)
     cache.replace(POD, pods)
     settings = ExtenderSettings(log_level="WARNING")
-    service = ExtenderService(cache, settings.scoring(), binder=NoBinder(), metrics=Metrics())
+    service = ExtenderService(
+        cache, settings.scoring(), binder=NoBinder(), metrics=Metrics(), keys=lambda: KEYS
+    )
     app = replay(service, nodes) if floor else create_app(settings, service)
     tune_gc()
     sock = listen("127.0.0.1", 0)
@@ -318,7 +341,7 @@ def _asked(i: int) -> dict[str, Any]:
     limits, app = SHAPES[i % len(SHAPES)]
     return {
         "metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"u{i}", "labels": {"app": app}},
-        "spec": {"containers": [{"resources": {"limits": limits}}]},
+        "spec": {"schedulerName": SCHEDULER, "containers": [{"resources": {"limits": limits}}]},
     }
 
 
@@ -341,7 +364,9 @@ def python_client(port: int, names: list[str], pods: int) -> list[float]:
                 # counts on that node, so the next pod sees a changed cluster.
                 best = max(scores, key=lambda s: s["Score"])["Host"]
                 binding = {"PodName": f"p{i}", "PodNamespace": "bench", "PodUID": f"u{i}"}
-                http.post("/gpupart/bind", {**binding, "Node": best})
+                bound = http.post("/gpupart/bind", {**binding, "Node": best})
+                if bound.get("Error"):  # every pod must land, or later pods see another cluster
+                    raise RuntimeError(f"bind of p{i} to {best} refused: {bound['Error']}")
     finally:
         http.close()
     return timings
@@ -384,7 +409,17 @@ def extender_process(nodes: int, *, floor: bool = False) -> Iterator[int]:
             if child.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the extender process did not start")
             time.sleep(0.1)
-        yield int(port_file.read_text())
+        port = int(port_file.read_text())
+        # The port is written once bound; wait until the server answers before any timing.
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the extender process did not answer /healthz") from None
+                time.sleep(0.1)
+        yield port
     finally:
         child.terminate()
         child.wait(10)
@@ -394,12 +429,6 @@ def extender_process(nodes: int, *, floor: bool = False) -> Iterator[int]:
 def measure(nodes: int, requests: int, go: Path | None, *, floor: bool = False) -> dict[str, float]:
     with extender_process(nodes, floor=floor) as port:
         url = f"http://127.0.0.1:{port}"
-        for _attempt in range(300):
-            try:
-                httpx.get(f"{url}/healthz", timeout=5)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
         names = [f"node-{n:05d}" for n in range(nodes)]
         if go is None:
             every = python_client(port, names, requests + len(SHAPES))

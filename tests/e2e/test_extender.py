@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 import yaml
 
+from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -36,6 +37,7 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.keyfile import KeyFile
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import ClusterCache
 from gpupart_extender.kube import ApiBinder, Watcher
@@ -60,6 +62,8 @@ pytestmark = pytest.mark.e2e
 SCHEDULER = "gpupart-scheduler"
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 H100 = "NVIDIA H100 80GB HBM3"
+KEY = b"gpupart-e2e-extender-assignment-key-000001"
+"""The assignment key the extender signs with here (and the pods "already bound" below)."""
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
@@ -75,10 +79,19 @@ def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
 def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
     """The real extender (watch cache, API binder) on 127.0.0.1, ready once its cache synced."""
     api = k8s_control_plane.api_client()
-    cache = ClusterCache()
-    settings = ExtenderSettings(fragmentation_refresh_seconds=1)
+    key_file = k8s_control_plane.workdir / "extender-assignment-keys"
+    key_file.write_bytes(KEY + b"\n")
+    keys = KeyFile(key_file).keys
+    cache = ClusterCache(keys=keys)
+    settings = ExtenderSettings(fragmentation_refresh_seconds=1, assignment_key_file=key_file)
     service = ExtenderService(
-        cache, settings.scoring(), binder=ApiBinder(api), metrics=Metrics(), ttl_seconds=30
+        cache,
+        settings.scoring(),
+        binder=ApiBinder(api),
+        metrics=Metrics(),
+        ttl_seconds=30,
+        keys=keys,
+        scheduler_names=settings.scheduler_names,
     )
     watcher = Watcher(api, cache, timeout_seconds=60)
     watcher.start()
@@ -381,16 +394,22 @@ def test_the_binder_writes_node_and_annotations_in_one_binding_and_reports_refus
 PRIORITIES = {"e2e-low": 0, "e2e-mid": 500, "e2e-high": 1000, "e2e-top": 2000}
 
 
-def _bound_pod(name: str, node: str, gpu: int, memory: int, priority_class: str) -> dict[str, Any]:
-    """A shared-GPU pod already running on `node`'s GPU `gpu`, as the extender binds one."""
+def _create_bound_pod(
+    core: Any, ns: str, name: str, node: str, gpu: int, memory: int, priority_class: str
+) -> None:
+    """A shared-GPU pod already running on `node`'s GPU `gpu`, with the assignment the extender
+    would have signed for it (its UID is known once created)."""
     manifest = _pod(
         name, {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": str(memory)}, name
     )
     manifest["spec"]["nodeName"] = node
     manifest["spec"]["priorityClassName"] = priority_class
-    assignment = PodAssignment(node, gpu, f"GPU-{node}-{gpu}", memory)
-    manifest["metadata"]["annotations"] = {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}
-    return manifest
+    created = core.create_namespaced_pod(ns, manifest)
+    assignment = PodAssignment(node, gpu, f"GPU-{node}-{gpu}", memory, pod_uid=created.metadata.uid)
+    text = encode_assignment(sign(assignment, AssignmentKeys((KEY,))))
+    core.patch_namespaced_pod(
+        name, ns, {"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: text}}}
+    )
 
 
 def _metric(extender_url: str, name: str) -> float:
@@ -502,7 +521,7 @@ def test_a_high_priority_pod_evicts_exactly_the_pods_on_one_gpu_and_nothing_help
     held |= {"w-low-0": (w, "nvidia.com/gpu"), "w-low-1": (w, "nvidia.com/gpu")}
     try:
         for name, (node_name, gpu, cls) in running.items():
-            core.create_namespaced_pod(ns, _bound_pod(name, node_name, gpu, 20000, cls))
+            _create_bound_pod(core, ns, name, node_name, gpu, 20000, cls)
         for name, (node_name, resource) in held.items():
             low = _pod(name, {resource: "1"}, name)
             low["spec"].update(nodeName=node_name, priorityClassName="e2e-low")
@@ -645,7 +664,7 @@ def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None
     )
     try:
         for g in (0, 1):
-            core.create_namespaced_pod(ns, _bound_pod(f"low-{g}", f, g, 20000, "e2e-low"))
+            _create_bound_pod(core, ns, f"low-{g}", f, g, 20000, "e2e-low")
         _all_running(core, ns)
         high = _pod("high", {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "40000"}, "h")
         high["spec"].update(

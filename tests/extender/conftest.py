@@ -1,14 +1,25 @@
-"""Fixtures for the extender tests: a cache fed with events, a service with a fake binder, the app."""
+"""Fixtures for the extender tests: the assignment key file, a cache fed with events, a service, the app."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from extender_objects import FakeBinder, mig_gpu, node, pod, shared_gpu, whole_gpu
+from extender_objects import (
+    FakeBinder,
+    keys,
+    mig_gpu,
+    node,
+    pod,
+    shared_gpu,
+    whole_gpu,
+    write_key_file,
+)
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import PodAssignment
+from gpupart.keyfile import KeyFile
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
@@ -33,7 +44,7 @@ def clock() -> Clock:
 def cache() -> ClusterCache:
     """node-mig: two MIG GPUs (3g.40gb each, both in use); node-mps: two MPS GPUs; node-whole;
     node-bare without inventory."""
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.replace(
         NODE,
         [
@@ -66,16 +77,29 @@ def binder() -> FakeBinder:
 
 
 @pytest.fixture
-def settings() -> ExtenderSettings:
-    return ExtenderSettings(url_prefix="/gpupart")
+def key_file(tmp_path: Path) -> Path:
+    """The tests' assignment key (`extender_objects.KEY`) in a file."""
+    return write_key_file(tmp_path / "assignment-keys")
+
+
+@pytest.fixture
+def settings(key_file: Path) -> ExtenderSettings:
+    return ExtenderSettings(url_prefix="/gpupart", assignment_key_file=key_file)
 
 
 @pytest.fixture
 def service(
     cache: ClusterCache, binder: FakeBinder, clock: Clock, settings: ExtenderSettings
 ) -> ExtenderService:
+    assert settings.assignment_key_file is not None
     return ExtenderService(
-        cache, settings.scoring(), binder=binder, metrics=Metrics(), ttl_seconds=30, clock=clock
+        cache,
+        settings.scoring(),
+        keys=KeyFile(settings.assignment_key_file).keys,
+        binder=binder,
+        metrics=Metrics(),
+        ttl_seconds=30,
+        clock=clock,
     )
 
 

@@ -1,9 +1,14 @@
-"""Kubernetes objects for the extender tests: Nodes with a GPU inventory, Pods with GPU requests."""
+"""Kubernetes objects for the extender tests: Nodes with a GPU inventory, Pods with GPU requests, the assignment key."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -23,6 +28,29 @@ from gpupart.core.mig.layout import MigInstance, Placement
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MIB = 81559
+SCHEDULER = "gpupart-scheduler"
+"""The scheduler name the extender binds for by default (setting scheduler_names)."""
+
+KEY = b"gpupart-extender-tests-assignment-key-0001"
+KEYS = AssignmentKeys((KEY,))
+"""The assignment key of these tests (conftest's `key_file` holds it in a file)."""
+
+
+def keys() -> AssignmentKeys:
+    """The `KeySource` of the cache and service in these tests."""
+    return KEYS
+
+
+def write_key_file(path: Path, *keys: bytes) -> Path:
+    """An assignment key file as the chart's Secret holds it: one key a line (default: KEY)."""
+    path.write_bytes(b"".join(k + b"\n" for k in keys or (KEY,)))
+    path.chmod(0o600)
+    return path
+
+
+def signed(assignment: PodAssignment, pod_uid: str) -> PodAssignment:
+    """`assignment` as the extender writes it for pod `pod_uid`: with the UID, signed."""
+    return sign(replace(assignment, pod_uid=pod_uid), KEYS)
 
 
 def shared_gpu(
@@ -95,12 +123,16 @@ def pod(
     assignment: PodAssignment | None = None,
     phase: str = "Running",
     affinity: dict[str, Any] | None = None,
+    scheduler: str = SCHEDULER,
 ) -> dict[str, Any]:
+    """A Pod; `assignment` is signed for the pod's UID as the extender would (unless it
+    already carries a signature: a forged one is written as given)."""
     res = {k: str(v) for k, v in resources.items()}
     spec: dict[str, Any] = {
+        "schedulerName": scheduler,
         "containers": [
             {"name": "main", "image": "x", "resources": {"limits": res, "requests": res}}
-        ]
+        ],
     }
     if node:
         spec["nodeName"] = node
@@ -109,7 +141,10 @@ def pod(
     if affinity is not None:
         spec["affinity"] = affinity
     annotations = {}
+    uid = f"uid-{namespace}-{name}"
     if assignment is not None:
+        if not assignment.signature:
+            assignment = signed(assignment, uid)
         annotations[ASSIGNMENT_ANNOTATION] = encode_assignment(assignment)
     return {
         "apiVersion": "v1",
@@ -117,7 +152,7 @@ def pod(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "uid": f"uid-{namespace}-{name}",
+            "uid": uid,
             "labels": labels or {},
             "annotations": annotations,
         },
@@ -136,12 +171,28 @@ def shared(memory: int = 0, compute: int = 0) -> dict[str, str | int]:
 
 
 class FakeBinder:
-    """Records the API writes a bind would make; `fail` makes the next bind raise."""
+    """Answers the live pods it was given (`live`) and records the API writes a bind would
+    make; `fail` makes the next bind raise."""
 
     def __init__(self) -> None:
         self.annotations: list[tuple[str, str, str, dict[str, str]]] = []
         self.bindings: list[tuple[str, str, str, str]] = []
         self.fail: Exception | None = None
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads = 0
+
+    def live(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Make `p` the pod the API server holds under its namespace and name; returns it."""
+        meta = p["metadata"]
+        self.pods[meta.get("namespace") or "default", meta["name"]] = copy.deepcopy(p)
+        return p
+
+    def pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        self.reads += 1
+        found = self.pods.get((namespace, name))
+        if found is None:
+            raise LookupError(f'pods "{name}" not found in namespace {namespace!r}')
+        return copy.deepcopy(found)
 
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Any) -> None:
         if self.fail is not None:
@@ -149,6 +200,10 @@ class FakeBinder:
         if annotations:
             self.annotations.append((namespace, name, uid, dict(annotations)))
         self.bindings.append((namespace, name, uid, node))
+        bound = self.pods.get((namespace, name))
+        if bound is not None:  # as the API server does: the pod is bound from now on
+            bound["spec"]["nodeName"] = node
+            bound["metadata"].setdefault("annotations", {}).update(annotations)
 
 
 def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from extender_objects import FakeBinder, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
 
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -28,14 +28,14 @@ from gpupart_extender.settings import ExtenderSettings
 
 
 def service(binder: FakeBinder, *, wait: float = 0.05) -> tuple[ExtenderService, ClusterCache]:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     gpus = [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]
     cache.replace(NODE, [node("serial", gpus, serial=True), node("plain", gpus)])
     cache.replace(POD, [])
     scoring = ExtenderSettings().scoring()
     return (
         ExtenderService(
-            cache, scoring, binder=binder, metrics=Metrics(), admission_wait_seconds=wait
+            cache, scoring, keys=keys, binder=binder, metrics=Metrics(), admission_wait_seconds=wait
         ),
         cache,
     )
@@ -43,6 +43,8 @@ def service(binder: FakeBinder, *, wait: float = 0.05) -> tuple[ExtenderService,
 
 def bind(svc: ExtenderService, name: str, node_name: str, resources: Any = None) -> str:
     p = pod(name, resources or shared(8000))
+    assert isinstance(svc.binder, FakeBinder)
+    svc.binder.live(p)
     svc.filter(p, [node_name])
     return svc.bind("team-a", name, f"uid-team-a-{name}", node_name)
 

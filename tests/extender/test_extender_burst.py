@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
-from extender_objects import FakeBinder, args, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args, keys, node, pod, shared, shared_gpu
 from extender_server import served
 
 from gpupart.core.api.wire import PodAssignment
@@ -38,7 +38,7 @@ FLOOR_S = 0.05
 
 
 def _cluster() -> ClusterCache:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     gpus = [shared_gpu(i, memory=40000) for i in range(4)]
     cache.replace(NODE, [node(n, gpus, cpu="64") for n in NODES])
     cache.replace(POD, [_holder(k, 0) for k in range(PODS)])
@@ -56,7 +56,7 @@ def _holder(k: int, round_: int) -> dict[str, Any]:
 def _served(cache: ClusterCache) -> AbstractContextManager[httpx.Client]:
     settings = ExtenderSettings(url_prefix="/gpupart")
     service = ExtenderService(
-        cache, settings.scoring(), binder=FakeBinder(), metrics=Metrics(), ttl_seconds=30
+        cache, settings.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics(), ttl_seconds=30
     )
     return served(create_app(settings, service))
 

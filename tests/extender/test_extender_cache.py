@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from extender_objects import FakeBinder, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
@@ -19,7 +19,7 @@ from gpupart_extender.settings import ExtenderSettings
 
 
 def test_events_build_node_views_with_versions() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.apply(NODE, "ADDED", node("n1", [shared_gpu(0, memory=1000)]))
     v1 = c.snapshot.view("n1")
     assert v1 is not None and v1.gpus[0].memory_mib == 1000 and not v1.problem
@@ -45,7 +45,7 @@ def test_events_build_node_views_with_versions() -> None:
 
 
 def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.apply(NODE, "ADDED", node("n1", [shared_gpu(0)], cpu="8"))
     c.apply(POD, "ADDED", pod("pending", {**shared(100), "cpu": "2"}))
     c.apply(POD, "ADDED", pod("none", {}, node="n1"))
@@ -61,7 +61,7 @@ def test_pending_pods_hold_nothing_and_pods_without_gpus_hold_only_cpu() -> None
 
 
 def test_cpu_is_part_of_the_node_state_and_of_the_mix() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.replace(NODE, [node("n1", [shared_gpu(0)], cpu="16"), node("n2", [shared_gpu(0)], cpu="16")])
     c.replace(POD, [])
     assert c.snapshot.signatures["n1"][1] == c.snapshot.signatures["n2"][1]
@@ -87,7 +87,7 @@ def test_cpu_is_part_of_the_node_state_and_of_the_mix() -> None:
 
 
 def test_bad_inventory_is_a_problem_not_a_crash() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     bad = node("n1", None)
     bad["metadata"]["annotations"]["gpupart.io/inventory"] = '{"version":"v9"}'
     c.apply(NODE, "ADDED", bad)
@@ -96,7 +96,7 @@ def test_bad_inventory_is_a_problem_not_a_crash() -> None:
 
 
 def test_relist_drops_what_is_gone() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
     assert c.ready and c.snapshot.counts() == {
@@ -112,7 +112,7 @@ def test_relist_drops_what_is_gone() -> None:
 
 
 def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.apply(NODE, "ADDED", node("n1", [shared_gpu(0, memory=1000)]))
     request = GpuRequest(shared=1, memory_mib=600)
     assignment = PodAssignment("n1", 0, "GPU-0000", 600)
@@ -135,7 +135,7 @@ def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
     """Watched objects only: allocatable CPU from the Nodes, CPU requests from every bound pod,
     the mix (and its CPU per GPU share) from the bound GPU pods."""
     gpus = [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]
-    c = ClusterCache()
+    c = ClusterCache(keys=keys)
     c.replace(NODE, [node(n, gpus, cpu="64") for n in ("ref", "roomy", "drained")])
     c.replace(
         POD,
@@ -155,10 +155,11 @@ def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
     )
     assert c.snapshot.mix == Counter({(1, 500, 4000): 2})
     assert fragmentation_model_of(c.snapshot.mix).cpu_per_gpu == 8.0
+    binder = FakeBinder()
     service = ExtenderService(
-        c, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        c, ExtenderSettings().scoring(), keys=keys, binder=binder, metrics=Metrics()
     )
-    hungry = pod("new", {**shared(10000), "cpu": "24"})
+    hungry = binder.live(pod("new", {**shared(10000), "cpu": "24"}))
     scores = dict(service.prioritize(hungry, ["roomy", "drained"]))
     assert scores["roomy"] > scores["drained"]
     # A pod asking little CPU strands nothing on either node: they score alike.

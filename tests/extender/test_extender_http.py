@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, args, mig_gpu, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args, keys, mig_gpu, node, pod, shared, shared_gpu
 from extender_server import served
 from fastapi.testclient import TestClient
 
@@ -229,7 +229,7 @@ def test_full_node_list_mode_returns_nodes(client: TestClient) -> None:
 def test_bind_writes_assignment_then_binding_and_reserves(
     client: TestClient, binder: FakeBinder, cache: ClusterCache
 ) -> None:
-    p = pod("new", shared(8000), labels={"app": "infer"})
+    p = binder.live(pod("new", shared(8000), labels={"app": "infer"}))
     client.post("/gpupart/filter", json=args(p, ["node-mps"]))
     res = client.post(
         "/gpupart/bind",
@@ -250,9 +250,11 @@ def test_bind_writes_assignment_then_binding_and_reserves(
     assert view is not None and view.gpus[1].used_memory_mib == 8000  # assumed until watched
 
 
-def test_assumed_pods_block_capacity_until_ttl(client: TestClient, clock: Any) -> None:
+def test_assumed_pods_block_capacity_until_ttl(
+    client: TestClient, clock: Any, binder: FakeBinder
+) -> None:
     for n in range(5):
-        p = pod(f"big-{n}", shared(9000))
+        p = binder.live(pod(f"big-{n}", shared(9000)))
         client.post("/gpupart/filter", json=args(p, ["node-mps"]))
         res = client.post(
             "/gpupart/bind",
@@ -283,7 +285,8 @@ def test_bind_without_filter_or_on_a_full_node_is_an_error(
         json={"PodName": "x", "PodNamespace": "team-a", "PodUID": "u", "Node": "node-mps"},
     )
     assert "no filter decision" in res.json()["Error"]
-    client.post("/gpupart/filter", json=args(pod("m", {"nvidia.com/mig-3g.40gb": 1}), ["node-mig"]))
+    m = binder.live(pod("m", {"nvidia.com/mig-3g.40gb": 1}))
+    client.post("/gpupart/filter", json=args(m, ["node-mig"]))
     res = client.post(
         "/gpupart/bind",
         json={
@@ -301,7 +304,8 @@ def test_failed_api_write_releases_the_reservation(
     client: TestClient, binder: FakeBinder, cache: ClusterCache
 ) -> None:
     binder.fail = RuntimeError("conflict")
-    client.post("/gpupart/filter", json=args(pod("new", shared(8000)), ["node-mps"]))
+    new = binder.live(pod("new", shared(8000)))
+    client.post("/gpupart/filter", json=args(new, ["node-mps"]))
     res = client.post(
         "/gpupart/bind",
         json={
@@ -340,8 +344,10 @@ def test_health_readiness_and_metrics(client: TestClient) -> None:
 
 
 def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
-    cache = ClusterCache()
-    service = ExtenderService(cache, settings.scoring(), binder=FakeBinder(), metrics=Metrics())
+    cache = ClusterCache(keys=keys)
+    service = ExtenderService(
+        cache, settings.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
     with TestClient(create_app(settings, service)) as c:
         res = c.get("/readyz")
         assert res.status_code == 503 and "Node, Pod" in res.text

@@ -15,7 +15,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from extender_objects import FakeBinder, mig_gpu, node, pod, reserve, shared, shared_gpu, whole_gpu
+from extender_objects import (
+    FakeBinder,
+    keys,
+    mig_gpu,
+    node,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
 from hypothesis import strategies as st
@@ -269,7 +279,7 @@ def test_memoised_answers_equal_a_fresh_evaluation(
     the policy sees (CPU use, allocatable, the mix) shows in the 0-10 score. `kept_lists`: the
     bound on kept name lists across pod shapes."""
     clock = _Clock()
-    cache = ClusterCache(wall=clock)
+    cache = ClusterCache(keys=keys, wall=clock)
     cache.replace(
         NODE,
         [
@@ -282,7 +292,13 @@ def test_memoised_answers_equal_a_fresh_evaluation(
     if policy_only:
         scoring = dataclasses.replace(scoring, weights=Weights(0, 0, 0, 1))
     service = ExtenderService(
-        cache, scoring, binder=FakeBinder(), metrics=Metrics(), clock=clock, kept_lists=kept_lists
+        cache,
+        scoring,
+        keys=keys,
+        binder=FakeBinder(),
+        metrics=Metrics(),
+        clock=clock,
+        kept_lists=kept_lists,
     )
     asked: list[Any] = []
     for event in events:
@@ -293,7 +309,7 @@ def test_memoised_answers_equal_a_fresh_evaluation(
 
 
 def test_nodes_in_the_same_state_share_a_state_id_up_to_pod_names() -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node(n, _inventory(0)) for n in NODES[:3]])
     a0 = PodAssignment("n0", 0, "GPU-0000", 5000)
     a1 = PodAssignment("n1", 0, "GPU-0000", 5000)
@@ -314,10 +330,10 @@ def test_nodes_in_the_same_state_share_a_state_id_up_to_pod_names() -> None:
 
 
 def test_state_ids_are_never_reused_when_the_table_outgrows_its_bound() -> None:
-    cache = ClusterCache(max_states=2)
+    cache = ClusterCache(keys=keys, max_states=2)
     cache.replace(NODE, [node(n, _inventory(k)) for n, k in zip(NODES, [0, 1, 2, 0], strict=True)])
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     assert sorted(service.filter(pod("new", shared(1000)), NODES).passed) == ["n0", "n3"]
     before = {sig[1] for sig in cache.snapshot.signatures.values()}
@@ -330,7 +346,7 @@ def test_state_ids_are_never_reused_when_the_table_outgrows_its_bound() -> None:
 
 
 def test_in_use_reasons_name_each_nodes_own_pods_though_the_state_is_shared() -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node(n, _inventory(1)) for n in NODES[:2]])
     cache.replace(
         POD,
@@ -342,7 +358,7 @@ def test_in_use_reasons_name_each_nodes_own_pods_though_the_state_is_shared() ->
     )
     assert cache.snapshot.signatures["n0"][1] == cache.snapshot.signatures["n1"][1]
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     out = service.filter(pod("new", {"nvidia.com/mig-3g.40gb": 1}), NODES[:2])
     assert "team-a/n0-0, team-a/n0-1" in out.failed["n0"]

@@ -17,6 +17,7 @@ from typing import Any
 
 from extender_objects import (
     FakeBinder,
+    keys,
     mig_gpu,
     node,
     pod,
@@ -90,7 +91,7 @@ class WatchedCluster(RuleBasedStateMachine):
         self.pods: dict[str, Any] = {}
         self.clock = _Clock()
         self.scoring = ExtenderSettings().scoring()
-        self.cache = ClusterCache(wall=self.clock)
+        self.cache = ClusterCache(keys=keys, wall=self.clock)
         self.cache.replace(NODE, [])
         self.cache.replace(POD, [])
         # refresh 0: both services look at the mix on every request, so their models agree.
@@ -100,6 +101,7 @@ class WatchedCluster(RuleBasedStateMachine):
         return ExtenderService(
             cache,
             self.scoring,
+            keys=keys,
             binder=FakeBinder(),
             metrics=Metrics(),
             refresh_seconds=0,
@@ -184,7 +186,7 @@ class WatchedCluster(RuleBasedStateMachine):
 
     @invariant()
     def answers_equal_a_fresh_cache_of_the_objects(self) -> None:
-        fresh_cache = ClusterCache(wall=self.clock)
+        fresh_cache = ClusterCache(keys=keys, wall=self.clock)
         fresh_cache.replace(NODE, list(self.nodes.values()))
         fresh_cache.replace(POD, list(self.pods.values()))
         fresh = self._service(fresh_cache)

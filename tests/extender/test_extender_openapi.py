@@ -10,7 +10,7 @@ happen to name it; most generated node names are unknown and dropped).
 from __future__ import annotations
 
 import schemathesis
-from extender_objects import FakeBinder, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from poison import ABSURD_QUANTITIES
@@ -24,7 +24,7 @@ from gpupart_extender.settings import ExtenderSettings
 
 
 def _app() -> object:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node("node1", [shared_gpu(0)])])
     low = pod(
         "low",
@@ -35,7 +35,9 @@ def _app() -> object:
     )
     cache.replace(POD, [low])
     config = ExtenderSettings()
-    service = ExtenderService(cache, config.scoring(), binder=FakeBinder(), metrics=Metrics())
+    service = ExtenderService(
+        cache, config.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
     return create_app(config, service)
 
 

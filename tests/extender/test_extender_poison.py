@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, args, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args, keys, node, pod, shared, shared_gpu
 from fastapi.testclient import TestClient
 from kubernetes import client as kube
 from poison import ABSURD_QUANTITIES, HUGE, LONG
@@ -52,7 +52,7 @@ def poison_pods() -> list[dict[str, Any]]:
 
 
 def cache_with_poison() -> ClusterCache:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node("n1", [shared_gpu(0, memory=GPU_MIB)], cpu="64")])
     holder = pod(
         "holder",
@@ -66,7 +66,9 @@ def cache_with_poison() -> ClusterCache:
 
 def service_for(cache: ClusterCache) -> ExtenderService:
     settings = ExtenderSettings(url_prefix="/gpupart")
-    return ExtenderService(cache, settings.scoring(), binder=FakeBinder(), metrics=Metrics())
+    return ExtenderService(
+        cache, settings.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
 
 
 def test_poison_pods_are_skipped_and_listed_and_the_other_pods_still_count() -> None:
@@ -109,7 +111,7 @@ def test_poison_pods_are_skipped_and_listed_and_the_other_pods_still_count() -> 
 def test_an_unreadable_pod_is_logged_once_per_resource_version(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     bad = pod("bad", {**shared(), "gpupart.io/gpu-memory": "1E"}, node="n1")
     bad["metadata"]["resourceVersion"] = "7"
     with caplog.at_level(logging.WARNING, logger="gpupart_extender.cache"):
@@ -133,7 +135,7 @@ def test_an_unreadable_pod_is_logged_once_per_resource_version(
     ],
 )
 def test_an_unreadable_node_fails_with_its_reason_and_the_others_go_on(raw: Any) -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node("n1", [shared_gpu(0)]), raw])
     cache.replace(POD, [])
     service = service_for(cache)
@@ -147,7 +149,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
     configuration = kube.Configuration()
     configuration.host = f"http://127.0.0.1:{port}"
     configuration.retries = 0
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [])
     cache.replace(POD, [])
     attempts = threading.Semaphore(0)

@@ -19,6 +19,7 @@ import pytest
 from extender_objects import (
     FakeBinder,
     args,
+    keys,
     mig_gpu,
     node,
     pod,
@@ -61,7 +62,7 @@ def two_slices() -> list[Any]:
 def cluster(wall: Wall) -> ClusterCache:
     """node-a: one 3g.40gb in use by team-a/x, the other reserved for team-b/a (60 s);
     node-b: one 3g.40gb, free; node-bad: a free 3g.40gb and an MPS GPU, a plan not JSON."""
-    cache = ClusterCache(wall=wall)
+    cache = ClusterCache(keys=keys, wall=wall)
     cache.replace(
         NODE,
         [
@@ -89,8 +90,10 @@ def wall() -> Wall:
 
 @pytest.fixture
 def service(wall: Wall, binder: FakeBinder) -> ExtenderService:
+    binder.live(A)
+    binder.live(B)
     return ExtenderService(
-        cluster(wall), ExtenderSettings().scoring(), binder=binder, metrics=Metrics()
+        cluster(wall), ExtenderSettings().scoring(), keys=keys, binder=binder, metrics=Metrics()
     )
 
 
@@ -191,7 +194,7 @@ def test_a_bound_pod_s_reservation_stops_counting(service: ExtenderService) -> N
 def test_a_reservation_of_an_instance_not_made_yet_takes_nothing(wall: Wall) -> None:
     """The plan reserves a 3g.40gb at 4+4 for A before the node agent made it: B's 1g.10gb pod
     fits, A is told the node has no 3g.40gb slice (yet), and no score favours the node."""
-    cache = ClusterCache(wall=wall)
+    cache = ClusterCache(keys=keys, wall=wall)
     cache.replace(
         NODE,
         [
@@ -204,7 +207,7 @@ def test_a_reservation_of_an_instance_not_made_yet_takes_nothing(wall: Wall) -> 
     )
     cache.replace(POD, [])
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     assert cache.snapshot.slice_reservations() == 0
     assert service.filter(pod("b", {"nvidia.com/mig-1g.10gb": 1}), ["node-c"]).passed == ["node-c"]
@@ -280,11 +283,11 @@ def test_a_bad_plan_costs_its_node_its_mig_pods_and_nothing_else(
 def test_plan_problems_name_the_annotation_and_the_field(
     wall: Wall, plan: str, problem: str
 ) -> None:
-    cache = ClusterCache(wall=wall)
+    cache = ClusterCache(keys=keys, wall=wall)
     cache.replace(NODE, [node("n", two_slices(), plan=plan), node("ok", two_slices())])
     cache.replace(POD, [])
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     outcome = service.filter(B, ["n", "ok"])
     assert outcome.passed == ["ok"]
@@ -393,15 +396,16 @@ def test_law_admissions_never_pass_offered_minus_used_minus_reserved_for_others(
         mig_gpu(g, [(p, s, _size(p)) for p, s in sorted(gpu, key=lambda d: d[1])])
         for g, gpu in enumerate(gpus)
     ]
-    cache = ClusterCache(wall=wall)
+    cache = ClusterCache(keys=keys, wall=wall)
     cache.replace(NODE, [node("n", inventory, reservations=held)])
     bound_pods = {f"team-a/bound-{k}": (p, 1) for k, p in enumerate(bound)}
     cache.replace(
         POD,
         [pod(f"bound-{k}", {f"nvidia.com/mig-{p}": 1}, node="n") for k, p in enumerate(bound)],
     )
+    binder = FakeBinder()
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=binder, metrics=Metrics()
     )
     reference = Reference(gpus, bound_pods, held)
     for step in steps:
@@ -418,7 +422,7 @@ def test_law_admissions_never_pass_offered_minus_used_minus_reserved_for_others(
         if who in reference.bound:
             continue  # bound already
         namespace, name = who.split("/")
-        asking = pod(name, {f"nvidia.com/mig-{profile}": count}, namespace=namespace)
+        asking = binder.live(pod(name, {f"nvidia.com/mig-{profile}": count}, namespace=namespace))
         want = reference.fits(who, profile, count, wall.now)
         mine = any(r.pod == who for r in reference.live(wall.now))
         event(f"fits={want} own reservation={mine} bad plan={reference.bad}")
@@ -443,11 +447,11 @@ def test_law_admissions_never_pass_offered_minus_used_minus_reserved_for_others(
 def test_nodes_sent_in_full_count_their_plan_too(wall: Wall) -> None:
     """nodeCacheCapable false: a node the cache does not know yet is read from the request,
     its reservations with it (no pods are known there)."""
-    cache = ClusterCache(wall=wall)
+    cache = ClusterCache(keys=keys, wall=wall)
     cache.replace(NODE, [])
     cache.replace(POD, [])
     service = ExtenderService(
-        cache, ExtenderSettings().scoring(), binder=FakeBinder(), metrics=Metrics()
+        cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     full = node(
         "node-new",

@@ -17,7 +17,7 @@ from itertools import combinations
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, mig_gpu, node, pod, shared_gpu
+from extender_objects import FakeBinder, keys, mig_gpu, node, pod, shared_gpu
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -316,7 +316,7 @@ MPS = {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 20000}
 def _cluster() -> ClusterCache:
     """n1: GPU 0 two priority-0 pods, GPU 1 a priority-1000 and a priority-0 pod; n2: the same
     with priority 500 on GPU 0 (so n1's GPU 0 is the cheaper); n-mig: one 3g.40gb slice, held."""
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(
         NODE,
         [
@@ -345,7 +345,12 @@ def _cluster() -> ClusterCache:
 def preempting() -> tuple[TestClient, ExtenderService]:
     settings_ = ExtenderSettings()
     service = ExtenderService(
-        _cluster(), settings_.scoring(), binder=FakeBinder(), metrics=Metrics(), ttl_seconds=30
+        _cluster(),
+        settings_.scoring(),
+        keys=keys,
+        binder=FakeBinder(),
+        metrics=Metrics(),
+        ttl_seconds=30,
     )
     return TestClient(create_app(settings_, service)), service
 
@@ -460,7 +465,7 @@ def test_preempt_refuses_a_pod_it_cannot_read(
 
 
 def test_a_multi_container_pod_frees_all_its_containers_ask() -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node("n", [shared_gpu(0, memory=40000, clients=3)])])
     two = pod("two", MPS, node="n", priority=0, assignment=PodAssignment("n", 0, "GPU-0000", 30000))
     two["spec"]["containers"].append(
@@ -476,7 +481,7 @@ def test_a_multi_container_pod_frees_all_its_containers_ask() -> None:
               assignment=PodAssignment("n", 0, "GPU-0000", 5000))  # fmt: skip
     cache.replace(POD, [two, one])
     service = ExtenderService(
-        cache, ScoringConfig(reserve_fraction=0), binder=FakeBinder(), metrics=Metrics()
+        cache, ScoringConfig(reserve_fraction=0), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     # 2 slots and 30000 MiB: only the two-container pod frees both at once.
     high = pod("infer", {"nvidia.com/gpu.shared": 2, "gpupart.io/gpu-memory": 30000}, priority=1000)
@@ -488,7 +493,7 @@ def test_a_nominated_pod_keeps_the_room_its_victims_freed() -> None:
     cache = _cluster()
     binder = FakeBinder()
     service = ExtenderService(
-        cache, ScoringConfig(), binder=binder, metrics=Metrics(), ttl_seconds=30
+        cache, ScoringConfig(), keys=keys, binder=binder, metrics=Metrics(), ttl_seconds=30
     )
     high = pod("infer", {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 40000}, priority=1000)
     service.preempt(high, {"n1": NodeVictims((uid("d"),), 0)})
@@ -503,6 +508,7 @@ def test_a_nominated_pod_keeps_the_room_its_victims_freed() -> None:
     low = pod("batch", {"nvidia.com/gpu.shared": 1, "gpupart.io/gpu-memory": 30000}, priority=0)
     assert "n1" in service.filter(low, ["n1"]).failed  # kept out
     assert service.filter(high, ["n1"]).passed == ["n1"]  # the pod itself is let in
+    binder.live(high)
     assert service.bind("team-a", "infer", uid("infer"), "n1") == ""
     assert cache.snapshot.nomination(uid("infer")) is None  # assumed (bound) now, not nominated
     view = cache.snapshot.view("n1")
@@ -521,7 +527,7 @@ def test_a_nominated_pod_keeps_the_room_its_victims_freed() -> None:
 
 
 def test_an_unreadable_budget_is_listed_and_not_counted() -> None:
-    cache = ClusterCache()
+    cache = ClusterCache(keys=keys)
     cache.replace(
         PDB,
         [{"metadata": {"name": "bad", "namespace": "x"}, "spec": {"selector": {"matchLabels": 5}}}],
