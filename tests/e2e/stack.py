@@ -198,6 +198,10 @@ class Stack:
         (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
         values = yaml.safe_load(config_map["data"]["settings.yaml"])
         values["fragmentation_refresh_seconds"] = 1
+        # The chart mounts its Secret there; here the stack's own key file. No health port:
+        # the verbs' loopback listener serves /readyz too, and runs must not share a port.
+        values["assignment_key_file"] = str(self.key_file)
+        values["health_port"] = 0
         settings = self.work / "extender.yaml"
         settings.write_text(yaml.safe_dump(values))
         proc = spawn(
