@@ -127,31 +127,32 @@ def test_forged_records_and_assignments_are_never_served(
         gpu0, gpu1 = sorted(node.inventory(), key=lambda uuid: node.inventory()[uuid])[:2]
         slots = [f"{g}::{i}" for g in (gpu0, gpu1) for i in range(4)]
 
+        def assignment(name: str) -> str:
+            return str(
+                core.read_namespaced_pod(name, namespace).metadata.annotations[
+                    ASSIGNMENT_ANNOTATION
+                ]
+            )
+
+        def served(name: str, memory: int, compute: int) -> dict[str, str]:
+            """The pod runs, and its container got exactly its own GPU and limits."""
+            node.running(namespace, name)
+            env: dict[str, str] = node.env(namespace, name, "app-0")["env"]
+            gpu = decode_assignment(assignment(name)).gpu_uuid
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}={memory}M", (name, env)
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(compute), (name, env)
+            return env
+
         # A victim, served first, through the scheduler.
         tenant.create_namespaced_pod(namespace, _pod("victim", _shared(20000, 20)))
-        node.running(namespace, "victim")
-        victim_env = node.env(namespace, "victim", "app-0")["env"]
-        victim = decode_assignment(
-            core.read_namespaced_pod("victim", namespace).metadata.annotations[
-                ASSIGNMENT_ANNOTATION
-            ]
-        )
-        assert victim_env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{victim.gpu_uuid}=20000M"
+        victim_env = served("victim", 20000, 20)
 
         # 1. Through the scheduler, asking 1 MiB / 1 %, with a record that claims the whole GPU.
         whole = encode_allocation((GivenContainer("app-0", tuple(slots), gpu0, GPU_MIB, 100),))
         tenant.create_namespaced_pod(
             namespace, _pod("greedy", _shared(1, 1), notes={ALLOCATION_ANNOTATION: whole})
         )
-        node.running(namespace, "greedy")
-        greedy = node.env(namespace, "greedy", "app-0")["env"]
-        gpu = decode_assignment(
-            core.read_namespaced_pod("greedy", namespace).metadata.annotations[
-                ASSIGNMENT_ANNOTATION
-            ]
-        ).gpu_uuid
-        assert greedy["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=1M", greedy
-        assert greedy["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1", greedy
+        served("greedy", 1, 1)
 
         # 2. A CPU-only pod on the node with a record naming every slot: it answers nobody.
         tenant.create_namespaced_pod(
@@ -159,17 +160,10 @@ def test_forged_records_and_assignments_are_never_served(
         )
         node.running(namespace, "squatter")
         tenant.create_namespaced_pod(namespace, _pod("next", _shared(15000, 15)))
-        node.running(namespace, "next")
-        nxt = node.env(namespace, "next", "app-0")["env"]
-        gpu = decode_assignment(
-            core.read_namespaced_pod("next", namespace).metadata.annotations[ASSIGNMENT_ANNOTATION]
-        ).gpu_uuid
-        assert nxt["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=15000M", nxt
+        served("next", 15000, 15)
 
         # 3. Pods on the node with no, an unsigned, or a copied genuine assignment: refused.
-        copied = core.read_namespaced_pod("victim", namespace).metadata.annotations[
-            ASSIGNMENT_ANNOTATION
-        ]
+        copied = assignment("victim")
         unsigned = encode_assignment(PodAssignment(node.name, 1, gpu1, GPU_MIB, 100))
         forged = {
             "bare": {},
@@ -208,12 +202,7 @@ def test_forged_records_and_assignments_are_never_served(
         # The running pods kept their limits (no new container), and the node still admits.
         assert node.env(namespace, "victim", "app-0")["env"] == victim_env
         tenant.create_namespaced_pod(namespace, _pod("after", _shared(10000, 10)))
-        node.running(namespace, "after")
-        after = node.env(namespace, "after", "app-0")["env"]
-        gpu = decode_assignment(
-            core.read_namespaced_pod("after", namespace).metadata.annotations[ASSIGNMENT_ANNOTATION]
-        ).gpu_uuid
-        assert after["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu}=10000M", after
+        served("after", 10000, 10)
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)

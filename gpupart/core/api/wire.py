@@ -440,38 +440,39 @@ def decode_assignment(text: str) -> PodAssignment:
     return _decode(text, ASSIGNMENT_ANNOTATION, read)
 
 
-def encode_allocation(given: tuple[GivenContainer, ...]) -> str:
-    return _encode(
-        {
-            "containers": [
-                {
-                    "name": g.name,
-                    "devices": list(g.devices),
-                    "gpuUUID": g.gpu_uuid,
-                    "memoryMiB": g.memory_mib,
-                    "computePercent": g.compute_percent,
-                }
-                for g in given
-            ]
-        }
+def given_fields(given: GivenContainer) -> dict[str, Any]:
+    """One served container as JSON fields: the allocation annotation's and the node agent's
+    checkpoint's one shape."""
+    return {
+        "name": given.name,
+        "devices": list(given.devices),
+        "gpuUUID": given.gpu_uuid,
+        "memoryMiB": given.memory_mib,
+        "computePercent": given.compute_percent,
+    }
+
+
+def read_given(c: Record) -> GivenContainer:
+    """`given_fields` read back, strictly."""
+    devices = c.items("devices", required=True)
+    if not devices or not all(isinstance(d, str) for d in devices):
+        raise InvalidInput(c.path("devices"), "must be a list of device ids")
+    return GivenContainer(
+        name=c.string("name"),
+        devices=tuple(sorted(devices)),
+        gpu_uuid=c.string("gpuUUID"),
+        memory_mib=c.integer("memoryMiB", 0, minimum=0),
+        compute_percent=c.integer("computePercent", 0, minimum=0),
     )
 
 
-def decode_allocation(text: str) -> tuple[GivenContainer, ...]:
-    def container(c: Record) -> GivenContainer:
-        devices = c.items("devices", required=True)
-        if not devices or not all(isinstance(d, str) for d in devices):
-            raise InvalidInput(c.path("devices"), "must be a list of device ids")
-        return GivenContainer(
-            name=c.string("name"),
-            devices=tuple(sorted(devices)),
-            gpu_uuid=c.string("gpuUUID"),
-            memory_mib=c.integer("memoryMiB", 0, minimum=0),
-            compute_percent=c.integer("computePercent", 0, minimum=0),
-        )
+def encode_allocation(given: tuple[GivenContainer, ...]) -> str:
+    return _encode({"containers": [given_fields(g) for g in given]})
 
+
+def decode_allocation(text: str) -> tuple[GivenContainer, ...]:
     def read(record: Record) -> tuple[GivenContainer, ...]:
-        return tuple(record.each("containers", container, required=True))
+        return tuple(record.each("containers", read_given, required=True))
 
     return _decode(text, ALLOCATION_ANNOTATION, read)
 

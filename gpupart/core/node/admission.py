@@ -37,6 +37,8 @@ from gpupart.core.api.wire import (
     GivenContainer,
     PodAssignment,
     decode_assignment,
+    given_fields,
+    read_given,
 )
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.node.devices import Device, OfferedGpu
@@ -401,16 +403,7 @@ def encode_records(node: str, records: Iterable[AdmissionRecord]) -> str:
                     "gpuUUID": r.gpu_uuid,
                     "memoryMiB": r.memory_mib,
                     "computePercent": r.compute_percent,
-                    "containers": [
-                        {
-                            "name": g.name,
-                            "devices": list(g.devices),
-                            "gpuUUID": g.gpu_uuid,
-                            "memoryMiB": g.memory_mib,
-                            "computePercent": g.compute_percent,
-                        }
-                        for g in r.given
-                    ],
+                    "containers": [given_fields(g) for g in r.given],
                 }
                 for r in sorted(records, key=lambda r: r.uid)
             ],
@@ -433,18 +426,6 @@ def decode_records(text: str, *, node: str, where: str) -> dict[str, AdmissionRe
     if record.string("node") != node:
         raise InvalidInput(record.path("node"), f"is not this node ({node!r})")
 
-    def container(c: Record) -> GivenContainer:
-        devices = c.items("devices", required=True)
-        if not devices or not all(isinstance(d, str) for d in devices):
-            raise InvalidInput(c.path("devices"), "must be a list of device ids")
-        return GivenContainer(
-            c.string("name"),
-            tuple(sorted(devices)),
-            c.string("gpuUUID"),
-            c.integer("memoryMiB", 0, minimum=0),
-            c.integer("computePercent", 0, minimum=0),
-        )
-
     def entry(r: Record) -> AdmissionRecord:
         return AdmissionRecord(
             r.string("uid"),
@@ -452,7 +433,7 @@ def decode_records(text: str, *, node: str, where: str) -> dict[str, AdmissionRe
             r.string("gpuUUID"),
             r.integer("memoryMiB", 0, minimum=0),
             r.integer("computePercent", 0, minimum=0),
-            tuple(r.each("containers", container)),
+            tuple(r.each("containers", read_given)),
         )
 
     entries = record.each("pods", entry, required=False)
