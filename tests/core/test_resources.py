@@ -454,10 +454,6 @@ def test_node_constraint_reads_node_selector_and_required_node_affinity() -> Non
     [
         ({"nodeSelectorTerms": "all"}, "nodeSelectorTerms: must be a list"),
         (
-            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Near"}]}]},
-            "unknown operator",
-        ),
-        (
             {
                 "nodeSelectorTerms": [
                     {"matchExpressions": [{"key": "k", "operator": "In", "values": [1]}]}
