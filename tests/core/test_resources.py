@@ -72,9 +72,7 @@ def test_what_kubernetes_refuses_is_refused(text):
         parse_quantity(text, where="x")
 
 
-@pytest.mark.parametrize(
-    ("text", "value"), [(3, 3), (-2, -2), ("1Ei", 2**60), ("1E", 10**18)]
-)
+@pytest.mark.parametrize(("text", "value"), [(3, 3), (-2, -2), ("1Ei", 2**60), ("1E", 10**18)])
 def test_other_spellings(text, value):
     assert parse_quantity(text, where="x") == value
 

@@ -16,9 +16,13 @@ asks that code the same questions and compares every answer.
   not parse (an unknown operator, a `Gt` bound that is not an integer: kube-scheduler's "lazy"
   errors drop that term only), and so does an empty `nodeSelectorTerms`.
 - A pod affinity term looks at the pod's own namespace when it has neither `namespaces` nor a
-  `namespaceSelector`; a `namespaceSelector` of `{}` takes every namespace, known or not; any
-  other takes the listed namespaces plus the known ones whose labels it matches (a namespace
-  the caller does not know is never selected by its labels, as kube-scheduler's lister does).
+  `namespaceSelector`; otherwise at the listed namespaces plus the known ones whose labels the
+  `namespaceSelector` matches (a namespace the caller does not know is not selected by its
+  labels, as kube-scheduler's lister does not list it). A `namespaceSelector` that matches a
+  namespace without labels (`{}`, or only `NotIn`/`DoesNotExist`) takes every namespace, known
+  or not: kube-scheduler v1.36's PreFilter merges the selected namespaces into a copy of the
+  term (`mergeAffinityTermNamespacesIfNotEmpty` takes `fwk.AffinityTerm` by value), so the
+  selector stays on the term and is then matched against no labels for every pod.
 - `matchLabelKeys` and `mismatchLabelKeys` are not read: the API server merges them into
   `labelSelector` when it admits the pod (MatchLabelKeysInPodAffinity, GA and locked on since
   v1.33), and kube-scheduler reads only the merged `labelSelector`.
@@ -408,7 +412,8 @@ class AffinityTerm:
     selector: LabelSelector
     namespaces: frozenset[str] = frozenset()
     every_namespace: bool = False
-    """The namespaceSelector was `{}`: pods of every namespace count."""
+    """The namespaceSelector matches a namespace without labels (`{}` does): pods of every
+    namespace count."""
 
     def matches(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Whether a pod in `namespace` with `labels` is one this term selects."""
@@ -429,9 +434,10 @@ class PodAffinityTerm:
 
     def resolve(self, namespace_labels: NamespaceLabels | None) -> AffinityTerm:
         """The term with its namespaceSelector turned into namespaces, as kube-scheduler's
-        `mergeAffinityTermNamespacesIfNotEmpty` does for the incoming pod's terms: `{}` keeps
-        every namespace; another selector adds each known namespace whose labels it matches."""
-        if self.namespace_selector.empty:
+        PreFilter and PreScore do for the incoming pod's terms: each known namespace whose
+        labels the selector matches is added; a selector that matches no labels at all (`{}`,
+        `NotIn`, `DoesNotExist`) takes every namespace (see the module docstring)."""
+        if self.namespace_selector.matches({}):
             return AffinityTerm(self.selector, self.namespaces, every_namespace=True)
         chosen = {
             name
