@@ -77,7 +77,10 @@ def parse_quantity(text: object, *, where: str) -> Fraction:
     """
     if isinstance(text, int) and not isinstance(text, bool):
         if abs(text) > MAX_QUANTITY:
-            raise InvalidInput(where, f"{shown(str(text))} is more than a quantity can hold")
+            # Never str() it: Python refuses to write an int of more than 4,300 digits.
+            raise InvalidInput(
+                where, f"an integer of {text.bit_length()} bits is more than a quantity can hold"
+            )
         return Fraction(text)
     if not isinstance(text, str):
         raise InvalidInput(where, f"must be a quantity such as 1 or 10Gi, got {shown(repr(text))}")
@@ -196,7 +199,7 @@ def parse_memory_mib(text: object, *, where: str) -> int:
 
 def check_profile_name(name: str, *, where: str) -> tuple[int, int, int, str]:
     """`parse_profile_name` on a name of bounded length (a longer one is refused unread)."""
-    if len(name) > MAX_PROFILE_LENGTH:
+    if isinstance(name, str) and len(name) > MAX_PROFILE_LENGTH:
         raise InvalidInput(
             where,
             f"{shown(name)} is not a MIG profile name (at most {MAX_PROFILE_LENGTH} characters, "
