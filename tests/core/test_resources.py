@@ -24,6 +24,8 @@ from gpupart.core.scheduling.pods import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
+BOUND_S = 30
+"""Seconds a bound test may take: it takes milliseconds, and hours if a bound is missing."""
 
 # Facts from Kubernetes' own table (k8s.io/apimachinery/pkg/api/resource, TestQuantityParse):
 # the exact value resource.Quantity gives each text.
@@ -83,6 +85,7 @@ def test_malformed_quantities_name_the_field(text):
         parse_quantity(text, where="limits.nvidia.com/gpu")
 
 
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -100,6 +103,7 @@ def test_beyond_the_bounds_is_refused_before_any_arithmetic(text, words):
     assert len(str(refused.value)) < 200, "the message never echoes the whole input"
 
 
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 def test_tiny_exponents_round_up_to_a_nano_without_computing_them():
     assert parse_quantity("1e-99999999", where="x") == NANO
     assert parse_quantity("-1e-99999999", where="x") == -NANO
@@ -165,6 +169,7 @@ def test_law_any_text_parses_or_is_refused_with_the_field(text):
         assert abs(value) <= MAX
 
 
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 @given(st.integers(min_value=10, max_value=10**9))
 def test_law_huge_exponents_are_refused_by_the_bound(exponent):
     with pytest.raises(InvalidInput, match="more than a quantity can hold|exponent is beyond"):
