@@ -86,6 +86,22 @@ def test_label_keys_and_values_with_any_other_character_are_refused(junk: str) -
         check_label_value(f"web{junk}", "v")
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["1e4294967297", "1e-4294967297", "1e-1000000000", "1e1000000000", "5E-9223372036854775807"],
+)
+def test_an_exponent_kubernetes_would_truncate_is_refused(text: str) -> None:
+    """resource.Quantity keeps an exponent's low 32 bits (1e4294967297 is read as 10, and
+    1e-4294967297 as 0.1); past ±999,999,999 gpupart refuses rather than misread."""
+    with pytest.raises(InvalidInput, match="exponent is beyond"):
+        parse_quantity(text, where="x")
+
+
+def test_an_exponent_within_the_bound_is_read() -> None:
+    assert parse_quantity("1e-999999999", where="x") == parse_quantity("1n", where="x")
+    assert parse_quantity("0e999999999", where="x") == 0
+
+
 # --- Go's int64: the Gt/Lt bound and label --------------------------------------------------
 
 

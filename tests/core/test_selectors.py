@@ -402,3 +402,34 @@ def test_the_core_admits_what_the_crd_admits_at_both_edges(field: str) -> None:
 )
 def test_a_nodes_gpu_count_label_is_read_in_ascii_digits(text: str, count: int | None) -> None:
     assert LabeledNode("n", {"nvidia.com/gpu.count": text}).gpu_count == count
+
+
+# --- label lengths at their edges (k8s.io/apimachinery IsLabelKey, IsLabelValue) -----------------
+
+PREFIX_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+
+
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [
+        ("k" * 63, True), ("k" * 64, False), (f"{PREFIX_253}/k", True), (f"{PREFIX_253}e/k", False),
+        (f"{'a' * 64}.b/k", True),  # a subdomain's parts have no length of their own here
+    ],
+)  # fmt: skip
+def test_label_keys_at_their_length_edges(key: str, valid: bool) -> None:
+    selector = {"matchExpressions": [{"key": key, "operator": "Exists"}]}
+    if valid:
+        assert parse_label_selector(selector, "s").matches({key: ""})
+    else:
+        with pytest.raises(InvalidInput, match="not a label key"):
+            parse_label_selector(selector, "s")
+
+
+@pytest.mark.parametrize(("value", "valid"), [("v" * 63, True), ("v" * 64, False), ("", True)])
+def test_label_values_at_their_length_edge(value: str, valid: bool) -> None:
+    selector = {"matchLabels": {"app": value}}
+    if valid:
+        assert parse_label_selector(selector, "s").matches({"app": value})
+    else:
+        with pytest.raises(InvalidInput, match="not a label value"):
+            parse_label_selector(selector, "s")
