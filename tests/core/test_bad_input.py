@@ -97,6 +97,14 @@ def test_an_exponent_kubernetes_would_truncate_is_refused(text: str) -> None:
         parse_quantity(text, where="x")
 
 
+@pytest.mark.parametrize("text", ["+", "-", ".", "+.", "Ki", "-Mi", ".e5", "k", "E"])
+def test_a_spelling_without_digits_is_refused(text: str) -> None:
+    """resource.Quantity reads these as 0 (its scanner puts a 0 where no digit is); gpupart
+    follows the documented grammar, which needs a digit (docs/adr-002-bounded-inputs.md)."""
+    with pytest.raises(InvalidInput, match="no digits|not a Kubernetes quantity"):
+        parse_quantity(text, where="x")
+
+
 def test_an_exponent_within_the_bound_is_read() -> None:
     assert parse_quantity("1e-999999999", where="x") == parse_quantity("1n", where="x")
     assert parse_quantity("0e999999999", where="x") == 0
