@@ -44,6 +44,7 @@ from gpupart.core.scheduling.views import Tenant
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
 HOSTNAME = "kubernetes.io/hostname"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 # Many examples each, several questions per example: thousands of comparisons per test.
 MANY = settings(
@@ -200,7 +201,14 @@ SELECTOR_OPERATORS = ["In", "NotIn", "Exists", "DoesNotExist"]
 
 
 @st.composite
-def label_selectors(draw: st.DrawFn, *, valid: bool = True) -> dict[str, Any] | None:
+def label_selectors(
+    draw: st.DrawFn,
+    *,
+    valid: bool = True,
+    keys: st.SearchStrategy[str] = label_keys,
+    values: st.SearchStrategy[str] = label_values,
+    operators: list[str] | None = None,
+) -> dict[str, Any] | None:
     """A metav1.LabelSelector: None, {}, or matchLabels and matchExpressions."""
     kind = draw(st.sampled_from(["none", "empty", "empty-lists", "some"]))
     if kind == "none":
@@ -209,11 +217,10 @@ def label_selectors(draw: st.DrawFn, *, valid: bool = True) -> dict[str, Any] | 
         return {}
     if kind == "empty-lists":
         return {"matchLabels": {}, "matchExpressions": []}
-    keys, values = label_keys, label_values
-    operators = SELECTOR_OPERATORS
+    operators = operators or SELECTOR_OPERATORS
     if not valid:
-        keys = st.one_of(label_keys, st.sampled_from(BAD_KEYS))
-        values = st.one_of(label_values, st.sampled_from(BAD_VALUES))
+        keys = st.one_of(keys, st.sampled_from(BAD_KEYS))
+        values = st.one_of(values, st.sampled_from(BAD_VALUES))
         operators = [*SELECTOR_OPERATORS, "Gt", "in", ""]
     selector: dict[str, Any] = {}
     if draw(st.booleans()):
@@ -233,7 +240,8 @@ def label_selectors(draw: st.DrawFn, *, valid: bool = True) -> dict[str, Any] | 
 @MANY
 @given(
     selector=label_selectors(valid=False),
-    sets=st.lists(labels, min_size=1, max_size=6),
+    # Pods without labels often: kube-scheduler's preemption never counts them under a budget.
+    sets=st.lists(st.one_of(st.just({}), labels), min_size=1, max_size=6),
     namespaces=st.lists(st.sampled_from(["a", "b"]), min_size=6, max_size=6),
 )
 def test_law_label_selectors_match_as_kubernetes_builds_and_matches_them(
@@ -314,7 +322,7 @@ def node_selector_terms(draw: st.DrawFn) -> dict[str, Any]:
         term["matchExpressions"] = draw(
             st.lists(_requirement(label_keys, NODE_OPERATORS, values), max_size=3)
         )
-    if draw(st.integers(0, 3)) == 0:
+    if draw(st.booleans()):
         term["matchFields"] = draw(
             st.lists(
                 st.builds(
@@ -337,6 +345,9 @@ def node_selector_terms(draw: st.DrawFn) -> dict[str, Any]:
                         {"key": "app", "operator": "In", "values": ["-a"]},
                         {"key": "gpus", "operator": "Gt", "values": ["1", "2"]},
                         {"key": "app", "operator": "In"},
+                        # An int64, but no label value: labels.NewRequirement refuses it.
+                        {"key": "gpus", "operator": "Gt", "values": ["-1"]},
+                        {"key": "gpus", "operator": "Lt", "values": ["+50"]},
                     ]
                 )
             )
@@ -368,7 +379,7 @@ def node_affinity_pods(draw: st.DrawFn) -> dict[str, Any]:
 
 nodes = st.builds(
     lambda name, these: {"metadata": {"name": name, "labels": these}},
-    st.sampled_from([*NODE_NAMES, ""]),
+    st.sampled_from([*NODE_NAMES, "", ""]),  # a node without a name has no fields
     st.dictionaries(
         st.sampled_from(KEYS),
         st.one_of(st.sampled_from(VALUES), st.integers(0, 2**64).map(str)),
@@ -395,14 +406,54 @@ def test_law_node_constraint_allows_the_nodes_kube_scheduler_allows(
         )
 
 
+int_texts = st.one_of(
+    st.sampled_from(NUMBERS),
+    st.integers(0, 40).map(str),
+    st.integers(2**63 - 3, 2**63 + 3).map(str),
+    st.integers(0, 2**63 - 1).map(str),
+    st.sampled_from(["", "abc", "0x10", "1e3"]),
+)
+
+
+@MANY
+@given(
+    cases=st.lists(
+        st.tuples(st.sampled_from(["Gt", "Lt"]), int_texts, st.one_of(st.none(), int_texts)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_law_gt_and_lt_compare_as_kubernetes_compares(
+    kubernetes: Reference, cases: list[tuple[str, str, str | None]]
+) -> None:
+    """One requirement on label t: the bound, and the node's label (None: the node lacks it)."""
+    questions = []
+    for operator, bound, label in cases:
+        expression = {"key": "t", "operator": operator, "values": [bound]}
+        required = {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+        pod = {"spec": {"affinity": {"nodeAffinity": {REQUIRED: required}}}}
+        labels_of = {} if label is None else {"t": label}
+        questions.append(
+            {
+                "op": "nodeAffinity",
+                "pod": pod,
+                "node": {"metadata": {"name": "n", "labels": labels_of}},
+            }
+        )
+    answers = kubernetes.ask_all(questions)
+    for question, answer in zip(questions, answers, strict=True):
+        labels_of = question["node"]["metadata"]["labels"]
+        assert node_constraint(question["pod"]).allows(labels_of, "n") == answer["matches"], (
+            question
+        )
+
+
 # --- podAntiAffinity terms ---------------------------------------------------------------------
 
 NAMESPACES = ["a", "b", "team-x"]
-namespace_labels = st.dictionaries(
-    st.sampled_from(["team", "env", "k8s.io/tier"]),
-    st.sampled_from(["", "1", "gpu", "x"]),
-    max_size=2,
-)
+_namespace_keys = st.sampled_from(["team", "env", "k8s.io/tier"])
+_namespace_values = st.sampled_from(["", "1", "gpu", "x"])
+namespace_labels = st.dictionaries(_namespace_keys, _namespace_values, max_size=2)
 
 
 @st.composite
@@ -415,7 +466,13 @@ def pod_affinity_terms(draw: st.DrawFn) -> dict[str, Any]:
         term["namespaces"] = draw(
             st.lists(st.sampled_from([*NAMESPACES, "unknown"]), max_size=2, unique=True)
         )
-    namespace_selector = draw(st.one_of(st.just("absent"), label_selectors()))
+    namespace_selector = draw(
+        st.one_of(
+            st.just("absent"),
+            label_selectors(keys=_namespace_keys, values=_namespace_values),
+            label_selectors(),
+        )
+    )
     if namespace_selector != "absent":
         term["namespaceSelector"] = namespace_selector
     if term.get("labelSelector") is not None and draw(st.integers(0, 3)) == 0:
@@ -476,6 +533,117 @@ def test_law_anti_affinity_terms_select_the_pods_kube_scheduler_selects(
     # kube-scheduler's raw score: minus the weight of each preferred term that matches.
     matched = -sum(1 << n for n, t in enumerate(preferred) if t.matches(tenant))
     assert matched == answer["score"], shown
+
+
+@st.composite
+def namespace_selectors(draw: st.DrawFn) -> dict[str, Any] | None:
+    """Mostly selectors that pick some namespaces by their labels; also None, {} and ones
+    that match a namespace without labels."""
+    kind = draw(st.sampled_from(["labels", "labels", "in", "exists", "negative", "none", "empty"]))
+    if kind == "none":
+        return None
+    if kind == "empty":
+        return {}
+    if kind == "labels":
+        return {
+            "matchLabels": draw(
+                st.dictionaries(_namespace_keys, _namespace_values, min_size=1, max_size=2)
+            )
+        }
+    key = draw(_namespace_keys)
+    if kind == "in":
+        values = draw(st.lists(_namespace_values, min_size=1, max_size=2))
+        return {"matchExpressions": [{"key": key, "operator": "In", "values": values}]}
+    if kind == "exists":
+        return {"matchExpressions": [{"key": key, "operator": "Exists"}]}
+    operator = draw(st.sampled_from(["NotIn", "DoesNotExist"]))
+    expression = {"key": key, "operator": operator}
+    if operator == "NotIn":
+        expression["values"] = [draw(_namespace_values)]
+    return {"matchExpressions": [expression]}
+
+
+@MANY
+@given(
+    known=st.dictionaries(st.sampled_from(NAMESPACES), namespace_labels, min_size=1, max_size=3),
+    own=st.sampled_from(NAMESPACES),
+    listed=st.one_of(
+        st.none(), st.lists(st.sampled_from([*NAMESPACES, "unknown"]), max_size=2, unique=True)
+    ),
+    selector=st.one_of(st.just("absent"), namespace_selectors()),
+)
+def test_law_the_namespaces_a_term_looks_at_are_kube_schedulers(
+    kubernetes: Reference,
+    known: dict[str, dict[str, str]],
+    own: str,
+    listed: list[str] | None,
+    selector: dict[str, Any] | None | str,
+) -> None:
+    """One required term selecting every pod by its labels (`{}`), so that only its namespaces
+    decide; asked for a pod in each namespace, known or not."""
+    term: dict[str, Any] = {"topologyKey": HOSTNAME, "labelSelector": {}}
+    if listed is not None:
+        term["namespaces"] = listed
+    if selector != "absent":
+        term["namespaceSelector"] = selector
+    anti = {"podAntiAffinity": {REQUIRED: [term]}}
+    shared = {"limits": {"nvidia.com/gpu.shared": "1"}}
+    pod = {
+        "metadata": {"name": "p", "namespace": own},
+        "spec": {"affinity": anti, "containers": [{"name": "c", "resources": shared}]},
+    }
+    namespaces = [{"metadata": {"name": n, "labels": ls}} for n, ls in sorted(known.items())]
+    where = [*NAMESPACES, "unknown"]
+    answers = kubernetes.ask_all(
+        [
+            {
+                "op": "podAffinity",
+                "pod": pod,
+                "existing": {"metadata": {"name": "e", "namespace": n, "labels": {}}},
+                "namespaces": namespaces,
+            }
+            for n in where
+        ]
+    )
+    (ours,) = parse_demand(pod, group_label="", namespace_labels=known).terms
+    for namespace, answer in zip(where, answers, strict=True):
+        event(f"a pod in the namespace is selected: {answer['filtered']}")
+        assert ours.matches(_tenant_in(namespace)) == answer["filtered"], (term, known, namespace)
+
+
+def _tenant_in(namespace: str) -> Tenant:
+    return Tenant(f"{namespace}/e", namespace, ())
+
+
+_FEW_VALUES = st.sampled_from(["", "a", "web", "db"])
+_few_labels = st.dictionaries(st.sampled_from(KEYS), _FEW_VALUES, max_size=3)
+
+
+@MANY
+@given(
+    selector=label_selectors(
+        keys=st.sampled_from(KEYS),
+        values=_FEW_VALUES,
+        operators=["NotIn", "DoesNotExist", "NotIn", "In", "Exists"],
+    ),
+    sets=st.lists(st.one_of(st.just({}), _few_labels), min_size=1, max_size=6),
+)
+def test_law_budgets_cover_the_pods_kube_schedulers_preemption_counts(
+    kubernetes: Reference, selector: dict[str, Any] | None, sets: list[dict[str, str]]
+) -> None:
+    """kube-scheduler's filterPodsWithPDBViolation: a pod is under a budget of its namespace
+    when it has labels, the selector builds, is not empty, and matches them."""
+    answers = kubernetes.ask_all(
+        [{"op": "selector", "selector": selector, "labels": s} for s in sets]
+    )
+    budget = parse_budget(
+        {"metadata": {"name": "b", "namespace": "a"}, "spec": {"selector": selector}}
+    )
+    for these, answer in zip(sets, answers, strict=True):
+        counted = bool(these) and not answer["empty"] and answer["matches"]
+        event(f"counted: {counted}")
+        tenant = Tenant("a/p", "a", tuple(sorted(these.items())))
+        assert budget.covers(tenant) == counted, (selector, these)
 
 
 # --- resource.Quantity ----------------------------------------------------------------------------
@@ -619,6 +787,11 @@ def profile_texts(draw: st.DrawFn) -> str:
         st.one_of(st.integers(0, 200), st.integers(0, 10**18 - 1)).map(str)
         | st.sampled_from(["0010", "0" * 30 + "5"])
     )
+    if draw(st.integers(0, 7)) == 0:
+        gigabytes = str(draw(st.integers(10**18, 10**25)))  # past what Atoi reads
+    if draw(st.integers(0, 7)) == 0:
+        cut = len(gigabytes) // 2  # another script's digit among ASCII ones
+        gigabytes = gigabytes[:cut] + draw(st.sampled_from(["١", "٣", "𝟘", "_"])) + gigabytes[cut:]
     if draw(st.integers(0, 3)):
         compute = draw(st.sampled_from(["", "1c.", "2c.", "3c.", "7c."]))
         slices = draw(st.sampled_from("1234567"))
