@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from gpupart import logs
 from gpupart.core.api.events import object_event
 from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.selectors import NodeConstraint
 from gpupart.core.api.spec import PartitionSpec
 from gpupart.core.api.wire import (
     INVENTORY_ANNOTATION,
@@ -43,7 +44,7 @@ from gpupart.core.dynamic.live import (
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import NodeConstraint, node_constraint, pod_key
+from gpupart.core.scheduling.pods import node_constraint, pod_key
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import (
     GROUP,
@@ -128,7 +129,7 @@ class PodFacts:
                 nodes=frozenset(
                     name
                     for name, these in labels.items()
-                    if self.constraints.get(pod.key, NodeConstraint()).allows(these)
+                    if self.constraints.get(pod.key, NodeConstraint()).allows(these, name)
                 ),
             )
             for pod in self.pending

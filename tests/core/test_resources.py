@@ -24,6 +24,8 @@ from gpupart.core.scheduling.pods import parse_demand, pod_cpu_milli
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
+BOUND_S = 30
+"""Seconds a bound test may take: it takes milliseconds, and hours if a bound is missing."""
 
 # Facts from Kubernetes' own table (k8s.io/apimachinery/pkg/api/resource, TestQuantityParse):
 # the exact value resource.Quantity gives each text.
@@ -72,9 +74,7 @@ def test_what_kubernetes_refuses_is_refused(text):
         parse_quantity(text, where="x")
 
 
-@pytest.mark.parametrize(
-    ("text", "value"), [(3, 3), (-2, -2), (" 5 ", 5), ("1Ei", 2**60), ("1E", 10**18)]
-)
+@pytest.mark.parametrize(("text", "value"), [(3, 3), (-2, -2), ("1Ei", 2**60), ("1E", 10**18)])
 def test_other_spellings(text, value):
     assert parse_quantity(text, where="x") == value
 
@@ -85,6 +85,7 @@ def test_malformed_quantities_name_the_field(text):
         parse_quantity(text, where="limits.nvidia.com/gpu")
 
 
+@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -102,6 +103,7 @@ def test_beyond_the_bounds_is_refused_before_any_arithmetic(text, words):
     assert len(str(refused.value)) < 200, "the message never echoes the whole input"
 
 
+@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
 def test_tiny_exponents_round_up_to_a_nano_without_computing_them():
     assert parse_quantity("1e-99999999", where="x") == NANO
     assert parse_quantity("-1e-99999999", where="x") == -NANO
@@ -167,9 +169,10 @@ def test_law_any_text_parses_or_is_refused_with_the_field(text):
         assert abs(value) <= MAX
 
 
+@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
 @given(st.integers(min_value=10, max_value=10**9))
 def test_law_huge_exponents_are_refused_by_the_bound(exponent):
-    with pytest.raises(InvalidInput, match="more than a quantity can hold"):
+    with pytest.raises(InvalidInput, match="more than a quantity can hold|exponent is beyond"):
         parse_quantity(f"1e{exponent + 10}", where="x")
 
 
@@ -453,10 +456,6 @@ def test_node_constraint_reads_node_selector_and_required_node_affinity() -> Non
     ("affinity", "words"),
     [
         ({"nodeSelectorTerms": "all"}, "nodeSelectorTerms: must be a list"),
-        (
-            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Near"}]}]},
-            "unknown operator",
-        ),
         (
             {
                 "nodeSelectorTerms": [

@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupart.core.api.resources import GpuRequest
-from gpupart.core.api.spec import Mode, NodeSelector
+from gpupart.core.api.selectors import NOTHING, AffinityTerm, selector_from_set
+from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
 from gpupart.core.scheduling.evaluate import Fit, evaluate
@@ -153,7 +154,7 @@ def test_victims_are_on_one_gpu_of_a_node_with_pods_on_two() -> None:
 
 
 def test_pdb_violations_first_and_counted() -> None:
-    budget = Budget("team-a", "keep", NodeSelector((("app", "db"),)), 0)
+    budget = Budget("team-a", "keep", selector_from_set({"app": "db"}), 0)
     view = NodeView(
         "n",
         (gpu(0, tenant("db", 40000, 0, app="db")), gpu(1, tenant("web", 40000, 500, app="web"))),
@@ -166,16 +167,16 @@ def test_pdb_violations_first_and_counted() -> None:
     # One disruption allowed: the first pod it covers uses it, the second violates.
     two = NodeView("n", (gpu(0, tenant("db-0", 20000, app="db"), tenant("db-1", 20000, app="db")),))
     found = choose(
-        two, demand(40000), (Budget("team-a", "keep", NodeSelector((("app", "db"),)), 1),)
+        two, demand(40000), (Budget("team-a", "keep", selector_from_set({"app": "db"}), 1),)
     )
     assert found is not None and found.violations == 1
 
 
 def test_budget_rules_as_kube_scheduler_reads_them() -> None:
     db = tenant("db", 1, app="db")
-    assert violations([db], [Budget("team-a", "b", None, 0)]) == 0  # empty selector: none
-    assert violations([db], [Budget("team-b", "b", NodeSelector((("app", "db"),)), 0)]) == 0
-    already = Budget("team-a", "b", NodeSelector((("app", "db"),)), 0, frozenset({"db"}))
+    assert violations([db], [Budget("team-a", "b", NOTHING, 0)]) == 0  # absent selector: none
+    assert violations([db], [Budget("team-b", "b", selector_from_set({"app": "db"}), 0)]) == 0
+    already = Budget("team-a", "b", selector_from_set({"app": "db"}), 0, frozenset({"db"}))
     assert violations([db], [already]) == 0  # the API server counted it already
     parsed = parse_budget(
         {
@@ -189,7 +190,7 @@ def test_budget_rules_as_kube_scheduler_reads_them() -> None:
         }
     )
     assert parsed.allowed == 0 and parsed.disrupted == {"x"} and violations([db], [parsed]) == 1
-    assert parse_budget({"metadata": {"name": "e"}, "spec": {"selector": {}}}).selector is None
+    assert parse_budget({"metadata": {"name": "e"}, "spec": {"selector": {}}}).selector.empty
     with pytest.raises(InvalidInput, match=r"status.disruptionsAllowed"):
         parse_budget({"metadata": {}, "spec": {}, "status": {"disruptionsAllowed": "1"}})
     with pytest.raises(InvalidInput, match=r"selector.matchExpressions\[0\].operator"):
@@ -226,7 +227,9 @@ def test_a_pod_it_must_not_share_with_goes_too_or_the_gpu_is_out() -> None:
 def _required(label: tuple[str, str]) -> Any:
     from gpupart.core.scheduling.pods import AntiAffinityTerm
 
-    return AntiAffinityTerm(NodeSelector((label,)), ("team-a",), True)
+    return AntiAffinityTerm(
+        AffinityTerm(selector_from_set(dict([label])), frozenset({"team-a"})), True
+    )
 
 
 def test_the_reserve_is_freed_where_the_gpu_can_hold_it() -> None:
@@ -270,7 +273,7 @@ def test_victims_make_room_and_no_cheaper_set_exists(
     case: tuple[NodeView, Demand], pdb: bool
 ) -> None:
     view, d = case
-    budgets = (Budget("team-a", "b", NodeSelector((("app", "b"),)), 1),) if pdb else ()
+    budgets = (Budget("team-a", "b", selector_from_set({"app": "b"}), 1),) if pdb else ()
     found = choose(view, d, budgets)
 
     def fits_without(g: GpuView, gone: set[str]) -> bool:

@@ -140,3 +140,24 @@ def test_pending_pods_carry_the_nodes_their_selector_allows() -> None:
     facts = read_pods([wants, pod("anywhere", {"nvidia.com/mig-1g.10gb": "1"})])
     placed = {p.key: p.nodes for p in facts.placed({"n1": {"zone": "a"}, "n2": {"zone": "b"}})}
     assert placed == {"ns/wants": frozenset({"n2"}), "ns/anywhere": frozenset({"n1", "n2"})}
+
+
+def _required(*terms: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
+        }
+    }
+
+
+def test_pending_pods_carry_the_nodes_kube_schedulers_node_affinity_allows() -> None:
+    """An empty term places the pod nowhere (kube-scheduler never binds it, so no slice is
+    made for it); matchFields name the node, as a DaemonSet's pods do."""
+    nowhere = pod("nowhere", {"nvidia.com/mig-1g.10gb": "1"})
+    nowhere["spec"]["affinity"] = _required({})
+    pinned = pod("pinned", {"nvidia.com/mig-1g.10gb": "1"})
+    field = {"key": "metadata.name", "operator": "In", "values": ["n2"]}
+    pinned["spec"]["affinity"] = _required({"matchFields": [field]})
+    facts = read_pods([nowhere, pinned])
+    placed = {p.key: p.nodes for p in facts.placed({"n1": {"zone": "a"}, "n2": {"zone": "a"}})}
+    assert placed == {"ns/nowhere": frozenset(), "ns/pinned": frozenset({"n2"})}

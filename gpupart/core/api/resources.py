@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from gpupart.core.api.selectors import parse_int64
 from gpupart.core.errors import InvalidInput, shown
 from gpupart.core.mig.catalogue import parse_profile_name
 
@@ -30,18 +31,19 @@ MAX_QUANTITY = 2**63 - 1
 MAX_PROFILE_LENGTH = 32
 """The longest MIG profile name read (the longest real one, ``1c.7g.141gb+me.all``, has 18)."""
 
-_SUFFIXED = re.compile(r"^(.*?gb)\.(me(?:\.all)?|gfx)$")
-# resource.Quantity's grammar: sign, digits with an optional point, then a binary SI suffix,
-# a decimal SI suffix (possibly empty) or a decimal exponent.
-_QUANTITY = re.compile(
-    r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE]?)|[eE]([+-]?[0-9]+))"
-)
+_SUFFIXED = re.compile(r"(.*?gb)\.(me(?:\.all)?|gfx)")
+_DIGITS = frozenset("0123456789")
+_SUFFIX_LETTERS = frozenset("eEinumkKMGTP")
 _DECIMAL_SUFFIX = {
     "n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18,
 }  # fmt: skip
 _BINARY_SUFFIX = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _NANO = 10**9
 _MAX_DIGITS = len(str(MAX_QUANTITY))
+MAX_EXPONENT = 999_999_999
+"""The largest decimal exponent read (`1e999999999`): Kubernetes keeps only an exponent's low
+32 bits (it reads `1e4294967297` as 10) and computes 10^|e| for a small value, so a larger one
+is refused rather than read as something else."""
 
 
 def mig_resource_name(profile: str) -> str:
@@ -58,24 +60,30 @@ def find_mig_profile(resource: str) -> str | None:
     if not resource.startswith(MIG_PREFIX):
         return None
     name = resource.removeprefix(MIG_PREFIX)
-    match = _SUFFIXED.match(name)
+    match = _SUFFIXED.fullmatch(name)
     return f"{match.group(1)}+{match.group(2)}" if match else name
 
 
 def parse_quantity(text: object, *, where: str) -> Fraction:
     """A Kubernetes quantity ("1", "500m", "10Gi", "1e3", "1E") as an exact number.
 
-    The value is resource.Quantity's: rounded up (away from zero) to a whole nano, a binary SI
-    value capped at 2^63-1. Text longer than `MAX_QUANTITY_LENGTH`, and a decimal value beyond
-    ±`MAX_QUANTITY`, are refused before any arithmetic on them.
+    Read as `resource.ParseQuantity` reads it, character for character (nothing is stripped:
+    a space, newline or other character Kubernetes refuses is refused), and valued as it
+    values it: rounded up (away from zero) to a whole nano, a binary SI value capped at
+    2^63-1. Refused where Kubernetes would accept, so that nothing is misread: text longer
+    than `MAX_QUANTITY_LENGTH`, a spelling with no digit (`+`, `.`, `Ki`, which Kubernetes
+    reads as 0), a decimal value beyond ±`MAX_QUANTITY`, an exponent beyond ±`MAX_EXPONENT`;
+    each bound is checked before any arithmetic.
     """
     if isinstance(text, int) and not isinstance(text, bool):
         if abs(text) > MAX_QUANTITY:
-            raise InvalidInput(where, f"{shown(str(text))} is more than a quantity can hold")
+            # Never str() it: Python refuses to write an int of more than 4,300 digits.
+            raise InvalidInput(
+                where, f"an integer of {text.bit_length()} bits is more than a quantity can hold"
+            )
         return Fraction(text)
     if not isinstance(text, str):
         raise InvalidInput(where, f"must be a quantity such as 1 or 10Gi, got {shown(repr(text))}")
-    text = text.strip()  # as the API server's JSON decoding of a quantity does
     if len(text) > MAX_QUANTITY_LENGTH:
         raise InvalidInput(
             where,
@@ -88,6 +96,39 @@ def parse_quantity(text: object, *, where: str) -> Fraction:
     return value
 
 
+def _scan(text: str) -> tuple[bool, str, str, str, str] | None:
+    """(positive, mantissa, numerator, denominator, suffix) as resource.Quantity's scanner
+    (`parseQuantityString`) splits `text`; None where it refuses the text."""
+    positive, pos, end = True, 0, len(text)
+    if text[:1] in ("-", "+"):
+        positive, pos = text[0] != "-", 1
+    while pos < end and text[pos] == "0":  # leading zeros
+        pos += 1
+    if pos == end:
+        return positive, text[:pos], "0", "", ""
+    start = pos
+    while pos < end and text[pos] in _DIGITS:
+        pos += 1
+    numerator = text[start:pos] or "0"
+    denominator = ""
+    if pos < end and text[pos] == ".":
+        pos += 1
+        start = pos
+        while pos < end and text[pos] in _DIGITS:
+            pos += 1
+        denominator = text[start:pos]
+    mantissa, suffix_start = text[:pos], pos
+    while pos < end and text[pos] in _SUFFIX_LETTERS:
+        pos += 1
+    if pos < end and text[pos] in ("-", "+"):
+        pos += 1
+    while pos < end and text[pos] in _DIGITS:
+        pos += 1
+    if pos < end:
+        return None
+    return positive, mantissa, numerator, denominator, text[suffix_start:]
+
+
 @functools.lru_cache(maxsize=4096)
 def _quantity(text: str) -> Fraction | str:
     """The value of a quantity of at most `MAX_QUANTITY_LENGTH` characters, or the problem.
@@ -95,27 +136,39 @@ def _quantity(text: str) -> Fraction | str:
     Cached: a cluster's pods repeat a few quantities, and exact parsing is the slow part of
     reading a pod (the extender reads one per watch event).
     """
-    match = _QUANTITY.fullmatch(text)
-    if match is None or not (match.group(2) or match.group(3)):
-        return f"{text!r} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi, 1e3)"
-    sign, whole, fraction, binary, decimal, exponent = match.groups("")
-    digits = (whole + fraction).lstrip("0")
-    negative = sign == "-"
+    refused = f"{shown(text)} is not a Kubernetes quantity (e.g. 1, 500m, 10Gi, 1e3)"
+    scanned = _scan(text) if text else None
+    if scanned is None:
+        return refused
+    positive, mantissa, numerator, denominator, suffix = scanned
+    binary = _BINARY_SUFFIX.get(suffix)
+    scale = _DECIMAL_SUFFIX.get(suffix)
+    if binary is None and scale is None:
+        exponent = parse_int64(suffix[1:]) if suffix[:1] in ("e", "E") and suffix[1:] else None
+        if exponent is None:
+            return refused
+        if abs(exponent) > MAX_EXPONENT:
+            return f"{shown(text)} is not a Kubernetes quantity: its exponent is beyond ±{MAX_EXPONENT}"
+        scale = exponent
+    if not _DIGITS.intersection(mantissa):
+        return f"{shown(text)} is not a Kubernetes quantity: it has no digits"
+    digits = (numerator + denominator).lstrip("0")
     if not digits:
         return Fraction(0)
-    if binary:
-        value = Fraction(int(digits) << _BINARY_SUFFIX[binary], 10 ** len(fraction))
-        return _signed(min(_nano_up(value), Fraction(MAX_QUANTITY)), negative)
-    scale = (_DECIMAL_SUFFIX[decimal] if not exponent else int(exponent)) - len(fraction)
+    if binary is not None:
+        value = Fraction(int(digits) << binary, 10 ** len(denominator))
+        return _signed(min(_nano_up(value), Fraction(MAX_QUANTITY)), not positive)
+    assert scale is not None
+    scale -= len(denominator)
     # `digits` × 10^scale has len(digits) + scale digits before the point: bound it first.
     if len(digits) + scale > _MAX_DIGITS:
-        return f"{text!r} is more than a quantity can hold ({MAX_QUANTITY})"
+        return f"{shown(text)} is more than a quantity can hold ({MAX_QUANTITY})"
     if len(digits) + scale < -9:
-        return _signed(Fraction(1, _NANO), negative)  # below a nano: rounds up to 1n
+        return _signed(Fraction(1, _NANO), not positive)  # below a nano: rounds up to 1n
     value = _nano_up(int(digits) * Fraction(10) ** scale)
     if value > MAX_QUANTITY:
-        return f"{text!r} is more than a quantity can hold ({MAX_QUANTITY})"
-    return _signed(value, negative)
+        return f"{shown(text)} is more than a quantity can hold ({MAX_QUANTITY})"
+    return _signed(value, not positive)
 
 
 def _nano_up(value: Fraction) -> Fraction:
@@ -146,7 +199,7 @@ def parse_memory_mib(text: object, *, where: str) -> int:
 
 def check_profile_name(name: str, *, where: str) -> tuple[int, int, int, str]:
     """`parse_profile_name` on a name of bounded length (a longer one is refused unread)."""
-    if len(name) > MAX_PROFILE_LENGTH:
+    if isinstance(name, str) and len(name) > MAX_PROFILE_LENGTH:
         raise InvalidInput(
             where,
             f"{shown(name)} is not a MIG profile name (at most {MAX_PROFILE_LENGTH} characters, "

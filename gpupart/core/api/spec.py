@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -10,6 +9,17 @@ from typing import Any
 
 from gpupart.core.api.records import Record
 from gpupart.core.api.resources import check_profile_name, parse_memory_mib
+from gpupart.core.api.selectors import (
+    EVERYTHING,
+    SELECTOR_OPERATORS,
+    LabelSelector,
+    Operator,
+    Requirement,
+    check_label_key,
+    check_label_value,
+    requirement,
+    selector_of,
+)
 from gpupart.core.dynamic.model import DEFAULT_MIN_IDLE_S, MAX_MIN_IDLE_S, DynamicMig
 from gpupart.core.errors import InvalidInput, shown
 from gpupart.core.mig.catalogue import GpuModel
@@ -27,12 +37,6 @@ INT32 = 2**31 - 1
 MAX_MIG_PROFILES = 16
 MAX_SELECTOR_TERMS = 64
 """matchLabels entries, matchExpressions and values per expression: the CRD's bounds."""
-
-# Kubernetes' label rules (k8s.io/apimachinery/pkg/util/validation): a key is an optional
-# DNS-subdomain prefix and "/", then a name; a value is empty or a name.
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_INTEGER = re.compile(r"-?[0-9]{1,18}")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class Mode(StrEnum):
@@ -53,40 +57,6 @@ class Disruption(StrEnum):
 
 
 _MODE_BLOCKS = {Mode.MIG: "mig", Mode.MPS: "mps", Mode.TIME_SLICING: "timeSlicing", Mode.NONE: ""}
-
-
-@dataclass(frozen=True, slots=True)
-class LabelRequirement:
-    key: str
-    operator: str
-    values: tuple[str, ...]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        if self.operator == "NotIn":
-            return labels.get(self.key) not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator in ("Gt", "Lt"):  # node affinity only: integer label values
-            value, bound = labels.get(self.key, ""), self.values[0] if self.values else ""
-            if not _INTEGER.fullmatch(value) or not _INTEGER.fullmatch(bound):
-                return False
-            return int(value) > int(bound) if self.operator == "Gt" else int(value) < int(bound)
-        return self.key not in labels  # DoesNotExist
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSelector:
-    """A metav1.LabelSelector: all labels and all expressions must match; empty selects all."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[LabelRequirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +97,7 @@ class GpuConfig:
 class PartitionSpec:
     name: str
     generation: int
-    node_selector: NodeSelector
+    node_selector: LabelSelector
     gpus: tuple[int, ...] | None
     """GPU indices on each selected node; None means every GPU."""
     config: GpuConfig
@@ -183,26 +153,28 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
     return parsed
 
 
-def _parse_selector(record: Record | None) -> NodeSelector:
+def _parse_selector(record: Record | None) -> LabelSelector:
+    """`spec.nodeSelector`, a label selector; absent or `{}` selects every node (the CRD's rule)."""
     if record is None:
-        return NodeSelector()
+        return EVERYTHING
     labels = record.optional_record("matchLabels")
-    match_labels: list[tuple[str, str]] = []
+    found: list[Requirement] = []
     if labels is not None:
         _check_count(labels.where, len(labels.raw))
         for key in sorted(labels.raw):
             check_label_key(key, where=labels.where)
-            match_labels.append((key, check_label_value(labels.string(key), labels.path(key))))
+            value = check_label_value(labels.string(key), labels.path(key))
+            found.append(requirement(key, Operator.IN, (value,), where=labels.path(key)))
         labels.done()
     _check_count(record.path("matchExpressions"), len(record.items("matchExpressions")))
-    expressions = record.each("matchExpressions", _parse_requirement)
+    found += record.each("matchExpressions", _parse_requirement)
     record.done()
-    return NodeSelector(tuple(match_labels), tuple(expressions))
+    return selector_of(found)
 
 
-def _parse_requirement(expression: Record) -> LabelRequirement:
+def _parse_requirement(expression: Record) -> Requirement:
     operator = expression.string("operator")
-    if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+    if operator not in SELECTOR_OPERATORS:
         raise InvalidInput(
             expression.path("operator"),
             f"{shown(operator)} is not In, NotIn, Exists or DoesNotExist",
@@ -220,31 +192,7 @@ def _parse_requirement(expression: Record) -> LabelRequirement:
     if operator in ("Exists", "DoesNotExist") and values:
         raise InvalidInput(where, f"{operator} takes no values")
     key = check_label_key(expression.string("key"), where=expression.path("key"))
-    return LabelRequirement(key, operator, tuple(values))
-
-
-def check_label_key(key: str, *, where: str) -> str:
-    """`key` when it is a Kubernetes label key ([prefix/]name), else InvalidInput naming it."""
-    prefix, slash, name = key.rpartition("/")
-    problem = ""
-    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
-        problem = "its name must be 1-63 letters, digits, '-', '_' or '.', starting and ending alphanumeric"
-    elif slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
-        problem = "its prefix must be a DNS subdomain of at most 253 characters (e.g. example.com)"
-    if problem:
-        raise InvalidInput(where, f"{shown(key)} is not a label key: {problem}")
-    return key
-
-
-def check_label_value(value: str, where: str) -> str:
-    """`value` when it is a Kubernetes label value (empty, or a name of up to 63 characters)."""
-    if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
-        raise InvalidInput(
-            where,
-            f"{shown(value)} is not a label value: at most 63 letters, digits, '-', '_' or '.', "
-            "starting and ending alphanumeric",
-        )
-    return value
+    return requirement(key, Operator(operator), values, where=expression.where)
 
 
 def _check_count(where: str, count: int) -> None:

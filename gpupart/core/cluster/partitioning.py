@@ -44,7 +44,8 @@ class LabeledNode:
     @property
     def gpu_count(self) -> int | None:
         text = self.labels.get(COUNT_LABEL, "")
-        return int(text) if text.isdigit() else None
+        # ASCII digits only (str.isdigit also takes other scripts' digits), and few of them.
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 @dataclass(frozen=True, slots=True)

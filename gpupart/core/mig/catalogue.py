@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 
-from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile
+from gpupart.core.errors import InvalidInput, UnknownProduct, UnknownProfile, shown
 
-PROFILE_PATTERN = re.compile(r"^(?:([1-7])c\.)?([1-7])g\.(\d+)gb(\+me(?:\.all)?|-me|\+gfx)?$")
+PROFILE_PATTERN = re.compile(r"(?:([1-7])c\.)?([1-7])g\.([0-9]+)gb(\+me(?:\.all)?|-me|\+gfx)?")
+"""A profile name NVIDIA's parser (go-nvlib) reads the same way: matched whole (`fullmatch`, so
+no trailing newline), ASCII digits only."""
+_MAX_GB_DIGITS = 18
+"""More digits than any GPU's gigabytes; an int for go-nvlib's `strconv.Atoi` too."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -125,16 +129,28 @@ class GpuModel:
 
 
 def parse_profile_name(name: str, *, where: str = "") -> tuple[int, int, int, str]:
-    """Split ``[Cc.]Gg.Mgb[suffix]`` into (compute, gpu slices, GB, suffix); reject the rest."""
-    match = PROFILE_PATTERN.match(name)
-    if match is None:
+    """Split ``[Cc.]Gg.Mgb[suffix]`` into (compute, gpu slices, GB, suffix); reject the rest.
+
+    Every name read here means the same profile to go-nvlib's parser (tests/core/
+    test_reference_kubernetes.py asks it); any text, however long, is read or InvalidInput.
+    """
+    if not isinstance(name, str):
+        raise InvalidInput(where, f"must be a MIG profile name, got {shown(repr(name))}")
+    match = PROFILE_PATTERN.fullmatch(name)
+    gigabytes = match.group(3).lstrip("0") if match else ""
+    if match is None or len(gigabytes) > _MAX_GB_DIGITS:
         raise InvalidInput(
             where,
-            f"{name!r} is not a MIG profile name (expected e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)",
+            f"{shown(name)} is not a MIG profile name (expected e.g. 1g.10gb, 3g.40gb, 1g.10gb+me)",
         )
-    compute, slices, gigabytes, suffix = match.groups()
+    compute, slices, _, suffix = match.groups()
     gpu_slices = int(slices)
-    return (int(compute) if compute else gpu_slices, gpu_slices, int(gigabytes), suffix or "")
+    return (
+        int(compute) if compute else gpu_slices,
+        gpu_slices,
+        int(gigabytes or "0"),
+        suffix or "",
+    )
 
 
 def gpu_model(

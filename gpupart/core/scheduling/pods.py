@@ -1,7 +1,7 @@
 """Kubernetes pods read for scheduling: a pending pod's Demand, a bound pod's Tenant, CPU requests, anti-affinity terms.
 
 Parsing at the edge: every reader raises InvalidInput naming the field, so one bad pod affects
-only itself.
+only itself. Every match (node affinity, label selectors, namespaces) is `gpupart.core.api.selectors`'.
 """
 
 from __future__ import annotations
@@ -13,28 +13,30 @@ from fractions import Fraction
 from typing import Any
 
 from gpupart.core.api.resources import GpuRequest, parse_pod_request, parse_quantity
-from gpupart.core.api.spec import LabelRequirement, NodeSelector
+from gpupart.core.api.selectors import (
+    AffinityTerm,
+    NamespaceLabels,
+    NodeConstraint,
+    object_list,
+    optional_object,
+    parse_node_constraint,
+    parse_pod_affinity_term,
+    string_map,
+)
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.admission import shared_containers
 from gpupart.core.scheduling.views import Tenant
 
-_MAX_TERMS = 64
-"""Terms and expressions per term a node affinity may have here (Kubernetes allows fewer in practice)."""
-
 
 @dataclass(frozen=True, slots=True)
 class AntiAffinityTerm:
-    """One podAntiAffinity term of the pod, applied at GPU level."""
+    """One podAntiAffinity term of the pod, its namespaces resolved, applied at GPU level."""
 
-    selector: NodeSelector
-    namespaces: tuple[str, ...]
-    """Namespaces whose pods the term looks at; ("*",) for all."""
+    term: AffinityTerm
     required: bool
 
     def matches(self, tenant: Tenant) -> bool:
-        if "*" not in self.namespaces and tenant.namespace not in self.namespaces:
-            return False
-        return self.selector.matches(dict(tenant.labels))
+        return self.term.matches(tenant.namespace, dict(tenant.labels))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +59,15 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def parse_demand(pod: Mapping[str, Any], *, group_label: str) -> Demand:
-    """A Demand from a Pod object; InvalidInput says which field is wrong."""
+def parse_demand(
+    pod: Mapping[str, Any], *, group_label: str, namespace_labels: NamespaceLabels | None = None
+) -> Demand:
+    """A Demand from a Pod object; InvalidInput says which field is wrong.
+
+    `namespace_labels` (name -> labels of every Namespace known) resolves the anti-affinity
+    terms' namespaceSelectors as kube-scheduler does; a namespace missing from it is never
+    selected by its labels (None: no namespace is known).
+    """
     if not isinstance(pod, Mapping):
         raise InvalidInput("Pod", "must be a Pod object")
     meta = pod.get("metadata") or {}
@@ -79,7 +88,7 @@ def parse_demand(pod: Mapping[str, Any], *, group_label: str) -> Demand:
         request=request,
         priority=priority,
         group=labels.get(group_label, "") if group_label else "",
-        terms=_anti_affinity_terms(spec.get("affinity"), namespace),
+        terms=_anti_affinity_terms(spec.get("affinity"), namespace, namespace_labels),
         cpu_milli=pod_cpu_milli(pod, where="Pod"),
     )
 
@@ -162,13 +171,7 @@ def _cpu_quantity(text: object, where: str) -> Fraction:
 
 
 def _labels(raw: object, where: str) -> dict[str, str]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
-        raise InvalidInput(where, "must map strings to strings")
-    return dict(raw)
+    return string_map(raw, where)
 
 
 def tenant_of(pod: Mapping[str, Any], request: GpuRequest) -> Tenant:
@@ -188,123 +191,43 @@ def tenant_of(pod: Mapping[str, Any], request: GpuRequest) -> Tenant:
     )
 
 
-def _anti_affinity_terms(affinity: object, namespace: str) -> tuple[AntiAffinityTerm, ...]:
-    if not isinstance(affinity, Mapping):
-        return ()
-    anti = affinity.get("podAntiAffinity")
-    if not isinstance(anti, Mapping):
-        return ()
-    where = "Pod.spec.affinity.podAntiAffinity"
+def _anti_affinity_terms(
+    affinity: object, namespace: str, namespace_labels: NamespaceLabels | None
+) -> tuple[AntiAffinityTerm, ...]:
+    where = "Pod.spec.affinity"
+    anti = optional_object(
+        optional_object(affinity, where).get("podAntiAffinity"), f"{where}.podAntiAffinity"
+    )
+    where = f"{where}.podAntiAffinity"
     terms = []
-    required = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or []
-    preferred = anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-    if not isinstance(required, list) or not isinstance(preferred, list):
-        raise InvalidInput(where, "terms must be lists")
+    required = object_list(
+        anti.get("requiredDuringSchedulingIgnoredDuringExecution"),
+        f"{where}.requiredDuringSchedulingIgnoredDuringExecution",
+    )
+    preferred = object_list(
+        anti.get("preferredDuringSchedulingIgnoredDuringExecution"),
+        f"{where}.preferredDuringSchedulingIgnoredDuringExecution",
+    )
     for n, raw in enumerate(required):
-        terms.append(_term(raw, namespace, True, f"{where}.required[{n}]"))
+        at = f"{where}.requiredDuringSchedulingIgnoredDuringExecution[{n}]"
+        term = parse_pod_affinity_term(raw, namespace, at)
+        terms.append(AntiAffinityTerm(term.resolve(namespace_labels), True))
     for n, raw in enumerate(preferred):
+        at = f"{where}.preferredDuringSchedulingIgnoredDuringExecution[{n}].podAffinityTerm"
         inner = raw.get("podAffinityTerm") if isinstance(raw, Mapping) else None
-        terms.append(_term(inner, namespace, False, f"{where}.preferred[{n}].podAffinityTerm"))
+        term = parse_pod_affinity_term(inner, namespace, at)
+        terms.append(AntiAffinityTerm(term.resolve(namespace_labels), False))
     return tuple(terms)
 
 
-def _term(raw: object, namespace: str, required: bool, where: str) -> AntiAffinityTerm:
-    if not isinstance(raw, Mapping):
-        raise InvalidInput(where, "must be a PodAffinityTerm object")
-    selector = parse_label_selector(raw.get("labelSelector") or {}, f"{where}.labelSelector")
-    namespaces = raw.get("namespaces") or []
-    if not isinstance(namespaces, list):
-        raise InvalidInput(f"{where}.namespaces", "must be a list")
-    if raw.get("namespaceSelector") == {}:
-        namespaces = ["*"]  # an empty namespaceSelector selects every namespace
-    return AntiAffinityTerm(selector, tuple(str(n) for n in namespaces) or (namespace,), required)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeConstraint:
-    """The nodes a pod may run on by their labels: `spec.nodeSelector` and the required node
-    affinity (its terms ORed, each term's expressions ANDed); empty allows every node."""
-
-    selector: tuple[tuple[str, str], ...] = ()
-    terms: tuple[NodeSelector, ...] = ()
-
-    def allows(self, labels: Mapping[str, str]) -> bool:
-        if any(labels.get(key) != value for key, value in self.selector):
-            return False
-        return not self.terms or any(term.matches(labels) for term in self.terms)
-
-
-_NODE_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-
-
 def node_constraint(pod: Mapping[str, Any]) -> NodeConstraint:
-    """The pod's NodeConstraint; InvalidInput names the field. A term that also matches fields
-    (`matchFields`, e.g. a DaemonSet pod's node name) is read by its expressions only."""
+    """The nodes the pod may run on by their labels (and names, for matchFields), as
+    kube-scheduler's NodeAffinity filter reads `spec.nodeSelector` and the required node
+    affinity; InvalidInput names a field that is not even the right shape."""
     spec = pod.get("spec") or {}
     if not isinstance(spec, Mapping):
         raise InvalidInput("Pod.spec", "must be an object")
-    selector = _labels(spec.get("nodeSelector"), "Pod.spec.nodeSelector")
-    where = "Pod.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    affinity = spec.get("affinity") or {}
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    required = (
-        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-        if isinstance(node_affinity, Mapping)
-        else None
-    )
-    terms: list[NodeSelector] = []
-    if required is not None:
-        raw_terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
-        if not isinstance(raw_terms, list) or len(raw_terms) > _MAX_TERMS:
-            raise InvalidInput(
-                f"{where}.nodeSelectorTerms", f"must be a list of at most {_MAX_TERMS}"
-            )
-        for t, term in enumerate(raw_terms):
-            place = f"{where}.nodeSelectorTerms[{t}]"
-            if not isinstance(term, Mapping):
-                raise InvalidInput(place, "must be an object")
-            expressions = term.get("matchExpressions") or []
-            if not isinstance(expressions, list) or len(expressions) > _MAX_TERMS:
-                raise InvalidInput(
-                    f"{place}.matchExpressions", f"must be a list of at most {_MAX_TERMS}"
-                )
-            requirements = []
-            for e, expr in enumerate(expressions):
-                at = f"{place}.matchExpressions[{e}]"
-                operator = expr.get("operator") if isinstance(expr, Mapping) else None
-                if operator not in _NODE_OPERATORS:
-                    raise InvalidInput(f"{at}.operator", f"unknown operator {operator!r}")
-                values = expr.get("values") or []
-                if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                    raise InvalidInput(f"{at}.values", "must be a list of strings")
-                requirements.append(
-                    LabelRequirement(str(expr.get("key", "")), operator, tuple(values))
-                )
-            terms.append(NodeSelector((), tuple(requirements)))
-    return NodeConstraint(tuple(sorted(selector.items())), tuple(terms))
-
-
-def parse_label_selector(selector: object, where: str) -> NodeSelector:
-    """A metav1.LabelSelector (matchLabels, matchExpressions); InvalidInput names the field."""
-    if not isinstance(selector, Mapping):
-        raise InvalidInput(where, "must be an object")
-    match_labels = _labels(selector.get("matchLabels"), f"{where}.matchLabels")
-    raw_expressions = selector.get("matchExpressions") or []
-    if not isinstance(raw_expressions, list):
-        raise InvalidInput(f"{where}.matchExpressions", "must be a list")
-    expressions = []
-    for m, expr in enumerate(raw_expressions):
-        place = f"{where}.matchExpressions[{m}]"
-        if not isinstance(expr, Mapping):
-            raise InvalidInput(place, "must be an object")
-        operator = expr.get("operator")
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            raise InvalidInput(f"{place}.operator", f"unknown operator {operator!r}")
-        values = expr.get("values") or []
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise InvalidInput(f"{place}.values", "must be a list of strings")
-        expressions.append(LabelRequirement(str(expr.get("key", "")), operator, tuple(values)))
-    return NodeSelector(tuple(sorted(match_labels.items())), tuple(expressions))
+    return parse_node_constraint(spec, "Pod.spec")
 
 
 def matches(tenant: Tenant, demand: Demand, group_label: str, *, required_only: bool) -> bool:

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpupart.core.api.spec import NodeSelector
+from gpupart.core.api.selectors import LabelSelector, parse_label_selector
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.pods import Demand, must_avoid, parse_label_selector
+from gpupart.core.scheduling.pods import Demand, must_avoid
 from gpupart.core.scheduling.terms import ScoringConfig
 from gpupart.core.scheduling.views import GpuView, NodeView, Tenant
 
@@ -39,15 +39,17 @@ class Budget:
 
     namespace: str
     name: str
-    selector: NodeSelector | None
-    """None: a missing or empty selector, which matches no pod (as kube-scheduler treats it)."""
+    selector: LabelSelector
+    """`spec.selector`; an absent or empty one covers no pod (kube-scheduler's preemption)."""
     allowed: int
     """`status.disruptionsAllowed`."""
     disrupted: frozenset[str] = frozenset()
     """`status.disruptedPods`: names already counted by the API server, never counted again."""
 
     def covers(self, tenant: Tenant) -> bool:
-        if self.selector is None or tenant.namespace != self.namespace or not tenant.labels:
+        """kube-scheduler's `filterPodsWithPDBViolation`: a pod without labels, in another
+        namespace, already in `disruptedPods`, or under an empty selector is not covered."""
+        if not tenant.labels or tenant.namespace != self.namespace or self.selector.empty:
             return False
         if tenant.pod.partition("/")[2] in self.disrupted:
             return False
@@ -63,12 +65,9 @@ def parse_budget(obj: Mapping[str, Any]) -> Budget:
         raise InvalidInput("PodDisruptionBudget", "metadata and spec must be objects")
     if not isinstance(status, Mapping):
         raise InvalidInput("PodDisruptionBudget.status", "must be an object")
-    raw = spec.get("selector")
-    selector = None
-    if raw:
-        selector = parse_label_selector(raw, "PodDisruptionBudget.spec.selector")
-        if not selector.match_labels and not selector.match_expressions:
-            selector = None
+    # A selector Kubernetes cannot build raises here: the extender then counts the budget for
+    # no pod, as kube-scheduler does ("an invalid selector ... does not match the pod").
+    selector = parse_label_selector(spec.get("selector"), "PodDisruptionBudget.spec.selector")
     allowed = status.get("disruptionsAllowed") or 0
     if not isinstance(allowed, int) or isinstance(allowed, bool):
         raise InvalidInput(
