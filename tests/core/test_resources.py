@@ -85,7 +85,7 @@ def test_malformed_quantities_name_the_field(text):
         parse_quantity(text, where="limits.nvidia.com/gpu")
 
 
-@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -103,7 +103,7 @@ def test_beyond_the_bounds_is_refused_before_any_arithmetic(text, words):
     assert len(str(refused.value)) < 200, "the message never echoes the whole input"
 
 
-@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 def test_tiny_exponents_round_up_to_a_nano_without_computing_them():
     assert parse_quantity("1e-99999999", where="x") == NANO
     assert parse_quantity("-1e-99999999", where="x") == -NANO
@@ -169,7 +169,7 @@ def test_law_any_text_parses_or_is_refused_with_the_field(text):
         assert abs(value) <= MAX
 
 
-@pytest.mark.timeout(BOUND_S, method="thread")  # past its bound: hours in one C call
+@pytest.mark.timeout(BOUND_S)  # past its bound the parser computes for hours
 @given(st.integers(min_value=10, max_value=10**9))
 def test_law_huge_exponents_are_refused_by_the_bound(exponent):
     with pytest.raises(InvalidInput, match="more than a quantity can hold|exponent is beyond"):
