@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupart_testsupport.chart import IMAGE_FLAGS
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpupart"
 BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
@@ -74,7 +76,8 @@ def set_flags(values: Mapping[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def render(helm: Callable[..., subprocess.CompletedProcess[str]]) -> Render:
-    """`helm template` of the chart with the given values; the rendered objects, CRDs included."""
+    """`helm template` of the chart with the given values (after the test images); the rendered
+    objects, CRDs included."""
 
     def run(
         values: Mapping[str, Any] | None = None,
@@ -88,6 +91,7 @@ def render(helm: Callable[..., subprocess.CompletedProcess[str]]) -> Render:
             "--namespace",
             namespace,
             "--include-crds",
+            *IMAGE_FLAGS,
             *set_flags(values or {}),
             *extra,
         )

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+
+from gpupart_testsupport.chart import IMAGE_FLAGS
 
 from .conftest import CHART, Render
 
@@ -93,7 +96,7 @@ def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_helm_lint_passes_with_defaults_and_strict(helm: Callable[..., Any]) -> None:
-    result = helm("lint", "--strict", str(CHART))
+    result = helm("lint", "--strict", str(CHART), *IMAGE_FLAGS)
     assert "0 chart(s) failed" in result.stdout
 
 
@@ -624,17 +627,85 @@ def test_a_wrong_value_fails_with_a_message_naming_it(
 ) -> None:
     from .conftest import set_flags
 
-    result = helm("template", "gp", str(CHART), *set_flags(values), check=False)
+    result = helm("template", "gp", str(CHART), *IMAGE_FLAGS, *set_flags(values), check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "missing", "set_already"),
+    [
+        ((), ("image.repository", "scheduler.image.repository"), ()),
+        (
+            ("--set", "image.repository=r/gpupart"),
+            ("scheduler.image.repository",),
+            ("image.repository",),
+        ),
+        (("--set", "scheduler.image.repository=r/kube-scheduler"), ("image.repository",), ()),
+        (
+            ("--set", "scheduler.mode=existing", "--set", "extender.tls.secretName=tls"),
+            ("image.repository",),
+            ("scheduler.image.repository",),
+        ),
+    ],
+)
+def test_an_unset_image_fails_the_render_in_one_line_naming_every_value_to_set(
+    helm: Callable[..., Any],
+    flags: tuple[str, ...],
+    missing: tuple[str, ...],
+    set_already: tuple[str, ...],
+) -> None:
+    """No image default names a registry, so none would start: the chart refuses instead."""
+    for command in (
+        ("template", "gp", str(CHART)),
+        ("install", "gp", str(CHART), "--dry-run=client"),
+    ):
+        result = helm(*command, *flags, check=False)
+        assert result.returncode != 0
+        (error,) = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert "set the images first: " in error, result.stderr
+        named = set(re.findall(r"(?:: |; )([a-z.]+) \(", error))
+        assert named == set(missing), error
+        assert not named & set(set_already)
+        for value in missing:
+            assert f"--set {value}=<your-registry>/" in error, error
+        if "image.repository" in missing:
+            assert "Dockerfile" in error and "docs/install.md" in error, error
+
+
+def test_the_images_render_as_set(render: Render) -> None:
+    objects = render(
+        {
+            "image.repository": "r.example/team/gpupart",
+            "image.tag": "1.2.3",
+            "scheduler.image.repository": "m/kube-scheduler",
+            "scheduler.image.tag": "v1.36.3",
+        }
+    )
+    images = {
+        c["image"]
+        for o in objects
+        if o["kind"] in ("Deployment", "DaemonSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"r.example/team/gpupart:1.2.3", "m/kube-scheduler:v1.36.3"}
+
+
 def test_notes_tell_how_to_partition_and_request_a_slice(helm: Callable[..., Any]) -> None:
-    result = helm("install", "gp", str(CHART), "--dry-run=client", "--namespace", "gpupart-system")
+    result = helm(
+        "install",
+        "gp",
+        str(CHART),
+        *IMAGE_FLAGS,
+        "--dry-run=client",
+        "--namespace",
+        "gpupart-system",
+    )
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "kubectl apply -f examples/mig-a100.yaml" in notes
     assert "schedulerName: gpupart-scheduler" in notes
     assert "nvidia.com/mig-1g.10gb: 1" in notes
+    assert "images:    gpupart:0.1.0, kube-scheduler:v" in notes
 
 
 def test_one_example_partition_per_mode() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK, free_port
 from gpupart_testsupport.processes import Proc, spawn
@@ -193,7 +194,12 @@ class Stack:
         port = free_port()
         # The settings file the chart renders (host and port: the flags below win).
         rendered = self.cp.helm(
-            "template", "gpupart", str(CHART), "--show-only", "templates/extender.yaml"
+            "template",
+            "gpupart",
+            str(CHART),
+            *IMAGE_FLAGS,
+            "--show-only",
+            "templates/extender.yaml",
         ).stdout
         (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
         values = yaml.safe_load(config_map["data"]["settings.yaml"])
@@ -219,7 +225,12 @@ class Stack:
     def start_scheduler(self, extender_url: str) -> None:
         """kube-scheduler with the KubeSchedulerConfiguration the chart renders."""
         rendered = self.cp.helm(
-            "template", "gpupart", str(CHART), "--show-only", "templates/scheduler.yaml"
+            "template",
+            "gpupart",
+            str(CHART),
+            *IMAGE_FLAGS,
+            "--show-only",
+            "templates/scheduler.yaml",
         ).stdout
         (config_map,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
         config = yaml.safe_load(config_map["data"]["config.yaml"])

@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupart_extender.kube import ApiBinder
+from gpupart_testsupport.chart import IMAGE_FLAGS
 
 from .admission import (
     NODE_NAME_EXTRA,
@@ -58,7 +59,7 @@ def cp(k8s_control_plane: ControlPlane) -> Generator[ControlPlane, None, None]:
     api = cp.api_client()
     core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    cp.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace")
+    cp.helm("install", RELEASE, str(CHART), *IMAGE_FLAGS, "-n", NAMESPACE, "--create-namespace")
     probes = admin_probes(api, "default")
     try:
         for node in (NODE_A, NODE_B):

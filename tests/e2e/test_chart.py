@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupart_testsupport.chart import IMAGE_FLAGS
+
 from .admission import admin_probes, service_account, wait_lifted
 from .cluster import REPO, ControlPlane
 
@@ -43,7 +45,7 @@ def installed(k8s_control_plane: ControlPlane) -> Generator[list[dict[str, Any]]
     """The release installed with default values; its manifest's objects."""
     cp = k8s_control_plane
     cp.helm(
-        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "install", RELEASE, str(CHART), *IMAGE_FLAGS, "--namespace", NAMESPACE, "--create-namespace",
         "--timeout", "60s",
     )  # fmt: skip
     api = cp.api_client()
@@ -210,7 +212,7 @@ def existing(k8s_control_plane: ControlPlane) -> Generator[Release, None, None]:
     cp = k8s_control_plane
     name, namespace = "gpupart-existing", "gpupart-existing-e2e"
     cp.helm(
-        "install", name, str(CHART), "--namespace", namespace, "--create-namespace",
+        "install", name, str(CHART), *IMAGE_FLAGS, "--namespace", namespace, "--create-namespace",
         "--set", "scheduler.mode=existing", "--set", "extender.tls.secretName=gpupart-extender-tls",
         "--set", "admissionPolicies.enabled=false",
     )  # fmt: skip
@@ -282,7 +284,9 @@ def test_the_assignment_key_is_made_once_and_kept_across_upgrades(
 def test_uninstall_removes_everything_but_the_crds(k8s_control_plane: ControlPlane) -> None:
     cp = k8s_control_plane
     release = f"{RELEASE}-uninstall"
-    cp.helm("install", release, str(CHART), "--namespace", NAMESPACE, "--create-namespace")
+    cp.helm(
+        "install", release, str(CHART), *IMAGE_FLAGS, "--namespace", NAMESPACE, "--create-namespace"
+    )
     manifest = cp.helm("get", "manifest", release, "--namespace", NAMESPACE).stdout
     objects = [doc for doc in yaml.safe_load_all(manifest) if doc]
     assert len(objects) > 20

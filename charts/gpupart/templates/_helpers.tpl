@@ -33,11 +33,29 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
+{{- /* The images have no defaults: gpupart publishes no image, and a repository without a
+registry names none that exists. Every image helper checks both, so one failed render names
+every image value still to set, whichever template renders first. */}}
+{{- define "gpupart.checkImages" -}}
+{{- $missing := list -}}
+{{- if and (or .Values.operator.enabled .Values.node.enabled .Values.extender.enabled) (not .Values.image.repository) -}}
+{{- $missing = append $missing "image.repository (build the image from the repository's Dockerfile and push it where your nodes pull from, docs/install.md: --set image.repository=<your-registry>/gpupart)" -}}
+{{- end -}}
+{{- if and (eq .Values.scheduler.mode "dedicated") (not .Values.scheduler.image.repository) -}}
+{{- $missing = append $missing "scheduler.image.repository (scheduler.mode=dedicated runs the upstream kube-scheduler: the repository your control plane's comes from, on kubeadm shown by kubectl -n kube-system get pods -l component=kube-scheduler -o jsonpath='{..image}', or your mirror of it: --set scheduler.image.repository=<your-registry>/kube-scheduler)" -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "set the images first: %s" (join "; " $missing)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpupart.image" -}}
+{{- include "gpupart.checkImages" . -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{- define "gpupart.schedulerImage" -}}
+{{- include "gpupart.checkImages" . -}}
 {{- $tag := .Values.scheduler.image.tag -}}
 {{- if not $tag -}}
 {{- $v := regexReplaceAll "[-+].*$" (trimPrefix "v" .Capabilities.KubeVersion.Version) "" -}}
