@@ -36,7 +36,8 @@ typecheck-tree:
 	ln -sfn ../../plugin build/typecheck/gpupart_plugin
 	ln -sfn ../../extender build/typecheck/gpupart_extender
 
-## k8s-bins: build etcd, kube-apiserver, kube-scheduler, kwok (cached by version) and fetch kubectl, helm
+## k8s-bins: build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kwok and
+## the test programs (cached by version; ~35 min the first time on 2 cores), fetch kubectl, helm
 k8s-bins: $(STAMP)
 	scripts/build-k8s-bins.sh
 
@@ -44,8 +45,11 @@ k8s-bins: $(STAMP)
 test: lint k8s-bins
 	GPUPART_K8S_BIN="$$(scripts/build-k8s-bins.sh --print-dir)" $(BIN)/pytest
 
-## cluster: a local playground (control plane, two real-kubelet nodes with simulated GPUs, gpupart)
-cluster: k8s-bins
+## cluster: a local playground (control plane, two real-kubelet nodes with simulated GPUs, gpupart);
+## it checks that this machine can run it (root, mount namespaces) before building anything
+cluster: $(STAMP)
+	$(BIN)/python -P scripts/cluster.py check
+	scripts/build-k8s-bins.sh
 	$(BIN)/python -P scripts/cluster.py up
 
 cluster-down:

@@ -1,14 +1,16 @@
 """A local gpupart playground: a real control plane, two real-kubelet nodes with simulated GPUs, and gpupart.
 
+    python -P scripts/cluster.py check   # can this machine run it (root, mount namespaces)?
     python -P scripts/cluster.py up      # `make cluster`: starts everything in the background
     python -P scripts/cluster.py down    # `make cluster-down`: stops it and removes .cluster/
 
-The same harness as the e2e tests (tests/e2e): etcd, kube-apiserver, kube-scheduler, kwok
-(idle), the chart's `gpupart-scheduler` profile, `gpupart operator`, `gpupart extender`, and two
-nodes, each a real kubelet with the fake CRI runtime in its own mount namespace served by `gpupart
-node --simulate`: `gpu-a100` (one A100-SXM4-80GB in MIG mode, labelled like GPU Feature Discovery
-does) and `gpu-h100` (two H100-SXM5-80GB without MIG). Everything listens on loopback only and
-writes only under .cluster/ and /tmp; needs root (the kubelets' mount namespaces).
+The same harness as the e2e tests (tests/e2e/playground.py): etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok (idle), the chart's `gpupart-scheduler` profile,
+`gpupart operator`, `gpupart extender`, and two nodes, each a real kubelet with the fake CRI
+runtime in its own mount namespace served by `gpupart node --simulate`: `gpu-a100` (one
+A100-SXM4-80GB in MIG mode) and `gpu-h100` (two H100-SXM5-80GB without MIG), labelled as GPU
+Feature Discovery labels such nodes. Everything listens on loopback only and writes only under
+.cluster/ and /tmp; needs root (the kubelets' mount namespaces).
 """
 
 from __future__ import annotations
@@ -26,17 +28,51 @@ STATE = REPO / ".cluster"
 PID = STATE / "supervisor.pid"
 READY = STATE / "ready"
 LOG = STATE / "supervisor.log"
-NODES = {
-    "gpu-a100": ("A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB"),
-    "gpu-h100": ("2xH100-SXM5-80GB:mig-off", "NVIDIA-H100-80GB-HBM3"),
-}
+BIN = STATE / "bin"
+
+
+def check() -> int:
+    """Say in one line why this machine cannot run the playground; 0 when it can.
+
+    `make cluster` runs this before it builds anything: the build takes half an hour the
+    first time, and these are what would stop the playground at its end.
+    """
+    if os.geteuid() != 0:
+        print(
+            "cluster: needs root: each node's kubelet runs in its own mount namespace "
+            "(unshare --mount); run `sudo make cluster`",
+            file=sys.stderr,
+        )
+        return 1
+    if shutil.which("unshare") is None:
+        print(
+            "cluster: needs `unshare` (util-linux) on PATH for the kubelets' mount namespaces",
+            file=sys.stderr,
+        )
+        return 1
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        why = (
+            probe.stderr.strip().splitlines()[-1]
+            if probe.stderr.strip()
+            else f"exit {probe.returncode}"
+        )
+        print(
+            f"cluster: cannot make a mount namespace here ({why}); in a container that needs "
+            "CAP_SYS_ADMIN (e.g. a privileged container)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def supervise() -> int:
-    """Run the stack in the foreground until SIGTERM (the detached child of `up`)."""
+    """Run the playground in the foreground until SIGTERM (the detached child of `up`)."""
     sys.path.insert(0, str(REPO))
-    from tests.e2e.cluster import ControlPlane, bin_dir_from_env, missing_binaries
-    from tests.e2e.stack import Stack
+    from tests.e2e.cluster import bin_dir_from_env, missing_binaries
+    from tests.e2e.playground import Playground
 
     bin_dir = bin_dir_from_env()
     missing = missing_binaries(bin_dir)
@@ -44,38 +80,28 @@ def supervise() -> int:
         print(f"missing {', '.join(missing)} in {bin_dir}: run `make k8s-bins`", flush=True)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    cp = ControlPlane(bin_dir=bin_dir, workdir=STATE / "control-plane")
-    stack = None
+    playground = Playground(bin_dir, STATE, say=lambda line: print(line, flush=True))
     try:
-        print("starting etcd, kube-apiserver, kube-scheduler, kwok", flush=True)
-        cp.start(scheduler_config={})
-        cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
-        api = cp.api_client()
-        (STATE / "stack").mkdir(exist_ok=True)
-        stack = Stack(cp, api, STATE / "stack")
-        print("starting gpupart operator, extender and gpupart-scheduler", flush=True)
-        stack.start_operator()
-        stack.start_scheduler(stack.start_extender())
-        for name, (gpus, product) in NODES.items():
-            print(f"starting node {name}: kubelet, fake runtime, gpupart node ({gpus})", flush=True)
-            labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product}
-            stack.start_real_node(name, gpus, labels, auto_reset=True)
-        (STATE / "kubectl").unlink(missing_ok=True)
-        (STATE / "kubectl").symlink_to(bin_dir / "kubectl")
-        READY.write_text(str(cp.kubeconfig))
+        playground.start()
+        # The clients the README's commands run, on PATH without the rest of the cache.
+        BIN.mkdir(exist_ok=True)
+        for tool in ("kubectl", "helm"):
+            (BIN / tool).unlink(missing_ok=True)
+            (BIN / tool).symlink_to(bin_dir / tool)
+        READY.write_text(str(playground.control_plane.kubeconfig))
         print("ready", flush=True)
         while True:
             time.sleep(3600)
     finally:
-        if stack is not None:
-            stack.stop()
-        cp.stop()
+        playground.stop()
 
 
 def up() -> int:
     if PID.exists() and _alive(int(PID.read_text())):
         print(f"already running (pid {PID.read_text()}); `make cluster-down` stops it")
         return 0
+    if check() != 0:
+        return 1
     shutil.rmtree(STATE, ignore_errors=True)
     STATE.mkdir()
     with LOG.open("w") as log:
@@ -101,21 +127,16 @@ def up() -> int:
             down()
             return 1
         time.sleep(0.5)
-    kubectl = STATE / "kubectl"
     print(
         f"""
 The playground is up. In this shell:
 
     export KUBECONFIG={READY.read_text()}
-    alias kubectl={kubectl}
-    kubectl get nodes -L nvidia.com/gpu.product
-    kubectl apply -f charts/gpupart/examples/mig-a100.yaml   # MIG slices on gpu-a100
-    kubectl apply -f charts/gpupart/examples/mps-h100.yaml   # shared H100s on gpu-h100
-    kubectl get gpup
-    kubectl apply -f docs/examples/pod-mig.yaml -f docs/examples/pod-shared.yaml
-    kubectl get pods -o wide
+    export PATH={BIN}:$PATH    # its kubectl and helm
+    kubectl get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count
 
-Logs: {STATE}/stack (gpupart), {STATE}/control-plane/logs; `make cluster-down` stops it all."""
+then README.md's "A local playground" section. Logs: {STATE}/stack (gpupart),
+{STATE}/control-plane/logs; `make cluster-down` stops it all."""
     )
     return 0
 
@@ -148,7 +169,7 @@ def _alive(pid: int) -> bool:
 
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else ""
-    actions = {"up": up, "down": down, "supervise": supervise}
+    actions = {"check": check, "up": up, "down": down, "supervise": supervise}
     if command not in actions:
         print(__doc__)
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""A real control plane (etcd, kube-apiserver, kube-scheduler, kwok) as local processes, plus helpers."""
+"""A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) as processes, helpers."""
 
 from __future__ import annotations
 
@@ -31,10 +31,36 @@ from gpupart_testsupport.processes import Proc, spawn
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
 STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+CONTROL_PLANE_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+)
 NODE_BINARIES = ("kubelet", "fakeruntime")
 """The real-kubelet nodes' programs (tests/e2e/kubelet.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
+CONTROLLERS = (
+    # A namespace's `default` ServiceAccount (the ServiceAccount admission plugin refuses pods
+    # without it), the legacy token Secrets, and the CA bundle every pod's token volume mounts.
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    # What `helm install` of the chart needs to get pods: Deployment -> ReplicaSet -> Pod, the
+    # node agent's DaemonSet, and the operator's PodDisruptionBudget status.
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "disruption-controller",
+)
+"""The controllers kube-controller-manager runs here. Not the node lifecycle controller: kwok's
+nodes renew no leases, so it would taint them unreachable and evict their pods."""
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+"""Its identity, as on a kubeadm cluster: the bootstrap RBAC role of that name lets it read and
+mint each controller's own service-account token (--use-service-account-credentials)."""
 
 T = TypeVar("T")
 
@@ -223,11 +249,16 @@ def start_scheduler(
 
 @dataclass
 class ControlPlane:
-    """etcd, kube-apiserver, optionally kube-scheduler, and kwok, started in that order."""
+    """etcd, kube-apiserver, optionally kube-controller-manager and kube-scheduler, and kwok,
+    started in that order."""
 
     bin_dir: Path
     workdir: Path
+    controller_manager: bool = False
+    """Run kube-controller-manager (CONTROLLERS); then the ServiceAccount admission plugin is on
+    and pods get their service-account token volume, as on a real cluster."""
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    controller_manager_token: str = field(default_factory=lambda: secrets.token_hex(16))
     procs: list[Proc] = field(default_factory=list)
     api_port: int = 0
     _stopped: bool = False
@@ -322,6 +353,8 @@ class ControlPlane:
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
             self._write_kubeconfig()
+            if self.controller_manager:
+                self._start_controller_manager()
             if scheduler:
                 self._start_scheduler(scheduler_config or {})
             self._start_kwok()
@@ -398,7 +431,10 @@ class ControlPlane:
         pki = self.workdir / "pki"
         tokens = self.workdir / "tokens.csv"
         # system:masters bypasses RBAC; RBAC stays on so chart roles can be tested later.
-        tokens.write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        tokens.write_text(
+            f'{self.token},admin,admin-uid,"system:masters"\n'
+            f"{self.controller_manager_token},{CONTROLLER_MANAGER_USER},kcm-uid\n"
+        )
         tokens.chmod(0o600)
 
         def make() -> tuple[list[str], Callable[[], bool]]:
@@ -421,11 +457,13 @@ class ControlPlane:
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                # There is no kube-controller-manager. ServiceAccount: no default account
-                # exists, so every pod create would be refused. TaintNodesByCondition: it
-                # taints each new node not-ready, and only the node lifecycle controller
-                # would take that taint off again.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # TaintNodesByCondition taints each new node not-ready, and only the node
+                # lifecycle controller (never run here) would take that taint off again.
+                # ServiceAccount needs each namespace's `default` account, which only
+                # kube-controller-manager makes: off without it.
+                "--disable-admission-plugins="
+                + ("" if self.controller_manager else "ServiceAccount,")
+                + "TaintNodesByCondition",
                 "--allow-privileged=true",
                 # The smoke test bursts hundreds of writes; priority-and-fairness would queue them.
                 "--enable-priority-and-fairness=false",
@@ -443,8 +481,10 @@ class ControlPlane:
 
         self._start_retrying("kube-apiserver", make, timeout=90)
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path | None = None, user: str = "admin") -> None:
+        """A kubeconfig for `user` (admin, or the controller manager's own) at path."""
         ca = base64.b64encode(self.ca_file.read_bytes()).decode()
+        token = self.token if user == "admin" else self.controller_manager_token
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -454,12 +494,64 @@ class ControlPlane:
                     "cluster": {"server": self.api_url, "certificate-authority-data": ca},
                 }
             ],
-            "users": [{"name": "admin", "user": {"token": self.token}}],
-            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
             "current-context": "e2e",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(cfg))
-        self.kubeconfig.chmod(0o600)
+        path = path or self.kubeconfig
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+
+    def _start_controller_manager(self) -> None:
+        """kube-controller-manager as itself (not the admin), then the `default` namespace's
+        ServiceAccount and CA bundle, which every pod there needs."""
+        pki = self.workdir / "pki"
+        kubeconfig = self.workdir / "kube-controller-manager.kubeconfig"
+        self._write_kubeconfig(kubeconfig, user=CONTROLLER_MANAGER_USER)
+
+        def make() -> tuple[list[str], Callable[[], bool]]:
+            port = free_port()
+            args = [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                # Its serving certificate is self-signed into its own directory; no delegated
+                # authentication: only the health paths answer.
+                f"--cert-dir={self.workdir / 'kube-controller-manager'}",
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={self.ca_file}",
+                "--leader-elect=false",
+                # The client default (20 qps) makes a namespace's deletion crawl.
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--v=1",
+            ]
+            return args, lambda: http_ok(f"https://{LOOPBACK}:{port}/healthz")
+
+        self._start_retrying("kube-controller-manager", make, timeout=90)
+        self.wait_namespace_ready("default")
+
+    def wait_namespace_ready(self, namespace: str, timeout: float = 60) -> None:
+        """Until `namespace` has its `default` ServiceAccount and the CA bundle ConfigMap (made
+        by kube-controller-manager; a pod created before is refused or cannot start)."""
+        from kubernetes import client
+
+        api = self.api_client()
+        core = client.CoreV1Api(api)
+
+        def ready() -> bool:
+            names = {a.metadata.name for a in core.list_namespaced_service_account(namespace).items}
+            maps = {m.metadata.name for m in core.list_namespaced_config_map(namespace).items}
+            return "default" in names and "kube-root-ca.crt" in maps
+
+        try:
+            wait_for(ready, timeout, f"namespace {namespace}'s default ServiceAccount")
+        finally:
+            api.close()
 
     def _start_scheduler(self, user_config: Mapping[str, Any]) -> None:
         cfg: dict[str, Any] = {
