@@ -673,6 +673,44 @@ def test_an_unset_image_fails_the_render_in_one_line_naming_every_value_to_set(
             assert "Dockerfile" in error and "docs/install.md" in error, error
 
 
+def readme_helm_installs() -> list[list[str]]:
+    """Every `helm install ... charts/gpupart ...` command README.md shows, as argv."""
+    import shlex
+
+    from .conftest import REPO
+
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        line = line.strip().removeprefix("$ ")
+        if line.startswith("helm install ") and "charts/gpupart" in line:
+            commands.append(shlex.split(line, comments=True))
+    assert len(commands) >= 2, "README.md lost its helm install commands"
+    return commands
+
+
+@pytest.mark.parametrize("argv", readme_helm_installs(), ids=lambda a: " ".join(a[3:]))
+def test_each_helm_install_the_readme_shows_renders_the_images_it_sets(
+    helm: Callable[..., Any], argv: list[str]
+) -> None:
+    """As written (`<registry>` filled in), each renders, with exactly the images it names."""
+    args = [a.replace("<registry>", "registry.test") for a in argv[1:]]
+    args[args.index("charts/gpupart")] = str(CHART)
+    result = helm("template", *args[1:])
+    images = {
+        c["image"].rsplit(":", 1)[0]
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc["kind"] in ("Deployment", "DaemonSet")
+        for c in doc["spec"]["template"]["spec"]["containers"]
+    }
+    named = {
+        a.split("=", 1)[1]
+        for a in args
+        if a.startswith(("image.repository=", "scheduler.image.repository="))
+    }
+    assert images == named
+
+
 def test_the_images_render_as_set(render: Render) -> None:
     objects = render(
         {
