@@ -7,7 +7,9 @@
 //   - every container gets a real log file under the sandbox's log directory: with an empty
 //     LogPath the kubelet's log clean-up removes files matching * in its working directory;
 //   - a container whose environment sets FAKE_RUNTIME_EXIT_CODE exits with that code as soon as
-//     it starts, so init containers finish and pods move on to their app containers.
+//     it starts, so init containers finish and pods move on to their app containers;
+//   - each pod gets a loopback address of its own where its declared container ports answer
+//     (probes.go), so the kubelet's HTTP, HTTPS and TCP probes pass and pods become Ready.
 //
 // Every CreateContainer request is appended as one JSON line to --record (pod, container, env,
 // device nodes, mounts, CDI devices, annotations): what the kubelet handed to the runtime after
@@ -38,6 +40,7 @@ const exitEnv = "FAKE_RUNTIME_EXIT_CODE"
 type runtime struct {
 	*fake.RemoteRuntime
 	record *os.File
+	net    *network
 	mu     sync.Mutex
 	exits  map[string]int32 // container id -> the exit code its FAKE_RUNTIME_EXIT_CODE asks for
 }
@@ -152,7 +155,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), record: out, exits: map[string]int32{}}
+	pods, err := newNetwork()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), record: out, net: pods, exits: map[string]int32{}}
 	r.ImageService.SetFakeImageSize(4 << 20)
 	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{
 		Conditions: []*runtimeapi.RuntimeCondition{
