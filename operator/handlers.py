@@ -26,7 +26,7 @@ from gpupart.core.api.wire import (
     MIG_PLAN_ANNOTATION,
     STATE_ANNOTATION,
 )
-from gpupart.core.cluster.partitioning import released
+from gpupart.core.cluster.partitioning import Release
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.dynamic import DemandPlanner, requests_mig
 from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
@@ -299,11 +299,13 @@ def build_registry(
         meta: Mapping[str, Any],
         **_: Any,
     ) -> None:
-        # The pass sees the deletionTimestamp and removes this partition's desired groups.
+        # The pass sees the deletionTimestamp and removes this partition's desired groups
+        # (with restoreOnDelete, it keeps its nodes' annotations: their GPUs go whole).
         result = await loop().settle()
-        holding = set(released(name, [node.view for node in result.nodes]))
-        reachable = sorted(n.name for n in result.nodes if n.name in holding and n.reachable)
-        unreachable = sorted(n.name for n in result.nodes if n.name in holding and not n.reachable)
+        waiting = result.resolution.releases.get(name, Release())
+        listed = {node.name: node for node in result.nodes}
+        holding = [*waiting.unanswered, *waiting.restoring]
+        unreachable = sorted({n for n in holding if n in listed and not listed[n].reachable})
         if unreachable:
             # Said in an Event (users look there) and logged once, not posted again by kopf.
             nodes = ", ".join(unreachable)
@@ -315,16 +317,36 @@ def build_registry(
                 name,
                 str(meta.get("uid", "")),
                 "NodesUnreachable",
-                f"Not waiting for unreachable node(s) {nodes}: "
-                "their agents will drop the partition when they come back",
+                f"Not waiting for unreachable node(s) {nodes}: their agents will drop the "
+                "partition when they come back"
+                + (
+                    ", leaving their GPUs as they are then (not restored to whole GPUs)"
+                    if waiting.restoring or _restores(result, name)
+                    else ""
+                ),
             )
+        restoring = [n for n in waiting.restoring if n in listed and listed[n].reachable]
+        if restoring:
+            # The agents answer: their GPUs are in use, waiting for a reset, or failed. Pods
+            # decide how long that takes, so no timeout; the status names them.
+            raise kopf.TemporaryError(
+                f"waiting for whole GPUs on {', '.join(restoring)} (restoreOnDelete): "
+                f"{_why(result, name, restoring)}",
+                delay=settings.release_retry_seconds,
+            )
+        reachable = sorted(n for n in waiting.unanswered if n in listed and listed[n].reachable)
         if not reachable:
             return
         waited = _seconds_since(meta.get("deletionTimestamp"))
         if waited < settings.release_timeout_seconds:
+            goal = (
+                "to return their GPUs to whole GPUs"
+                if _restores(result, name)
+                else "to return to the partition-free configuration"
+            )
             raise kopf.TemporaryError(
-                f"waiting for {', '.join(reachable)} to return to the partition-free "
-                f"configuration ({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
+                f"waiting for {', '.join(reachable)} {goal} "
+                f"({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
                 delay=settings.release_retry_seconds,
             )
         # A Ready node whose agent is gone would hold the deletion forever.
@@ -381,6 +403,21 @@ def build_registry(
                 rounds.wake()
 
     return registry
+
+
+def _restores(result: PassResult, name: str) -> bool:
+    """Whether the deleting partition `name` asks for whole GPUs back (restoreOnDelete)."""
+    return any(
+        p.name == name and p.partition is not None and p.partition.spec.restore_on_delete
+        for p in result.partitions
+    )
+
+
+def _why(result: PassResult, name: str, nodes: list[str]) -> str:
+    """Each of `nodes`' restore state, from the partition's status in this pass."""
+    status = result.resolution.statuses.get(name)
+    states = dict(status.nodes) if status is not None else {}
+    return "; ".join(f"{n}: {states[n].message}" for n in nodes if n in states)[:1000]
 
 
 def _seconds_since(timestamp: object) -> float:

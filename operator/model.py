@@ -14,10 +14,12 @@ from gpupart.core.api.events import object_event
 from gpupart.core.api.spec import API_VERSION, KIND, parse_partition
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
     DesiredGroup,
     GpuState,
     NodeReport,
+    decode_inventory,
     decode_report,
     encode_desired,
 )
@@ -49,7 +51,13 @@ MAX_MESSAGE = 2000
 """Characters of one refusal kept in a condition message (the CRD allows 32768)."""
 
 _WARNING_STATES = {("Degraded", "True"), ("Conflict", "True")}
-_WARNING_READY_REASONS = {"InvalidSpec", "InvalidForNode", "NoMatchingNodes"}
+_WARNING_READY_REASONS = {
+    "InvalidSpec",
+    "InvalidForNode",
+    "NoMatchingNodes",
+    "Conflict",
+    "GpusUnknown",
+}
 # A condition first seen in one of these states is not news; no Event for it.
 _QUIET_STATES = {("Progressing", "False"), ("Degraded", "False"), ("Conflict", "False")}
 
@@ -77,6 +85,8 @@ class NodeObject:
     reachable: bool
     report_error: str = ""
     """Why gpupart.io/state was ignored (malformed or unknown version), or ''."""
+    inventory_error: str = ""
+    """Why gpupart.io/inventory was ignored, or ''."""
 
     @property
     def name(self) -> str:
@@ -126,12 +136,22 @@ def read_node(raw: Mapping[str, Any]) -> NodeObject:
             report = decode_report(state_text)
         except GpupartError as error:
             report_error = str(error)
+    # The agent's inventory says which GPUs the node has (only that agent may write it).
+    inventory_gpus: tuple[int, ...] | None = None
+    inventory_error = ""
+    inventory_text = annotations.get(INVENTORY_ANNOTATION)
+    if inventory_text is not None:
+        try:
+            inventory_gpus = tuple(g.index for g in decode_inventory(inventory_text).gpus)
+        except GpupartError as error:
+            inventory_error = str(error)
     desired = annotations.get(DESIRED_ANNOTATION)
     return NodeObject(
-        view=LabeledNode(str(meta.get("name", "")), labels, report),
+        view=LabeledNode(str(meta.get("name", "")), labels, report, inventory_gpus),
         desired=None if desired is None else str(desired),
         reachable=node_ready(raw),
         report_error=report_error,
+        inventory_error=inventory_error,
     )
 
 
@@ -146,11 +166,13 @@ def node_ready(raw: Mapping[str, Any]) -> bool:
 def desired_patches(
     desired: Mapping[str, tuple[DesiredGroup, ...]], nodes: Sequence[NodeObject]
 ) -> dict[str, dict[str, Any]]:
-    """Merge patches for the nodes whose gpupart.io/desired differs: set, change, or remove (null)."""
+    """Merge patches for the nodes whose gpupart.io/desired differs: set, change, or remove (null).
+
+    A node in `desired` with no group gets the annotation without groups (whole GPUs)."""
     patches: dict[str, dict[str, Any]] = {}
     for node in nodes:
         groups = desired.get(node.name)
-        text = encode_desired(groups) if groups else None
+        text = None if groups is None else encode_desired(groups)
         if text != node.desired:
             patches[node.name] = {"metadata": {"annotations": {DESIRED_ANNOTATION: text}}}
     return patches
