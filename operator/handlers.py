@@ -340,12 +340,12 @@ def build_registry(
         waited = _seconds_since(meta.get("deletionTimestamp"))
         if waited < settings.release_timeout_seconds:
             goal = (
-                "to return their GPUs to whole GPUs"
+                "'s node agent to act on the deletion (restoreOnDelete: whole GPUs)"
                 if _restores(result, name)
-                else "to return to the partition-free configuration"
+                else " to return to the partition-free configuration"
             )
             raise kopf.TemporaryError(
-                f"waiting for {', '.join(reachable)} {goal} "
+                f"waiting for {', '.join(reachable)}{goal} "
                 f"({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
                 delay=settings.release_retry_seconds,
             )

@@ -235,8 +235,9 @@ def _problem_on(spec: PartitionSpec, node: LabeledNode) -> str:
         )
         return f"{node.name} has no GPU ({source}); leave it out of spec.nodeSelector"
     if spec.gpus is not None and indices is not None and any(i not in indices for i in spec.gpus):
+        have = f"{len(indices)} GPU{'' if len(indices) == 1 else 's'}"
         return (
-            f"{node.name} has {len(indices)} GPUs ({_indices_text(indices)}); spec.gpus asks "
+            f"{node.name} has {have} ({_indices_text(indices)}); spec.gpus asks "
             f"for {_indices_text(spec.gpus)}"
         )
     if spec.config.mode not in (Mode.MIG, Mode.MPS):
