@@ -64,6 +64,8 @@ class ReconcileLoop:
         self._completed = 0
         self._result: PassResult | None = None
         self._error: BaseException | None = None
+        self.passes = 0
+        """Passes completed so far (failed ones included)."""
         self.last_success: float | None = None
         """time.monotonic() of the last pass that succeeded."""
 
@@ -81,6 +83,17 @@ class ReconcileLoop:
                 f"reconcile pass failed: {self._error}", delay=self._retry_seconds
             )
         return self._result
+
+    async def next_pass(self, seen: int, timeout: float) -> PassResult | None:
+        """The result of the first pass to end after the `seen`-th, within `timeout` seconds;
+        asks for none (node events and the drift timer bring them). None: none ended, or it
+        failed."""
+        async with self._done:
+            try:
+                await asyncio.wait_for(self._done.wait_for(lambda: self.passes > seen), timeout)
+            except TimeoutError:
+                return None
+            return self._result if self._error is None else None
 
     async def run(self) -> None:
         while True:
@@ -104,6 +117,7 @@ class ReconcileLoop:
                 asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
             async with self._done:
                 self._completed = serving
+                self.passes += 1
                 self._result, self._error = result, error
                 self._done.notify_all()
 
@@ -302,6 +316,7 @@ def build_registry(
         # The pass sees the deletionTimestamp and removes this partition's desired groups
         # (with restoreOnDelete, it keeps its nodes' annotations: their GPUs go whole).
         result = await loop().settle()
+        seen = loop().passes
         waiting = result.resolution.releases.get(name, Release())
         listed = {node.name: node for node in result.nodes}
         holding = [*waiting.unanswered, *waiting.restoring]
@@ -325,15 +340,28 @@ def build_registry(
                     else ""
                 ),
             )
-        restoring = [n for n in waiting.restoring if n in listed and listed[n].reachable]
+        restoring = _restoring(result, name)
         if restoring:
             # The agents answer: their GPUs are in use, waiting for a reset, or failed. Pods
-            # decide how long that takes, so no timeout; the status names them.
-            raise kopf.TemporaryError(
-                f"waiting for whole GPUs on {', '.join(restoring)} (restoreOnDelete): "
-                f"{_why(result, name, restoring)}",
-                delay=settings.release_retry_seconds,
-            )
+            # decide how long that takes, so no timeout. Each pass (a node's report changing
+            # wakes one) is checked here, so the deletion ends with the last pass that finds
+            # the GPUs whole; back to kopf (its retry, logged and posted as an Event) only
+            # every --resync-seconds meanwhile.
+            until = time.monotonic() + settings.resync_seconds
+            while restoring and (left := until - time.monotonic()) > 0:
+                later = await loop().next_pass(seen, left)
+                if later is None:
+                    break
+                seen, result = loop().passes, later
+                restoring = _restoring(result, name)
+            if restoring:
+                raise kopf.TemporaryError(
+                    f"waiting for whole GPUs on {', '.join(restoring)} (restoreOnDelete): "
+                    f"{_why(result, name, restoring)}",
+                    delay=settings.release_retry_seconds,
+                )
+            waiting = result.resolution.releases.get(name, Release())
+            listed = {node.name: node for node in result.nodes}
         reachable = sorted(n for n in waiting.unanswered if n in listed and listed[n].reachable)
         if not reachable:
             return
@@ -403,6 +431,13 @@ def build_registry(
                 rounds.wake()
 
     return registry
+
+
+def _restoring(result: PassResult, name: str) -> list[str]:
+    """Reachable nodes whose agent answered the deletion of `name` but whose GPUs are not whole."""
+    listed = {node.name: node for node in result.nodes}
+    release = result.resolution.releases.get(name, Release())
+    return [n for n in release.restoring if n in listed and listed[n].reachable]
 
 
 def _restores(result: PassResult, name: str) -> bool:

@@ -17,6 +17,7 @@ counted at the API server's own /metrics.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import re
 import ssl
@@ -637,16 +638,20 @@ def test_restore_on_delete_waits_for_whole_gpus_naming_the_pods_in_the_way(
     obj = wait_condition(op, name, "Degraded", "True", "Blocked")
     assert "(in use by team-a/train)" in obj["status"]["nodes"][held]["message"]
     assert "team-a/train" in condition(obj, "Ready")["message"]
-    # No timeout while the agent answers and pods decide: kopf retries past the release
-    # timeout (12 s, at 1 s a retry), each time naming the pod.
-    progress = wait_for(
-        lambda: (
-            (p := json.loads(get(op, name)["metadata"]["annotations"].get("gpupart.io/release", "{}")))
-            .get("retries", 0) > op.settings.release_timeout_seconds + 2 and p
-        ),
-        60,
-        "kopf to retry the waiting delete handler past the release timeout",
-    )  # fmt: skip
+    # No timeout while the agent answers and pods decide: kopf is told to retry (and retries)
+    # past the release timeout (12 s), each time naming the pod.
+    deleted = dt.datetime.fromisoformat(get(op, name)["metadata"]["deletionTimestamp"])
+
+    def past_the_timeout() -> dict[str, Any] | None:
+        annotations = get(op, name)["metadata"].get("annotations", {})
+        progress = json.loads(annotations.get("gpupart.io/release", "{}"))
+        delayed = progress.get("delayed")
+        if not delayed or "team-a/train" not in progress.get("message", ""):
+            return None
+        after = (dt.datetime.fromisoformat(delayed) - deleted).total_seconds()
+        return progress if after > op.settings.release_timeout_seconds + 1 else None
+
+    progress = wait_for(past_the_timeout, 60, "a retry past the release timeout naming the pod")
     assert "team-a/train" in progress["message"] and "restoreOnDelete" in progress["message"]
     assert not gone(op, name)
     degraded = wait_for(

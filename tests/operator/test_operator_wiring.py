@@ -3,7 +3,8 @@
 Aspects: kopf's progress, diff-base and touch annotations go under gpupart.io/ in metadata and
 never into .status (the leak test); the finalizer name; node events wake the loop only for what
 the operator reads; bursts of wakes coalesce into one pass; a failed pass answers deletion with
-a TemporaryError and is retried; flags become frozen settings; the registry is never kopf's
+a TemporaryError and is retried; a deletion waiting for whole GPUs sees the next pass without
+asking for one, and a failed or absent one as None; flags become frozen settings; the registry is never kopf's
 global one.
 """
 
@@ -146,6 +147,28 @@ def test_a_failed_pass_is_a_temporary_error_for_deletion_and_is_retried():
 
     passes, last_success = asyncio.run(scenario())
     assert passes >= 2 and last_success is not None
+
+
+def test_next_pass_waits_for_a_pass_it_does_not_ask_for():
+    async def scenario():
+        reconciler = CountingReconciler()
+        loop = ReconcileLoop(reconciler, debounce=0.01, retry_seconds=0.05)
+        task = asyncio.create_task(loop.run())
+        await loop.settle()
+        seen = loop.passes
+        nothing = await loop.next_pass(seen, 0.2)  # nobody wakes the loop: no pass comes
+        waiting = asyncio.create_task(loop.next_pass(seen, 5))
+        loop.wake()  # a node event, say
+        later = await waiting
+        reconciler.fail = True
+        loop.wake()
+        failed = await loop.next_pass(loop.passes, 5)
+        task.cancel()
+        return nothing, later, failed, reconciler.passes
+
+    nothing, later, failed, passes = asyncio.run(scenario())
+    assert nothing is None and later is not None and failed is None
+    assert passes == 3  # next_pass itself asked for none
 
 
 def parse(*argv: str) -> OperatorSettings:
