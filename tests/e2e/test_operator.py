@@ -515,7 +515,8 @@ def test_a_label_change_moves_a_node_between_partitions(
     cp.kubectl("label", "node", mover, f"e2e-pool={RUN}-y", "--overwrite")
     wait_desired(op, mover, [(py, 1)])
     wait_condition(op, px, "Ready", "False", "NoMatchingNodes")
-    assert mover in get(op, py)["status"]["nodes"]
+    # One pass writes px's status, then py's: wait for the second too.
+    wait_for(lambda: mover in get(op, py)["status"]["nodes"], TIMEOUT, f"{mover} in {py}'s status")
     # A hand edit of the annotation is put back.
     op.reconciler.core.patch_node(
         mover,
