@@ -304,7 +304,10 @@ def build_registry(
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="gone")
     async def gone(event: Mapping[str, Any], **_: Any) -> None:
-        if event.get("type") == "DELETED":
+        meta = (event.get("object") or {}).get("metadata") or {}
+        # kopf runs no update handler on an object being deleted: a change to it (its
+        # restoreOnDelete turned off while the deletion waits) still needs a pass.
+        if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
             loop().wake()
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="release")

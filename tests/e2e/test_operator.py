@@ -9,7 +9,7 @@ when it has no count label, and a dynamic partition on a node with neither says 
 a Warning Event); a label change moves a node between partitions; a hand-edited annotation is
 put back; delete -> annotations removed, finalizer held until the agent lets go, not held by an
 unreachable node; restoreOnDelete -> held while pods keep a GPU from going whole, named, past
-the release timeout, then released once the agent reports whole GPUs;
+the release timeout, and released at once when the admin turns restoreOnDelete off;
 Events for transitions; nothing of kopf in status; a steady-state resync writes nothing,
 counted at the API server's own /metrics.
 """
@@ -662,7 +662,11 @@ def test_restore_on_delete_waits_for_whole_gpus_naming_the_pods_in_the_way(
     )
     assert degraded[0]["type"] == "Warning" and "team-a/train" in degraded[0]["message"]
 
-    report(op, held, [], (GpuReport(0, GpuState.APPLIED, Mode.NONE),))  # whole again
+    # The admin stops waiting: restoreOnDelete turned off on the deleting object ends it now,
+    # leaving the GPU as it is (the whole path, with a real agent: test_restore_on_delete.py).
+    cp.kubectl(
+        "patch", "gpup", name, "--type=merge", "-p", '{"spec":{"restoreOnDelete":false}}'
+    )  # fmt: skip
     wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted")
     wait_for(lambda: annotation(op, held) is None, TIMEOUT, "the annotation removed")
 
