@@ -29,7 +29,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.cluster.partitioning import Release
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.dynamic import DemandPlanner, requests_mig
-from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
+from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, listed_gpus, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler
 from gpupart_operator.settings import OperatorSettings
 
@@ -213,7 +213,9 @@ def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
 
 
 def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing."""
+    """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing.
+
+    Of the agent's inventory only which GPUs it lists (its `used` flags change with every pod)."""
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     return (
@@ -221,6 +223,7 @@ def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
         annotations.get(STATE_ANNOTATION),
         annotations.get(DESIRED_ANNOTATION),
         node_ready(body),
+        listed_gpus(annotations)[0],
     )
 
 

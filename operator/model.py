@@ -136,15 +136,7 @@ def read_node(raw: Mapping[str, Any]) -> NodeObject:
             report = decode_report(state_text)
         except GpupartError as error:
             report_error = str(error)
-    # The agent's inventory says which GPUs the node has (only that agent may write it).
-    inventory_gpus: tuple[int, ...] | None = None
-    inventory_error = ""
-    inventory_text = annotations.get(INVENTORY_ANNOTATION)
-    if inventory_text is not None:
-        try:
-            inventory_gpus = tuple(g.index for g in decode_inventory(inventory_text).gpus)
-        except GpupartError as error:
-            inventory_error = str(error)
+    inventory_gpus, inventory_error = listed_gpus(annotations)
     desired = annotations.get(DESIRED_ANNOTATION)
     return NodeObject(
         view=LabeledNode(str(meta.get("name", "")), labels, report, inventory_gpus),
@@ -153,6 +145,18 @@ def read_node(raw: Mapping[str, Any]) -> NodeObject:
         report_error=report_error,
         inventory_error=inventory_error,
     )
+
+
+def listed_gpus(annotations: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, str]:
+    """The GPU indices the node agent's inventory lists (only that agent may write it), and why
+    it cannot be read ('' when it can); None when there is none or it cannot be read."""
+    text = annotations.get(INVENTORY_ANNOTATION)
+    if text is None:
+        return None, ""
+    try:
+        return tuple(g.index for g in decode_inventory(str(text)).gpus), ""
+    except GpupartError as error:
+        return None, str(error)
 
 
 def node_ready(raw: Mapping[str, Any]) -> bool:

@@ -18,7 +18,16 @@ import threading
 import kopf
 import pytest
 
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
+    INVENTORY_ANNOTATION,
+    Inventory,
+    InventoryGpu,
+    MigDevice,
+    encode_inventory,
+)
 from gpupart.core.errors import InvalidInput
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_operator.handlers import ReconcileLoop, configure_kopf, node_fingerprint
 from gpupart_operator.reconciler import PassResult
 from gpupart_operator.settings import OperatorSettings, add_arguments, from_args
@@ -95,6 +104,22 @@ def test_node_fingerprint_ignores_heartbeats_and_sees_what_the_operator_reads():
     assert node_fingerprint(base) == node_fingerprint(
         node({"pool": "mig"}, {"unrelated": "changed"})
     )
+
+    # The inventory's GPUs count (a node's GPUs), its per-pod `used` flags do not.
+    def inventory(*gpus: tuple[int, bool]) -> dict[str, str]:
+        listed = tuple(
+            InventoryGpu(
+                i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG,
+                (MigDevice(f"MIG-{i}", MigInstance(Placement(0, 1), "1g.10gb"), used),),
+            )
+            for i, used in gpus
+        )  # fmt: skip
+        return {INVENTORY_ANNOTATION: encode_inventory(Inventory(listed))}
+
+    one = node_fingerprint(node({"pool": "mig"}, inventory((0, False))))
+    assert one == node_fingerprint(node({"pool": "mig"}, inventory((0, True))))
+    assert one != node_fingerprint(node({"pool": "mig"}, inventory((0, False), (1, False))))
+    assert one != node_fingerprint(base)
 
 
 class CountingReconciler:
