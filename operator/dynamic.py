@@ -50,6 +50,7 @@ from gpupart_operator.model import (
     GROUP,
     PLURAL,
     VERSION,
+    InventoryCache,
     merge_patch,
     read_node,
     read_partition,
@@ -254,6 +255,7 @@ class DemandPlanner:
         self.clock = clock
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-plan")
+        self._inventories = InventoryCache()
         self._idle_since: dict[tuple[str, int, MigInstance], float] = {}
         self._failed_at: dict[tuple[str, str], float] = {}
         """(node, plan id) -> when its failure was first seen: the retry waits from there."""
@@ -280,7 +282,8 @@ class DemandPlanner:
         now = self.clock()
         partitions = [read_partition(raw) for raw in self.reconciler.list_partitions()]
         raw_nodes = self.reconciler.list_all(self.core.list_node)
-        nodes = [read_node(raw) for raw in raw_nodes]
+        nodes = [read_node(raw, self._inventories) for raw in raw_nodes]
+        self._inventories.keep({n.name for n in nodes})
         by_name = {n.name: raw for n, raw in zip(nodes, raw_nodes, strict=True)}
         dynamic = dynamic_gpus(partitions, nodes)
         stale = [

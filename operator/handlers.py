@@ -29,7 +29,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.cluster.partitioning import Release
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.dynamic import DemandPlanner, requests_mig
-from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, listed_gpus, node_ready
+from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, InventoryCache, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler
 from gpupart_operator.settings import OperatorSettings
 
@@ -212,18 +212,21 @@ def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
     )
 
 
-def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
+def node_fingerprint(
+    body: Mapping[str, Any], inventories: InventoryCache | None = None
+) -> tuple[Any, ...]:
     """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing.
 
     Of the agent's inventory only which GPUs it lists (its `used` flags change with every pod)."""
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    name = str(meta.get("name", ""))
     return (
         tuple(sorted((meta.get("labels") or {}).items())),
         annotations.get(STATE_ANNOTATION),
         annotations.get(DESIRED_ANNOTATION),
         node_ready(body),
-        listed_gpus(annotations)[0],
+        (inventories or InventoryCache()).listed(name, annotations)[0],
     )
 
 
@@ -240,6 +243,7 @@ def build_registry(
     state: dict[str, Any] = {}
     seen_nodes: dict[str, tuple[Any, ...]] = {}
     seen_demand: dict[str, tuple[Any, ...]] = {}
+    inventories = InventoryCache()
 
     def demand() -> DemandLoop | None:
         current: DemandLoop | None = state.get("demand")
@@ -405,12 +409,13 @@ def build_registry(
         if event.get("type") == "DELETED":
             seen_nodes.pop(name, None)
             seen_demand.pop(name, None)
+            inventories.listed(name, {})  # forgets it
             loop().wake()
             if rounds is not None:
                 rounds.wake()
             return
         body = event.get("object") or {}
-        fingerprint = node_fingerprint(body)
+        fingerprint = node_fingerprint(body, inventories)
         if seen_nodes.get(name) != fingerprint:
             seen_nodes[name] = fingerprint
             loop().wake()

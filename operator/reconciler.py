@@ -36,6 +36,7 @@ from gpupart_operator.model import (
     GROUP,
     PLURAL,
     VERSION,
+    InventoryCache,
     NodeObject,
     PartitionObject,
     condition_events,
@@ -96,6 +97,7 @@ class Reconciler:
         """Every write this reconciler sent, for tests and the benchmark."""
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-write")
+        self._inventories = InventoryCache()
         self._said: dict[str, str] = {}
         """node -> the last problem with its GPU count logged, so each is logged once."""
 
@@ -119,7 +121,10 @@ class Reconciler:
 
     def _pass(self, started: float) -> PassResult:
         partitions = tuple(read_partition(raw) for raw in self.list_partitions())
-        nodes = tuple(read_node(raw) for raw in self.list_all(self.core.list_node))
+        nodes = tuple(
+            read_node(raw, self._inventories) for raw in self.list_all(self.core.list_node)
+        )
+        self._inventories.keep({n.name for n in nodes})
         for node in nodes:
             if node.report_error:
                 log.warning(

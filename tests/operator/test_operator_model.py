@@ -35,11 +35,13 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.cluster.partitioning import Condition, resolve
 from gpupart_operator.model import (
+    InventoryCache,
     condition_events,
     desired_patches,
     event_manifest,
     event_type,
     invalid_status,
+    listed_gpus,
     merge_patch,
     old_conditions,
     read_node,
@@ -158,6 +160,32 @@ def test_a_nodes_gpus_come_from_the_agents_inventory_and_a_bad_one_is_said():
     bad = read_node(node_raw("n1", annotations={INVENTORY_ANNOTATION: "{"}))
     assert bad.view.inventory_gpus is None and bad.view.gpu_indices == (0, 1)
     assert bad.inventory_error.startswith("gpupart.io/inventory"), bad.inventory_error
+
+
+def test_the_inventory_cache_answers_as_a_fresh_read_whatever_changes():
+    cache = InventoryCache()
+
+    def annotations(*indices: int) -> dict[str, str]:
+        gpus = tuple(
+            InventoryGpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG) for i in indices
+        )
+        return {INVENTORY_ANNOTATION: encode_inventory(Inventory(gpus))}
+
+    for seen in (
+        annotations(0),
+        annotations(0),
+        annotations(0, 1),
+        {INVENTORY_ANNOTATION: "{"},
+        {},
+    ):
+        assert cache.listed("n1", seen) == listed_gpus(seen)
+    assert cache.listed("n1", annotations(0, 1)) == ((0, 1), "")
+    cache.keep(set())
+    assert cache.listed("n1", annotations(3)) == ((3,), "")
+    raw = node_raw("n1", annotations=annotations(0, 1, 2))
+    assert (
+        read_node(raw, cache).view.inventory_gpus == read_node(raw).view.inventory_gpus == (0, 1, 2)
+    )
 
 
 def test_a_node_without_ready_true_is_unreachable():
