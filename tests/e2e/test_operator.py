@@ -270,6 +270,17 @@ def events_for(op: RunningOperator, name: str) -> list[dict[str, Any]]:
     return list(listed["items"])
 
 
+def retries(op: RunningOperator, name: str) -> int:
+    """How often kopf has retried the delete handler of `name` (0 once it is gone)."""
+    try:
+        annotations = get(op, name)["metadata"].get("annotations") or {}
+    except ApiException as error:
+        if error.status == 404:
+            return 0
+        raise
+    return int(json.loads(annotations.get("gpupart.io/release", "{}")).get("retries", 0))
+
+
 def gone(op: RunningOperator, name: str) -> bool:
     return not [p for p in _list_mine(op.reconciler) if p["metadata"]["name"] == name]
 
@@ -559,7 +570,8 @@ def test_delete_holds_the_finalizer_until_the_agent_lets_go(
     progress = json.loads(obj["metadata"]["annotations"]["gpupart.io/release"])
     assert "waiting for" in progress.get("message", "") and held in progress["message"]
     assert_no_kopf_in_status(obj)
-    time.sleep(2)  # two more retries: still held while the agent applies it
+    # Two more retries: still held while the agent applies it.
+    wait_for(lambda: retries(op, name) >= progress.get("retries", 0) + 2, TIMEOUT, "two retries")
     assert not gone(op, name)
 
     report(op, held, [])  # the agent has returned the GPUs to the default
@@ -579,7 +591,7 @@ def test_delete_completes_past_the_timeout_when_an_agent_never_lets_go(
     report(op, orphan, [(name, 1)])  # then its agent goes: the node stays Ready, nobody reports
     wait_condition(op, name, "Ready", "True")
     cp.kubectl("delete", "gpup", name, "--wait=false")
-    time.sleep(3)
+    wait_for(lambda: retries(op, name) >= 2, TIMEOUT, "two retries of the delete handler")
     assert not gone(op, name)  # still within the timeout: held for the agent
     wait_for(lambda: gone(op, name), TIMEOUT, f"{name} deleted once the timeout passed")
 
