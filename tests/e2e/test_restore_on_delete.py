@@ -4,7 +4,7 @@ Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configu
 kubelet with the fake CRI runtime; `gpupart operator`, `gpupart node --simulate` (one H100 in
 MIG mode whose mode changes take effect once idle) and `gpupart extender` as processes. The
 node has GFD's product label but no `nvidia.com/gpu.count`: its GPUs come from the node agent's
-`gpupart.io/inventory` (docs/operator.md, ADR 016).
+`gpupart.io/inventory` (docs/operator.md, ADR 018).
 """
 
 from __future__ import annotations

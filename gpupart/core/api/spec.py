@@ -108,7 +108,7 @@ class PartitionSpec:
     restore_on_delete: bool = False
     """`spec.restoreOnDelete`: deleting the partition returns its GPUs to whole GPUs (MIG
     instances destroyed once no pod uses them, MPS and time-slicing off) before the finalizer
-    goes; False leaves them as they are (docs/adr-016-restore-on-delete.md)."""
+    goes; False leaves them as they are (docs/adr-018-restore-on-delete.md)."""
 
 
 def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:

@@ -12,7 +12,7 @@ A node's GPUs are the ones its node agent lists in `gpupart.io/inventory` (what 
 only that agent may write it); without an inventory, 0..n-1 from GFD's `nvidia.com/gpu.count`.
 
 Deletion: a partition with `restoreOnDelete` keeps the nodes it held until their GPUs are whole
-again (ADR 016); `Resolution.releases` says what each deleting partition still waits for.
+again (ADR 018); `Resolution.releases` says what each deleting partition still waits for.
 """
 
 from __future__ import annotations
