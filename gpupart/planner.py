@@ -97,6 +97,16 @@ def _model(spec: PartitionSpec, product: str | None) -> GpuModel | None:
                 f"names no {PRODUCT_LABEL}, and {what} depend on the GPU: give --product NAME",
             )
         return None
+    if config.mode is Mode.MPS and needs_model:
+        model = find_gpu_model(product)
+        if model is None:
+            raise InvalidInput(
+                "spec.mps.defaultMemory",
+                f"gpupart knows no memory size of a {product!r} to check {config.replicas} "
+                "clients × defaultMemory against; leave defaultMemory out, or plan for a "
+                "catalogued product (--product)",
+            )
+        return model
     if needs_model:
         return require_gpu_model(product)
     return find_gpu_model(product)

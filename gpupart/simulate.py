@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -403,17 +403,24 @@ class Progress:
 
     WIDTH = 30
 
-    def __init__(self, stream: TextIO, label: str, unit: str) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        label: str,
+        unit: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.stream = stream
         self.label = label
         self.unit = unit
-        self.started = time.perf_counter()
+        self.clock = clock
+        self.started = clock()
         self.terminal = stream.isatty()
         self.next_line = self.started + PROGRESS_LINE_S
         self.shown = False
 
     def update(self, done: int, total: int) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if now - self.started < PROGRESS_AFTER_S:
             return
         percent = 100 * done // total if total else 100
@@ -440,7 +447,7 @@ class Progress:
         if self.terminal:
             self.stream.write("\r" + " " * (self.WIDTH + len(self.label) + 40) + "\r")
         else:
-            seconds = time.perf_counter() - self.started
+            seconds = self.clock() - self.started
             self.stream.write(f"gpupart simulate: {self.label}: done in {seconds:.1f} s\n")
         self.stream.flush()
 
@@ -512,7 +519,7 @@ def _run_dynamic(args: argparse.Namespace) -> int:
         nodes = [SimNode(f"node-{k}", model, 8) for k in range(2)]
         pods = w2_shifting_inference(seed=args.seed, gpus=16, hours=4, load=0.6)
         if args.max_pods is not None:
-            pods = sorted(pods, key=lambda pod: (pod.arrival, pod.name))[: args.max_pods]
+            pods = tuple(sorted(pods, key=lambda pod: (pod.arrival, pod.name))[: args.max_pods])
         source = label = f"built-in W2 (shifting inference mix, seed {args.seed})"
     names = (
         POLICY_NAMES
