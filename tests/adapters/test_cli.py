@@ -200,3 +200,36 @@ def test_make_demo_installs_gpupart_alone_and_test_adds_the_test_extra(tmp_path:
     assert f"{tmp_path}/venv/bin/gpupart simulate" in demo
     unit = plan("unit")
     assert "install -e '.[test]' -e tests/support" in unit
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["node"], "gpupart node: --node-name: is required (or env NODE_NAME)"),
+        (
+            ["node", "--node-name", "n1", "--simulate", "1xTesla-T4"],
+            "gpupart node: unknown GPU product 'Tesla-T4': gpupart has no MIG profile table",
+        ),
+        (
+            ["operator", "--resync-seconds", "soon"],
+            "gpupart operator: --resync-seconds: expected a number, got 'soon'",
+        ),
+        (
+            ["extender", "--port", "99999"],
+            "gpupart extender: --port: Input should be less than or equal to 65535",
+        ),
+    ],
+)
+def test_a_component_with_a_bad_setting_says_so_in_one_line(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    done = gpupart(*args, env=_bare_env(tmp_path), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
