@@ -1,10 +1,12 @@
-"""`gpupart simulate`: the shell around the replay engine (files, progress bar, table, JSON, plot).
+"""`gpupart simulate`: the shell around the replay engines (flags, files, progress, tables, JSON, plot).
 
-Reads the CSVs, calls the pure core (`gpupart.sim.replay`), and prints. Bad input exits with
-code 2 and one line on stderr naming the file and line. matplotlib is imported only for --plot.
+Reads the CSVs, calls the simulator (`gpupart.sim`), and prints. Bad input, or a flag the chosen
+mode does not read, exits with code 2 and one line on stderr naming the file and line or the
+flag. matplotlib is imported only for --plot.
 
-Over 400 lines on purpose: the example, trace and MIG (static and dynamic) runs share the flags,
-the input errors and the table and JSON printing.
+Near 600 lines on purpose: the example, trace and MIG (static and dynamic) runs share the flags,
+the mode check, the input errors, the progress reporter and the table and JSON printing; each
+table carries its legend.
 """
 
 from __future__ import annotations
