@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # One venv, two stamps: `make demo` installs only what `gpupart simulate` and `gpupart plan`
-# import (gpupart itself and PyYAML, docs/adr-016-demo-installs-what-it-runs.md); lint and test
+# import (gpupart itself and PyYAML, docs/adr-017-demo-installs-what-it-runs.md); lint and test
 # add the components' dependencies and the pinned test tools on top.
 DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
