@@ -3,21 +3,29 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# One venv, two stamps: `make demo` installs only what `gpupart simulate` and `gpupart plan`
+# import (gpupart itself and PyYAML, docs/adr-017-demo-installs-what-it-runs.md); lint and test
+# add the components' dependencies and the pinned test tools on top.
+DEMO_STAMP := $(VENV)/.demo-stamp
 STAMP := $(VENV)/.installed-stamp
+PIP := $(BIN)/python -P -m pip --disable-pip-version-check -q
 
 .PHONY: demo test lint unit k8s-bins typecheck-tree clean cluster cluster-down
 
 # `python -P`: never put the checkout on sys.path, where the directory operator/ would shadow
 # the standard library's operator module in a fresh interpreter.
-# tests/support is its own small package (gpupart_testsupport), kept out of the gpupart wheel.
-$(STAMP): pyproject.toml tests/support/pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -P -m venv $(VENV)
-	$(BIN)/python -P -m pip install -q --upgrade pip
-	$(BIN)/python -P -m pip install -q -e '.[test]' -e tests/support
+	$(PIP) install --no-deps -e . 'pyyaml>=6.0'
 	touch $@
 
-## demo: set up and run the main job on its built-in example
-demo: $(STAMP)
+# tests/support is its own small package (gpupart_testsupport), kept out of the gpupart wheel.
+$(STAMP): $(DEMO_STAMP) tests/support/pyproject.toml
+	$(PIP) install -e '.[test]' -e tests/support
+	touch $@
+
+## demo: set up (gpupart alone, about 20 s) and run `gpupart simulate` on its built-in example
+demo: $(DEMO_STAMP)
 	$(BIN)/gpupart simulate
 
 ## lint: ruff (check and format), mypy --strict, import contracts

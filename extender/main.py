@@ -183,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
     except InvalidInput as error:
         return _fail(str(error))
     logs.configure(settings.log_level)
+    try:
+        api = api_client(settings.kubeconfig)  # first: no credentials is a one-line error
+    except InvalidInput as error:
+        return _fail(str(error))
     keys = None if settings.assignment_key_file is None else KeyFile(settings.assignment_key_file)
     if keys is None:
         log.warning(
@@ -207,7 +211,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         return _fail(f"cannot listen: {error}")
     profilers = start_profiling(settings.profile)
-    api = api_client(settings.kubeconfig)
     cache = ClusterCache(keys=None if keys is None else keys.keys)
     service = ExtenderService(
         cache,

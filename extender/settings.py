@@ -190,11 +190,20 @@ def _table() -> tuple[SettingsTable, dict[str, tuple[str, ...]]]:
             default = field.default
             shown = "" if default is None else str(default)
             env = (ENV_PREFIX + "__".join(here).upper(),)
-            settings.append(Setting(flag, text, shown, field.description or name, env=env))
+            settings.append(Setting(flag, text, shown, _help(field.description or name), env=env))
             paths[flag] = here
 
     add(ExtenderSettings, ())
     return SettingsTable(ENV_PREFIX, settings), paths
+
+
+def _help(docstring: str) -> str:
+    """A field's docstring in the help voice of every gpupart flag: a lower-case phrase (an
+    acronym such as DEBUG stays), no final full stop."""
+    words = " ".join(docstring.split()).removesuffix(".")
+    if len(words) > 1 and words[0].isupper() and words[1].islower():
+        words = words[0].lower() + words[1:]
+    return words
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

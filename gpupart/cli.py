@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Protocol, cast
 
 from gpupart import __version__
@@ -14,7 +15,10 @@ from gpupart import __version__
 # `add_arguments(parser) -> None` and `run(args) -> int`. Imported only when chosen, so
 # `gpupart plan` never pays for kopf, grpc or FastAPI.
 COMPONENTS: dict[str, tuple[str, str]] = {
-    "plan": ("gpupart.planner", "Show the MIG placement chosen for a GpuPartition, per GPU"),
+    "plan": (
+        "gpupart.planner",
+        "Show what a GpuPartition gives each GPU (MIG layout, MPS, time-slicing) or why it cannot",
+    ),
     "simulate": (
         "gpupart.simulate",
         "Replay a workload on a simulated cluster and score the policy",
@@ -36,13 +40,30 @@ class Component(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+def version() -> str:
+    """The installed distribution's version (its metadata), else the source tree's."""
+    try:
+        return metadata.version("gpupart")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+class MissingModule(Exception):
+    """A subcommand's module needs a package this environment lacks."""
+
+
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     """Only the chosen subcommand's module is imported, to add its flags."""
     parser = argparse.ArgumentParser(
         prog="gpupart", description="Partition NVIDIA GPUs on Kubernetes."
     )
+    parser.add_argument(
+        "--version", action="version", version=f"gpupart {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub.add_parser("version", help="Print the gpupart version")
+    sub.add_parser(
+        "version", help="Print the gpupart version", description="Print the gpupart version"
+    )
     for name, (module_name, help_text) in COMPONENTS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         sub_parser.set_defaults(module=module_name)
@@ -52,16 +73,36 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
 
 
 def load_component(module_name: str) -> Component:
-    return cast(Component, importlib.import_module(module_name))
+    try:
+        return cast(Component, importlib.import_module(module_name))
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] in (
+            "gpupart",
+            "gpupart_operator",
+            "gpupart_plugin",
+            "gpupart_extender",
+        ):
+            raise
+        raise MissingModule(error.name.split(".")[0]) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
-    if args.command == "version":
-        print(f"gpupart {__version__}")
-        return 0
-    return load_component(args.module).run(args)
+    chosen = arguments[0] if arguments else None
+    try:
+        args = build_parser(chosen).parse_args(arguments)
+        if args.command == "version":
+            print(f"gpupart {version()}")
+            return 0
+        return load_component(args.module).run(args)
+    except MissingModule as error:
+        # `make demo` installs only what `simulate` and `plan` import.
+        sys.stderr.write(
+            f"gpupart {chosen}: the Python package {str(error)!r} is not installed here; "
+            "install gpupart with its dependencies (pip install gpupart, or pip install -e . "
+            "in a checkout)\n"
+        )
+        return 2
 
 
 if __name__ == "__main__":

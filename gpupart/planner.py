@@ -11,26 +11,31 @@ from typing import Any
 import yaml
 
 from gpupart.core.api.resources import mig_resource_name
+from gpupart.core.api.selectors import Operator
 from gpupart.core.api.spec import Mode, PartitionSpec, parse_partition, plan_gpu
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
+from gpupart.core.mig.catalogue import GpuModel, find_gpu_model, require_gpu_model
 from gpupart.core.mig.layout import Layout
+
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The node label (GPU Feature Discovery's) whose value names a node's GPU product."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="GpuPartition YAML file (one or more documents)")
     parser.add_argument(
         "--product",
-        required=True,
+        metavar="NAME",
         help="GPU product as NVML or the GFD label nvidia.com/gpu.product names it "
-        "(e.g. 'NVIDIA A100-SXM4-80GB', NVIDIA-H100-80GB-HBM3, H200-141GB)",
+        "(e.g. 'NVIDIA A100-SXM4-80GB', NVIDIA-H100-80GB-HBM3, H200-141GB); needed for MIG and "
+        "for MPS with defaultMemory [default: the product(s) that spec.nodeSelector names in "
+        f"{PRODUCT_LABEL}]",
     )
-    parser.add_argument("file", type=Path, help="GpuPartition YAML file (one or more documents)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per partition")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        model = require_gpu_model(args.product)
         documents = _read_documents(args.file)
     except GpupartError as error:
         print(f"gpupart plan: {error}", file=sys.stderr)
@@ -40,18 +45,71 @@ def run(args: argparse.Namespace) -> int:
         where = f"{args.file}" + (f" (document {number})" if len(documents) > 1 else "")
         try:
             spec = parse_partition(document)
-            layout = plan_gpu(spec, model)
+            products = [args.product] if args.product else _selected_products(spec)
         except GpupartError as error:
-            print(f"gpupart plan: {where}: {error}", file=sys.stderr)
-            if args.json:
-                print(json.dumps({"file": str(args.file), "feasible": False, "reason": str(error)}))
-            status = 2
+            status = _refused(args, where, error)
             continue
-        if args.json:
-            print(json.dumps(_as_json(spec, model, layout), sort_keys=True))
-        else:
-            print(_as_text(spec, model, layout))
+        for product in products or [None]:
+            try:
+                model = _model(spec, product)
+                layout = plan_gpu(spec, model) if model is not None else ()
+            except GpupartError as error:
+                status = _refused(args, where, error)
+                continue
+            shown = model.product if model is not None else product
+            if args.json:
+                print(json.dumps(_as_json(spec, shown, model, layout), sort_keys=True))
+            else:
+                print(_as_text(spec, shown, model, layout))
     return status
+
+
+def _refused(args: argparse.Namespace, where: str, error: GpupartError) -> int:
+    print(f"gpupart plan: {where}: {error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"file": str(args.file), "feasible": False, "reason": str(error)}))
+    return 2
+
+
+def _selected_products(spec: PartitionSpec) -> list[str]:
+    """The GPU products a partition's nodeSelector admits through `PRODUCT_LABEL` (matchLabels,
+    or matchExpressions `In`), in their order; [] when it does not name them."""
+    products: list[str] | None = None
+    for requirement in spec.node_selector.requirements:
+        if requirement.key == PRODUCT_LABEL and requirement.operator is Operator.IN:
+            values = list(requirement.values)
+            products = values if products is None else [v for v in products if v in values]
+    return products or []
+
+
+def _model(spec: PartitionSpec, product: str | None) -> GpuModel | None:
+    """The catalogue entry `spec` needs for `product`: MIG needs its profile table, MPS with
+    defaultMemory its memory; TimeSlicing, None and MPS without defaultMemory need neither."""
+    config = spec.config
+    needs_model = config.mode is Mode.MIG or (
+        config.mps is not None and config.mps.default_memory_mib is not None
+    )
+    if product is None:
+        if needs_model:
+            what = "MIG layouts" if config.mode is Mode.MIG else "MPS defaultMemory"
+            raise InvalidInput(
+                "spec.nodeSelector",
+                f"names no {PRODUCT_LABEL}, and {what} depend on the GPU: give --product NAME",
+            )
+        return None
+    if config.mode is Mode.MPS and needs_model:
+        model = find_gpu_model(product)
+        if model is None:
+            raise InvalidInput(
+                "spec.mps.defaultMemory",
+                f"gpupart knows no memory size of a {product!r} to check {config.replicas} "
+                "clients × defaultMemory against; leave defaultMemory out, or plan for a "
+                "catalogued product (--product)",
+            )
+        return model
+    if needs_model:
+        return require_gpu_model(product)
+    return find_gpu_model(product)
 
 
 MAX_FILE_BYTES = 3 << 20
@@ -120,12 +178,13 @@ def _gpus_text(spec: PartitionSpec) -> str:
     return "GPU " + ", ".join(str(i) for i in spec.gpus)
 
 
-def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
+def _as_text(
+    spec: PartitionSpec, product: str | None, model: GpuModel | None, layout: Layout
+) -> str:
     config = spec.config
-    lines = [
-        f"GpuPartition {spec.name}: {config.mode} on {model.product}, {_gpus_text(spec)} of each node"
-    ]
-    if config.mode is Mode.MIG:
+    on = f"on {product}" if product else "on any GPU product"
+    lines = [f"GpuPartition {spec.name}: {config.mode} {on}, {_gpus_text(spec)} of each node"]
+    if config.mode is Mode.MIG and model is not None:
         lines.append(f"  {'slots':<7}{'profile':<16}{'memory':>10}  resource")
         used: set[int] = set()
         for instance in layout:
@@ -140,10 +199,17 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
         free = [s for s in range(model.memory_slices) if s not in used]
         if free:
             lines.append(f"  free memory slots: {', '.join(map(str, free))}")
+        if spec.dynamic is not None:
+            allowed = spec.dynamic.profiles
+            lines += [
+                "  dynamic MIG: the warm mix above is kept on idle GPUs; pending pods get",
+                "  instances of "
+                + (", ".join(allowed) if allowed else f"every {model.product} profile"),
+            ]
     elif config.mode is Mode.MPS and config.mps is not None:
         memory, compute = config.mps.default_memory_mib, config.mps.default_compute_percent
         lines.append(
-            f"  up to {config.replicas} MPS clients per GPU"
+            f"  up to {config.replicas} MPS clients per GPU (nvidia.com/gpu.shared)"
             + (f", {memory} MiB each by default" if memory else "")
             + (f", {compute}% of SMs each" if compute else "")
         )
@@ -154,10 +220,12 @@ def _as_text(spec: PartitionSpec, model: GpuModel, layout: Layout) -> str:
     return "\n".join(lines)
 
 
-def _as_json(spec: PartitionSpec, model: GpuModel, layout: Layout) -> dict[str, Any]:
+def _as_json(
+    spec: PartitionSpec, product: str | None, model: GpuModel | None, layout: Layout
+) -> dict[str, Any]:
     result: dict[str, Any] = {
         "partition": spec.name,
-        "product": model.product,
+        "product": product,
         "mode": spec.config.mode.value,
         "gpus": "all" if spec.gpus is None else list(spec.gpus),
         "feasible": True,
@@ -170,6 +238,7 @@ def _as_json(spec: PartitionSpec, model: GpuModel, layout: Layout) -> dict[str, 
                 "resource": mig_resource_name(i.profile),
             }
             for i in layout
+            if model is not None
         ],
     }
     config = spec.config

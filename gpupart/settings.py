@@ -57,7 +57,7 @@ class SettingsTable:
         for setting in self.settings:
             shown = repr(setting.default) if setting.default else "unset"
             described = (
-                f"{setting.help} [env {' or '.join(self.env_names(setting))}, default {shown}]"
+                f"{setting.help} [env {' or '.join(self.env_names(setting))}, default: {shown}]"
             )
             if setting.boolean:
                 parser.add_argument(

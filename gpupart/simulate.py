@@ -1,10 +1,12 @@
-"""`gpupart simulate`: the shell around the replay engine (files, progress bar, table, JSON, plot).
+"""`gpupart simulate`: the shell around the replay engines (flags, files, progress, tables, JSON, plot).
 
-Reads the CSVs, calls the pure core (`gpupart.sim.replay`), and prints. Bad input exits with
-code 2 and one line on stderr naming the file and line. matplotlib is imported only for --plot.
+Reads the CSVs, calls the simulator (`gpupart.sim`), and prints. Bad input, or a flag the chosen
+mode does not read, exits with code 2 and one line on stderr naming the file and line or the
+flag. matplotlib is imported only for --plot.
 
-Over 400 lines on purpose: the example, trace and MIG (static and dynamic) runs share the flags,
-the input errors and the table and JSON printing.
+Near 600 lines on purpose: the example, trace and MIG (static and dynamic) runs share the flags,
+the mode check, the input errors, the progress reporter and the table and JSON printing; each
+table carries its legend.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,8 +28,41 @@ from gpupart.sim.trace import Node, Pod, parse_nodes, parse_pods
 
 EXIT_BAD_INPUT = 2
 PROGRESS_AFTER_S = 1.0
-"""Runs shorter than this never show a progress bar."""
+"""Runs shorter than this never show progress."""
+PROGRESS_LINE_S = 5.0
+"""Off a terminal (a log, CI), one progress line per run this often, never one per pod."""
 POLICY_ORDER = (Policy.RANDOM, Policy.BESTFIT, Policy.FGD, Policy.GPUPART)
+DEFAULTS: dict[str, object] = {
+    "seed": 42,
+    "load": 1.3,
+    "tie_break": "shuffled",
+    "gpu_model": "A100-SXM4-80GB",
+    "create_s": DEFAULT_LATENCIES.create,
+    "destroy_s": DEFAULT_LATENCIES.destroy,
+    "advertise_s": DEFAULT_LATENCIES.advertise,
+    "plugin_restart_s": DEFAULT_LATENCIES.plugin_restart,
+}
+"""Flags whose default is filled in after the mode check: None in `args` means "not given"."""
+MODE_FLAGS: dict[str, tuple[str, ...]] = {
+    "replay": ("nodes", "pods", "policy", "seed", "load", "tie_break", "json", "plot"),
+    "--mig": ("mig", "seed", "load", "json"),
+    "--mig --dynamic": (
+        "mig",
+        "dynamic",
+        "nodes",
+        "pods",
+        "policy",
+        "seed",
+        "json",
+        "gpu_model",
+        "max_pods",
+        "create_s",
+        "destroy_s",
+        "advertise_s",
+        "plugin_restart_s",
+    ),
+}
+"""The flags each mode reads; any other flag given is refused, never silently ignored."""
 
 
 class InputError(Exception):
@@ -36,36 +71,43 @@ class InputError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--nodes", metavar="CSV", help="node list (sn,cpu_milli,memory_mib,gpu,model)"
+        "--nodes",
+        metavar="CSV",
+        help="node list (sn,cpu_milli,memory_mib,gpu,model) [default: the built-in example]",
     )
     parser.add_argument(
-        "--pods", metavar="CSV", help="pod list in Alibaba cluster-trace-gpu-v2023 format"
+        "--pods",
+        metavar="CSV",
+        help="pod list in Alibaba cluster-trace-gpu-v2023 format [default: the built-in example]",
     )
     parser.add_argument(
         "--policy",
-        default=None,
-        help="random, bestfit, fgd, gpupart (ours), a comma list, or 'all' "
-        "(default: all for the built-in example, gpupart for a trace)",
+        metavar="NAMES",
+        help="random, bestfit, fgd, gpupart (ours), a comma list, or 'all'; with --mig --dynamic: "
+        "gpupart, static_best, nos, hami, first_fit [default: all for a built-in example, "
+        "gpupart for a trace]",
     )
-    parser.add_argument("--seed", type=int, default=42, help="replay seed (default 42)")
+    parser.add_argument("--seed", type=int, metavar="N", help="replay seed [default: 42]")
     parser.add_argument(
         "--load",
         type=float,
-        default=1.3,
-        help="arrived GPU demand as a multiple of capacity (default 1.3; 0 = the trace as is)",
+        metavar="X",
+        help="arrived GPU demand as a multiple of capacity; 0: the trace as is [default: 1.3]",
     )
     parser.add_argument(
         "--tie-break",
         choices=("shuffled", "name"),
-        default="shuffled",
         help="node order for equal scores: 'shuffled' renames nodes with a seeded permutation "
-        "as the FGD authors' simulator does (default); 'name' uses the names as given",
+        "as the FGD authors' simulator does; 'name' uses the names as given [default: shuffled]",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     parser.add_argument(
-        "--plot", metavar="FILE.png", help="draw allocation and fragmentation curves"
+        "--plot",
+        metavar="FILE.png",
+        help="also draw allocation and fragmentation curves into FILE.png (needs matplotlib; "
+        "not with --mig) [default: no plot]",
     )
     parser.add_argument(
         "--mig",
@@ -81,15 +123,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     dynamic.add_argument(
         "--gpu-model",
-        default="A100-SXM4-80GB",
-        help="MIG product(s) for the trace's GPU nodes, a comma list assigned in turn by node "
-        "name (default A100-SXM4-80GB)",
+        metavar="PRODUCTS",
+        help="MIG product(s) for a trace's GPU nodes, a comma list assigned in turn by node "
+        "name [default: A100-SXM4-80GB]",
     )
     dynamic.add_argument(
         "--max-pods",
         type=int,
-        default=None,
-        help="replay only the first N GPU pods by creation time",
+        metavar="N",
+        help="replay only the first N GPU pods by arrival [default: all]",
     )
     for flag, default, what in (
         ("--create-s", DEFAULT_LATENCIES.create, "GPU + compute instance create"),
@@ -98,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--plugin-restart-s", DEFAULT_LATENCIES.plugin_restart, "NVIDIA plugin restart (nos)"),
     ):
         dynamic.add_argument(
-            flag, type=float, default=default, help=f"{what} (s, default {default:g})"
+            flag, type=float, metavar="S", help=f"seconds a {what} takes [default: {default:g}]"
         )
 
 
@@ -110,24 +152,57 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen mode would not read, then fill in the defaults."""
+    if args.dynamic and not args.mig:
+        raise InputError("--dynamic needs --mig")
+    mode = "--mig --dynamic" if args.dynamic else "--mig" if args.mig else "replay"
+    if mode == "--mig" and (args.nodes or args.pods):
+        raise InputError("--mig runs the built-in example; it takes no --nodes/--pods")
+    reads = MODE_FLAGS[mode]
+    for dest, value in vars(args).items():
+        if dest in reads or value is None or value is False or dest not in _FLAG_DESTS:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        takes = ", ".join("--" + d.replace("_", "-") for d in reads if d not in ("mig", "dynamic"))
+        what = "a replay without --mig" if mode == "replay" else mode
+        raise InputError(f"{flag} does not apply to {what}, which takes {takes}")
+    if mode == "--mig --dynamic":
+        trace = bool(args.nodes or args.pods)
+        if args.gpu_model is not None and not trace:
+            raise InputError(
+                "--gpu-model names the products of a trace's nodes: give --nodes/--pods"
+            )
+        if args.seed is not None and trace:
+            raise InputError("--seed draws the built-in W2 workload; a trace replays as recorded")
+    if args.max_pods is not None and args.max_pods < 1:
+        raise InputError(f"--max-pods must be 1 or more, got {args.max_pods}")
+    for dest, default in DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, default)
+
+
+_FLAG_DESTS = frozenset(
+    {*DEFAULTS, "nodes", "pods", "policy", "json", "plot", "mig", "dynamic", "max_pods"}
+)
+"""Every dest `add_arguments` defines (args also holds the command line's own)."""
+
+
 def _run(args: argparse.Namespace) -> int:
+    _check_flags(args)
     if args.dynamic:
-        if not args.mig:
-            raise InputError("--dynamic needs --mig")
         return _run_dynamic(args)
     if args.mig:
-        if args.nodes or args.pods:
-            raise InputError("--mig runs the built-in example; it takes no --nodes/--pods")
         return _run_mig(args)
     nodes, pods, source, label = _workload(args)
-    policies = _policies(args.policy, default_all=label == "built-in example")
+    policies = _policies(args.policy, default_all=label == EXAMPLE_LABEL)
     if args.load < 0:
         raise InputError(f"--load must be 0 or more, got {args.load}")
     if args.plot:
         _require_matplotlib()
     results: list[tuple[ReplayResult, float]] = []
     for policy in policies:
-        bar = _ProgressBar(sys.stderr, f"{policy.value:>8}")
+        progress = Progress(sys.stderr, policy.value, "pods")
         started = time.perf_counter()
         result = replay(
             nodes,
@@ -135,10 +210,10 @@ def _run(args: argparse.Namespace) -> int:
             policy=policy,
             seed=args.seed,
             load=args.load,
-            progress=bar.update,
+            progress=progress.update,
             shuffle_nodes=args.tie_break == "shuffled",
         )
-        bar.close()
+        progress.close()
         results.append((result, time.perf_counter() - started))
     if args.json:
         sys.stdout.write(json.dumps(_json(results, source=source), separators=(",", ":")) + "\n")
@@ -151,10 +226,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+EXAMPLE_LABEL = "built-in example"
+
+
 def _workload(args: argparse.Namespace) -> tuple[tuple[Node, ...], tuple[Pod, ...], str, str]:
     if not args.nodes and not args.pods:
         example = example_workload(EXAMPLE_SEED)
-        return example.nodes, example.pods, "built-in example", "built-in example"
+        return example.nodes, example.pods, EXAMPLE_LABEL, EXAMPLE_LABEL
     if not args.nodes or not args.pods:
         raise InputError("a trace needs both --nodes and --pods")
     nodes = parse_nodes(_read(args.nodes), source=args.nodes)
@@ -227,20 +305,43 @@ def _table(results: Sequence[tuple[ReplayResult, float]], *, label: str) -> str:
     first = results[0][0]
     lines = [
         f"{label}: {first.nodes} nodes, {first.gpus} GPUs, {first.pods} pods arrived "
-        f"(load {first.load:g}, seed {first.seed})",
+        f"asking {100 * first.load:g} % of the GPUs (seed {first.seed})"
+        if first.load
+        else f"{label}: {first.nodes} nodes, {first.gpus} GPUs, {first.pods} pods (seed "
+        f"{first.seed})",
         "",
-        f"{'policy':<9} {'alloc@100%':>10} {'alloc@end':>9} {'unalloc GPUs':>12} "
-        f"{'failed pods':>11} {'frag %':>7} {'time s':>7}",
+        f"{'':<9} {'GPUs allocated (%)':>18} {'free':>7} {'failed':>7} {'fragmented':>10} "
+        f"{'run':>6}",
+        f"{'policy':<9} {'at 100 %':>9}{'at end':>9} {'GPUs':>7} {'pods':>7} {'GPUs (%)':>10} "
+        f"{'(s)':>6}",
     ]
     for result, seconds in results:
-        at_100 = result.curve[100] if len(result.curve) > 100 else result.curve[-1]
+        at_100 = f"{result.curve[100]:.2f}" if len(result.curve) > 100 else "-"
         lines.append(
-            f"{result.policy.value:<9} {at_100:>10.2f} {result.allocation_ratio:>9.2f} "
-            f"{result.unallocated_gpus:>12.1f} {result.failed:>11d} {result.fragmentation:>7.2f} "
-            f"{seconds:>7.2f}"
+            f"{result.policy.value:<9} {at_100:>9}{result.allocation_ratio:>9.2f} "
+            f"{result.unallocated_gpus:>7.1f} {result.failed:>7d} {result.fragmentation:>10.2f} "
+            f"{seconds:>6.2f}"
         )
-    lines.append("")
-    lines.append("alloc = % of cluster GPU capacity allocated, by % of capacity arrived")
+    end = f"at {100 * first.load:g} %" if first.load else "with the whole trace"
+    lines += [
+        "",
+        "GPUs allocated: share of the cluster's GPU capacity held by placed pods once the",
+        f"  requests that arrived add up to 100 % of it, and at the end ({end}); higher is better",
+        "free GPUs: capacity left unallocated at the end, in GPUs (free shares summed)",
+        "failed pods: pods that fit on no node when they arrived (nothing departs: they stay out)",
+        "fragmented GPUs: free share that the workload's typical pods cannot use (FGD's measure),",
+        "  in % of capacity at the end; lower is better",
+    ]
+    if label == EXAMPLE_LABEL:
+        lines += [
+            "The example is a 1/20 miniature of the Alibaba default trace: most GPUs sit on",
+            "8-GPU nodes with 12 cores per GPU, spare CPU on 2-GPU nodes. gpupart differs from",
+            "fgd where a node's CPU runs out beside free GPUs; on the full trace its margin is",
+            "smaller (README, docs/simulator.md). One seed; --seed N draws another order.",
+        ]
+    ranking = _ranking(results)
+    if ranking:
+        lines.append(ranking)
     if first.unplaceable:
         pods = "pod" if first.unplaceable == 1 else "pods"
         lines.append(
@@ -249,6 +350,18 @@ def _table(results: Sequence[tuple[ReplayResult, float]], *, label: str) -> str:
         )
         lines.extend(f"  {why}" for why in first.unplaceable_examples)
     return "\n".join(lines) + "\n"
+
+
+def _ranking(results: Sequence[tuple[ReplayResult, float]]) -> str:
+    """One line comparing gpupart with fgd and fgd with bestfit in this run, where both ran."""
+    end = {result.policy: result.allocation_ratio for result, _ in results}
+    pairs = [(Policy.GPUPART, Policy.FGD), (Policy.FGD, Policy.BESTFIT)]
+    said = [
+        f"{ours.value} {end[ours] - theirs_value:+.2f} points over {theirs.value}"
+        for ours, theirs in pairs
+        if ours in end and (theirs_value := end.get(theirs)) is not None
+    ]
+    return f"In this run, GPUs allocated at the end: {'; '.join(said)}." if said else ""
 
 
 def _require_matplotlib() -> None:
@@ -285,32 +398,60 @@ def _plot(results: Sequence[tuple[ReplayResult, float]], path: Path, *, title: s
         plt.close(figure)
 
 
-class _ProgressBar:
-    """A one-line bar on stderr, only on a terminal and only once a run has taken a second."""
+class Progress:
+    """How far a long run is, on stderr: a bar redrawn in place on a terminal; elsewhere (a
+    log, CI) one line every `PROGRESS_LINE_S` and one at the end. Runs under
+    `PROGRESS_AFTER_S` show nothing."""
 
     WIDTH = 30
 
-    def __init__(self, stream: TextIO, label: str) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        label: str,
+        unit: str,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.stream = stream
         self.label = label
-        self.started = time.perf_counter()
-        self.enabled = stream.isatty()
+        self.unit = unit
+        self.clock = clock
+        self.started = clock()
+        self.terminal = stream.isatty()
+        self.next_line = self.started + PROGRESS_LINE_S
         self.shown = False
 
     def update(self, done: int, total: int) -> None:
-        if not self.enabled or time.perf_counter() - self.started < PROGRESS_AFTER_S:
+        now = self.clock()
+        if now - self.started < PROGRESS_AFTER_S:
             return
-        filled = self.WIDTH * done // total if total else self.WIDTH
         percent = 100 * done // total if total else 100
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {percent:3d}% {done}/{total} pods")
+        if self.terminal:
+            filled = self.WIDTH * done // total if total else self.WIDTH
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.stream.write(
+                f"\r{self.label:>11} [{bar}] {percent:3d}% {done}/{total} {self.unit}"
+            )
+        elif now >= self.next_line and done < total:
+            self.next_line = now + PROGRESS_LINE_S
+            self.stream.write(
+                f"gpupart simulate: {self.label}: {percent}% ({done:,} of {total:,} "
+                f"{self.unit}), {now - self.started:.0f} s\n"
+            )
+        else:
+            return
         self.stream.flush()
         self.shown = True
 
     def close(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * (self.WIDTH + len(self.label) + 30) + "\r")
-            self.stream.flush()
+        if not self.shown:
+            return
+        if self.terminal:
+            self.stream.write("\r" + " " * (self.WIDTH + len(self.label) + 40) + "\r")
+        else:
+            seconds = self.clock() - self.started
+            self.stream.write(f"gpupart simulate: {self.label}: done in {seconds:.1f} s\n")
+        self.stream.flush()
 
 
 def _run_mig(args: argparse.Namespace) -> int:
@@ -379,6 +520,8 @@ def _run_dynamic(args: argparse.Namespace) -> int:
         model = require_gpu_model("A100-SXM4-80GB")
         nodes = [SimNode(f"node-{k}", model, 8) for k in range(2)]
         pods = w2_shifting_inference(seed=args.seed, gpus=16, hours=4, load=0.6)
+        if args.max_pods is not None:
+            pods = tuple(sorted(pods, key=lambda pod: (pod.arrival, pod.name))[: args.max_pods])
         source = label = f"built-in W2 (shifting inference mix, seed {args.seed})"
     names = (
         POLICY_NAMES
@@ -391,7 +534,16 @@ def _run_dynamic(args: argparse.Namespace) -> int:
     runs = {}
     notes = {}
     for name in names:
-        result, note = run_policy(name, nodes, pods, latencies=latencies, timer=time.perf_counter)
+        progress = Progress(sys.stderr, name, "arrivals")
+        result, note = run_policy(
+            name,
+            nodes,
+            pods,
+            latencies=latencies,
+            timer=time.perf_counter,
+            progress=progress.update,
+        )
+        progress.close()
         runs[name] = result.figures()
         notes[name] = note
     data = {
@@ -426,11 +578,14 @@ def _run_dynamic(args: argparse.Namespace) -> int:
             f"{f['bind_p50_s']:>8.1f} {f['bind_p95_s']:>7.1f} {f['bind_p99_s']:>7.1f} "
             f"{f['ops_per_hour']:>7.1f} {f['disruptions']:>7} {f['ms_per_decision']:>7.2f}"
         )
-    lines.append("")
-    lines.append(
-        "alloc = time-averaged share of memory slices held by pods (first to last arrival); "
-        "bind = seconds from arrival to bound"
-    )
+    lines += [
+        "",
+        "alloc %: time-averaged share of the GPUs' memory slices held by running pods, from the",
+        "  first to the last arrival; served: pods bound of pods arrived; bind p50/p95/p99:",
+        "  seconds from a pod's arrival to its bind; ops/h: MIG instances created and destroyed",
+        "  per simulated hour; disrupt: pods whose instance was destroyed while they ran;",
+        "  ms/dec: CPU milliseconds per decision of the policy",
+    ]
     lines += [f"{name}: {note}" for name, note in notes.items() if note]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

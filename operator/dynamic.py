@@ -50,6 +50,7 @@ from gpupart_operator.model import (
     GROUP,
     PLURAL,
     VERSION,
+    InventoryCache,
     merge_patch,
     read_node,
     read_partition,
@@ -114,6 +115,8 @@ class PodFacts:
     pending: tuple[PendingPod, ...] = ()
     unbound: Mapping[str, str] = field(default_factory=dict)
     holders: Mapping[str, Counter[str]] = field(default_factory=dict)
+    holder_pods: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=dict)
+    """node -> profile -> the bound pods holding it (for reasons that name them)."""
     bound: Mapping[str, tuple[str, float, float | None]] = field(default_factory=dict)
     """uid -> (pod, created, scheduled) for bound pods (Unix seconds; scheduled may be None)."""
     namespaces: Mapping[str, tuple[str, str]] = field(default_factory=dict)
@@ -142,6 +145,7 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
     pending: list[PendingPod] = []
     unbound: dict[str, str] = {}
     holders: dict[str, Counter[str]] = {}
+    holder_pods: dict[str, dict[str, list[str]]] = {}
     bound: dict[str, tuple[str, float, float | None]] = {}
     namespaces: dict[str, tuple[str, str]] = {}
     constraints: dict[str, NodeConstraint] = {}
@@ -165,6 +169,8 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
             if node:
                 held = holders.setdefault(str(node), Counter())
                 held.update(profiles)
+                for profile in set(profiles):
+                    holder_pods.setdefault(str(node), {}).setdefault(profile, []).append(key)
                 bound[uid] = (key, created, _unix(_pod_scheduled(status).get("lastTransitionTime")))
                 continue
             unbound[key] = uid
@@ -176,7 +182,11 @@ def read_pods(items: list[Mapping[str, Any]]) -> PodFacts:
                 pending.append(PendingPod(key, uid, profiles, priority, created))
         except Exception as error:  # noqa: BLE001 - one unreadable pod never stops the others
             log.debug("Skipped pod", extra=logs.kv(pod=_safe_key(pod), err=error))
-    return PodFacts(tuple(pending), unbound, holders, bound, namespaces, constraints)
+    named = {
+        node: {profile: tuple(sorted(pods)) for profile, pods in by_profile.items()}
+        for node, by_profile in holder_pods.items()
+    }
+    return PodFacts(tuple(pending), unbound, holders, named, bound, namespaces, constraints)
 
 
 def _safe_key(pod: object) -> str:
@@ -184,6 +194,19 @@ def _safe_key(pod: object) -> str:
         return pod_key(pod)  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001 - only for a log line
         return "?"
+
+
+def unknown_gpus(partitions: list[Any], nodes: list[Any]) -> str:
+    """Why some nodes of live dynamic MIG partitions get no slice (GPUs unknown), or ''."""
+    resolution = resolve(
+        [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
+    )
+    return "; ".join(
+        c.message
+        for status in resolution.statuses.values()
+        for c in status.conditions
+        if c.type == "Ready" and c.reason == "GpusUnknown"
+    )
 
 
 def dynamic_gpus(partitions: list[Any], nodes: list[Any]) -> dict[str, tuple[DynamicGpu, ...]]:
@@ -204,7 +227,9 @@ def dynamic_gpus(partitions: list[Any], nodes: list[Any]) -> dict[str, tuple[Dyn
             spec = specs.get(group.partition)
             if not group.config.dynamic or spec is None or spec.dynamic is None:
                 continue
-            indices = group.gpus if group.gpus is not None else range(node.view.gpu_count or 0)
+            # Every GPU: the agent's inventory lists them (else the count label); with neither,
+            # none, and the partition's status says so (GpusUnknown).
+            indices = group.gpus if group.gpus is not None else node.view.gpu_indices or ()
             gpus.extend(DynamicGpu(i, model, spec.dynamic, group.partition) for i in indices)
         if gpus:
             found[node.name] = tuple(gpus)
@@ -230,6 +255,7 @@ class DemandPlanner:
         self.clock = clock
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-plan")
+        self._inventories = InventoryCache()
         self._idle_since: dict[tuple[str, int, MigInstance], float] = {}
         self._failed_at: dict[tuple[str, str], float] = {}
         """(node, plan id) -> when its failure was first seen: the retry waits from there."""
@@ -256,7 +282,8 @@ class DemandPlanner:
         now = self.clock()
         partitions = [read_partition(raw) for raw in self.reconciler.list_partitions()]
         raw_nodes = self.reconciler.list_all(self.core.list_node)
-        nodes = [read_node(raw) for raw in raw_nodes]
+        nodes = [read_node(raw, self._inventories) for raw in raw_nodes]
+        self._inventories.keep({n.name for n in nodes})
         by_name = {n.name: raw for n, raw in zip(nodes, raw_nodes, strict=True)}
         dynamic = dynamic_gpus(partitions, nodes)
         stale = [
@@ -267,8 +294,16 @@ class DemandPlanner:
         ]
         for name in stale:  # a node no dynamic partition holds any more keeps no plan
             self._write_plan(name, None)
-        if not dynamic:
+        live_dynamic = [
+            p
+            for p in partitions
+            if p.partition is not None and not p.deleting and p.partition.spec.dynamic is not None
+        ]
+        if not live_dynamic:
             return None
+        # A dynamic partition whose nodes' GPUs are unknown has nothing to plan on: its pending
+        # pods still hear why, and what to do.
+        unknown = unknown_gpus(partitions, nodes)
         pods = read_pods(self.reconciler.list_all(self.core.list_pod_for_all_namespaces))
         facts = [
             self._facts(node, by_name[node.name], gpus, pods, now)
@@ -318,6 +353,10 @@ class DemandPlanner:
                 ),
             )
         self.metrics.reservations_expired.inc(len(result.expired))
+        if unknown:
+            result = replace(
+                result, unserved=tuple((pod, f"{why}; {unknown}") for pod, why in result.unserved)
+            )
         self._events(result, written, pods)
         self._measure_bound(pods)
         self._write_statuses(partitions, facts, result, dynamic)
@@ -362,7 +401,8 @@ class DemandPlanner:
             plan,
             report,
             dict(pods.holders.get(node.name, Counter())),
-            hold,
+            holder_pods=pods.holder_pods.get(node.name, {}),
+            hold=hold,
         )
 
     def _forget(self, facts: list[NodeFacts]) -> None:

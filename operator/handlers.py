@@ -26,10 +26,10 @@ from gpupart.core.api.wire import (
     MIG_PLAN_ANNOTATION,
     STATE_ANNOTATION,
 )
-from gpupart.core.cluster.partitioning import released
+from gpupart.core.cluster.partitioning import Release
 from gpupart.kubeconfig import describe_api_error
 from gpupart_operator.dynamic import DemandPlanner, requests_mig
-from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, node_ready
+from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, InventoryCache, node_ready
 from gpupart_operator.reconciler import PassResult, Reconciler
 from gpupart_operator.settings import OperatorSettings
 
@@ -64,6 +64,8 @@ class ReconcileLoop:
         self._completed = 0
         self._result: PassResult | None = None
         self._error: BaseException | None = None
+        self.passes = 0
+        """Passes completed so far (failed ones included)."""
         self.last_success: float | None = None
         """time.monotonic() of the last pass that succeeded."""
 
@@ -81,6 +83,17 @@ class ReconcileLoop:
                 f"reconcile pass failed: {self._error}", delay=self._retry_seconds
             )
         return self._result
+
+    async def next_pass(self, seen: int, timeout: float) -> PassResult | None:
+        """The result of the first pass to end after the `seen`-th, within `timeout` seconds;
+        asks for none (node events and the drift timer bring them). None: none ended, or it
+        failed."""
+        async with self._done:
+            try:
+                await asyncio.wait_for(self._done.wait_for(lambda: self.passes > seen), timeout)
+            except TimeoutError:
+                return None
+            return self._result if self._error is None else None
 
     async def run(self) -> None:
         while True:
@@ -104,6 +117,7 @@ class ReconcileLoop:
                 asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
             async with self._done:
                 self._completed = serving
+                self.passes += 1
                 self._result, self._error = result, error
                 self._done.notify_all()
 
@@ -198,15 +212,21 @@ def connection_info(configuration: client.Configuration) -> kopf.ConnectionInfo:
     )
 
 
-def node_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing."""
+def node_fingerprint(
+    body: Mapping[str, Any], inventories: InventoryCache | None = None
+) -> tuple[Any, ...]:
+    """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing.
+
+    Of the agent's inventory only which GPUs it lists (its `used` flags change with every pod)."""
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    name = str(meta.get("name", ""))
     return (
         tuple(sorted((meta.get("labels") or {}).items())),
         annotations.get(STATE_ANNOTATION),
         annotations.get(DESIRED_ANNOTATION),
         node_ready(body),
+        (inventories or InventoryCache()).listed(name, annotations)[0],
     )
 
 
@@ -223,6 +243,7 @@ def build_registry(
     state: dict[str, Any] = {}
     seen_nodes: dict[str, tuple[Any, ...]] = {}
     seen_demand: dict[str, tuple[Any, ...]] = {}
+    inventories = InventoryCache()
 
     def demand() -> DemandLoop | None:
         current: DemandLoop | None = state.get("demand")
@@ -290,7 +311,10 @@ def build_registry(
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="gone")
     async def gone(event: Mapping[str, Any], **_: Any) -> None:
-        if event.get("type") == "DELETED":
+        meta = (event.get("object") or {}).get("metadata") or {}
+        # kopf runs no update handler on an object being deleted: a change to it (its
+        # restoreOnDelete turned off while the deletion waits) still needs a pass.
+        if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
             loop().wake()
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="release")
@@ -299,11 +323,14 @@ def build_registry(
         meta: Mapping[str, Any],
         **_: Any,
     ) -> None:
-        # The pass sees the deletionTimestamp and removes this partition's desired groups.
+        # The pass sees the deletionTimestamp and removes this partition's desired groups
+        # (with restoreOnDelete, it keeps its nodes' annotations: their GPUs go whole).
         result = await loop().settle()
-        holding = set(released(name, [node.view for node in result.nodes]))
-        reachable = sorted(n.name for n in result.nodes if n.name in holding and n.reachable)
-        unreachable = sorted(n.name for n in result.nodes if n.name in holding and not n.reachable)
+        seen = loop().passes
+        waiting = result.resolution.releases.get(name, Release())
+        listed = {node.name: node for node in result.nodes}
+        holding = [*waiting.unanswered, *waiting.restoring]
+        unreachable = sorted({n for n in holding if n in listed and not listed[n].reachable})
         if unreachable:
             # Said in an Event (users look there) and logged once, not posted again by kopf.
             nodes = ", ".join(unreachable)
@@ -315,16 +342,49 @@ def build_registry(
                 name,
                 str(meta.get("uid", "")),
                 "NodesUnreachable",
-                f"Not waiting for unreachable node(s) {nodes}: "
-                "their agents will drop the partition when they come back",
+                f"Not waiting for unreachable node(s) {nodes}: their agents will drop the "
+                "partition when they come back"
+                + (
+                    ", leaving their GPUs as they are then (not restored to whole GPUs)"
+                    if waiting.restoring or _restores(result, name)
+                    else ""
+                ),
             )
+        restoring = _restoring(result, name)
+        if restoring:
+            # The agents answer: their GPUs are in use, waiting for a reset, or failed. Pods
+            # decide how long that takes, so no timeout. Each pass (a node's report changing
+            # wakes one) is checked here, so the deletion ends with the last pass that finds
+            # the GPUs whole; back to kopf (its retry, logged and posted as an Event) only
+            # every --resync-seconds meanwhile.
+            until = time.monotonic() + settings.resync_seconds
+            while restoring and (left := until - time.monotonic()) > 0:
+                later = await loop().next_pass(seen, left)
+                if later is None:
+                    break
+                seen, result = loop().passes, later
+                restoring = _restoring(result, name)
+            if restoring:
+                raise kopf.TemporaryError(
+                    f"waiting for whole GPUs on {', '.join(restoring)} (restoreOnDelete): "
+                    f"{_why(result, name, restoring)}",
+                    delay=settings.release_retry_seconds,
+                )
+            waiting = result.resolution.releases.get(name, Release())
+            listed = {node.name: node for node in result.nodes}
+        reachable = sorted(n for n in waiting.unanswered if n in listed and listed[n].reachable)
         if not reachable:
             return
         waited = _seconds_since(meta.get("deletionTimestamp"))
         if waited < settings.release_timeout_seconds:
+            goal = (
+                "'s node agent to act on the deletion (restoreOnDelete: whole GPUs)"
+                if _restores(result, name)
+                else " to return to the partition-free configuration"
+            )
             raise kopf.TemporaryError(
-                f"waiting for {', '.join(reachable)} to return to the partition-free "
-                f"configuration ({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
+                f"waiting for {', '.join(reachable)}{goal} "
+                f"({waited:.0f}s of {settings.release_timeout_seconds:g}s)",
                 delay=settings.release_retry_seconds,
             )
         # A Ready node whose agent is gone would hold the deletion forever.
@@ -349,12 +409,13 @@ def build_registry(
         if event.get("type") == "DELETED":
             seen_nodes.pop(name, None)
             seen_demand.pop(name, None)
+            inventories.listed(name, {})  # forgets it
             loop().wake()
             if rounds is not None:
                 rounds.wake()
             return
         body = event.get("object") or {}
-        fingerprint = node_fingerprint(body)
+        fingerprint = node_fingerprint(body, inventories)
         if seen_nodes.get(name) != fingerprint:
             seen_nodes[name] = fingerprint
             loop().wake()
@@ -381,6 +442,28 @@ def build_registry(
                 rounds.wake()
 
     return registry
+
+
+def _restoring(result: PassResult, name: str) -> list[str]:
+    """Reachable nodes whose agent answered the deletion of `name` but whose GPUs are not whole."""
+    listed = {node.name: node for node in result.nodes}
+    release = result.resolution.releases.get(name, Release())
+    return [n for n in release.restoring if n in listed and listed[n].reachable]
+
+
+def _restores(result: PassResult, name: str) -> bool:
+    """Whether the deleting partition `name` asks for whole GPUs back (restoreOnDelete)."""
+    return any(
+        p.name == name and p.partition is not None and p.partition.spec.restore_on_delete
+        for p in result.partitions
+    )
+
+
+def _why(result: PassResult, name: str, nodes: list[str]) -> str:
+    """Each of `nodes`' restore state, from the partition's status in this pass."""
+    status = result.resolution.statuses.get(name)
+    states = dict(status.nodes) if status is not None else {}
+    return "; ".join(f"{n}: {states[n].message}" for n in nodes if n in states)[:1000]
 
 
 def _seconds_since(timestamp: object) -> float:

@@ -48,7 +48,11 @@ def run(args: argparse.Namespace) -> int:
     # keep their object as a field.
     logs.configure("DEBUG" if settings.verbose else "INFO")
     logging.getLogger("asyncio").setLevel(logging.WARNING)  # its debug lines are kopf's noise
-    reconciler, planner, registry = build(settings)
+    try:
+        reconciler, planner, registry = build(settings)
+    except InvalidInput as error:  # no credentials, or a kubeconfig that cannot be used
+        sys.stderr.write(f"gpupart operator: {error}\n")
+        return 2
     if settings.metrics_port is not None:
         reconciler.metrics.serve(settings.bind_address, settings.metrics_port)
     log.info(

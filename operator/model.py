@@ -14,10 +14,12 @@ from gpupart.core.api.events import object_event
 from gpupart.core.api.spec import API_VERSION, KIND, parse_partition
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
     DesiredGroup,
     GpuState,
     NodeReport,
+    decode_inventory,
     decode_report,
     encode_desired,
 )
@@ -49,7 +51,13 @@ MAX_MESSAGE = 2000
 """Characters of one refusal kept in a condition message (the CRD allows 32768)."""
 
 _WARNING_STATES = {("Degraded", "True"), ("Conflict", "True")}
-_WARNING_READY_REASONS = {"InvalidSpec", "InvalidForNode", "NoMatchingNodes"}
+_WARNING_READY_REASONS = {
+    "InvalidSpec",
+    "InvalidForNode",
+    "NoMatchingNodes",
+    "Conflict",
+    "GpusUnknown",
+}
 # A condition first seen in one of these states is not news; no Event for it.
 _QUIET_STATES = {("Progressing", "False"), ("Degraded", "False"), ("Conflict", "False")}
 
@@ -77,6 +85,8 @@ class NodeObject:
     reachable: bool
     report_error: str = ""
     """Why gpupart.io/state was ignored (malformed or unknown version), or ''."""
+    inventory_error: str = ""
+    """Why gpupart.io/inventory was ignored, or ''."""
 
     @property
     def name(self) -> str:
@@ -114,7 +124,8 @@ def read_partition(raw: Mapping[str, Any]) -> PartitionObject:
     )
 
 
-def read_node(raw: Mapping[str, Any]) -> NodeObject:
+def read_node(raw: Mapping[str, Any], inventories: InventoryCache | None = None) -> NodeObject:
+    """One listed Node; `inventories` spares decoding an inventory read before."""
     meta = raw.get("metadata") or {}
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     annotations = meta.get("annotations") or {}
@@ -126,13 +137,59 @@ def read_node(raw: Mapping[str, Any]) -> NodeObject:
             report = decode_report(state_text)
         except GpupartError as error:
             report_error = str(error)
+    name = str(meta.get("name", ""))
+    inventory_gpus, inventory_error = (
+        listed_gpus(annotations) if inventories is None else inventories.listed(name, annotations)
+    )
     desired = annotations.get(DESIRED_ANNOTATION)
     return NodeObject(
-        view=LabeledNode(str(meta.get("name", "")), labels, report),
+        view=LabeledNode(name, labels, report, inventory_gpus),
         desired=None if desired is None else str(desired),
         reachable=node_ready(raw),
         report_error=report_error,
+        inventory_error=inventory_error,
     )
+
+
+def listed_gpus(annotations: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, str]:
+    """The GPU indices the node agent's inventory lists (only that agent may write it), and why
+    it cannot be read ('' when it can); None when there is none or it cannot be read."""
+    text = annotations.get(INVENTORY_ANNOTATION)
+    if text is None:
+        return None, ""
+    try:
+        return tuple(g.index for g in decode_inventory(str(text)).gpus), ""
+    except GpupartError as error:
+        return None, str(error)
+
+
+class InventoryCache:
+    """`listed_gpus` per node, decoded again only when the node's inventory text changed.
+
+    A full decode of an 8-GPU MIG inventory takes ~1.5 ms; Nodes change (heartbeats, status)
+    far more often than their inventories, and every pass reads every Node. One per thread.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[str, tuple[int, ...] | None, str]] = {}
+
+    def listed(
+        self, node: str, annotations: Mapping[str, Any]
+    ) -> tuple[tuple[int, ...] | None, str]:
+        text = annotations.get(INVENTORY_ANNOTATION)
+        if text is None:
+            self._seen.pop(node, None)
+            return None, ""
+        hit = self._seen.get(node)
+        if hit is not None and hit[0] == text:
+            return hit[1], hit[2]
+        indices, error = listed_gpus(annotations)
+        self._seen[node] = (str(text), indices, error)
+        return indices, error
+
+    def keep(self, nodes: set[str]) -> None:
+        """Forget the nodes that are gone."""
+        self._seen = {name: hit for name, hit in self._seen.items() if name in nodes}
 
 
 def node_ready(raw: Mapping[str, Any]) -> bool:
@@ -146,11 +203,13 @@ def node_ready(raw: Mapping[str, Any]) -> bool:
 def desired_patches(
     desired: Mapping[str, tuple[DesiredGroup, ...]], nodes: Sequence[NodeObject]
 ) -> dict[str, dict[str, Any]]:
-    """Merge patches for the nodes whose gpupart.io/desired differs: set, change, or remove (null)."""
+    """Merge patches for the nodes whose gpupart.io/desired differs: set, change, or remove (null).
+
+    A node in `desired` with no group gets the annotation without groups (whole GPUs)."""
     patches: dict[str, dict[str, Any]] = {}
     for node in nodes:
         groups = desired.get(node.name)
-        text = encode_desired(groups) if groups else None
+        text = None if groups is None else encode_desired(groups)
         if text != node.desired:
             patches[node.name] = {"metadata": {"annotations": {DESIRED_ANNOTATION: text}}}
     return patches

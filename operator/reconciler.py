@@ -36,6 +36,7 @@ from gpupart_operator.model import (
     GROUP,
     PLURAL,
     VERSION,
+    InventoryCache,
     NodeObject,
     PartitionObject,
     condition_events,
@@ -74,6 +75,8 @@ class PassResult:
     partitions: tuple[PartitionObject, ...]
     writes: int
     seconds: float
+    resolution: Resolution = Resolution({}, {})
+    """What the core decided; its `releases` say what each deletion still waits for."""
 
 
 class Reconciler:
@@ -94,6 +97,9 @@ class Reconciler:
         """Every write this reconciler sent, for tests and the benchmark."""
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-write")
+        self._inventories = InventoryCache()
+        self._said: dict[str, str] = {}
+        """node -> the last problem with its GPU count logged, so each is logged once."""
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -115,12 +121,16 @@ class Reconciler:
 
     def _pass(self, started: float) -> PassResult:
         partitions = tuple(read_partition(raw) for raw in self.list_partitions())
-        nodes = tuple(read_node(raw) for raw in self.list_all(self.core.list_node))
+        nodes = tuple(
+            read_node(raw, self._inventories) for raw in self.list_all(self.core.list_node)
+        )
+        self._inventories.keep({n.name for n in nodes})
         for node in nodes:
             if node.report_error:
                 log.warning(
                     "Ignored node state", extra=logs.kv(node=node.name, err=node.report_error)
                 )
+        self._log_gpu_counts(nodes)
         resolution, broken = _resolve_each(
             [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
         )
@@ -138,8 +148,8 @@ class Reconciler:
         now = self.clock()
         by_state: Counter[str] = Counter()
         for partition in partitions:
-            if partition.deleting:
-                continue
+            if partition.deleting and partition.name not in resolution.statuses:
+                continue  # deleting, and nothing to restore: no status to keep up
             status: PartitionStatus | None = resolution.statuses.get(partition.name)
             if partition.partition is None or partition.name in broken:
                 error = partition.error or broken[partition.name]
@@ -166,7 +176,22 @@ class Reconciler:
         else:
             log.debug("Reconciled GpuPartitions without changes", extra=logs.kv(nodes=len(nodes)))
         self.writes += writes
-        return PassResult(nodes, partitions, writes, seconds)
+        return PassResult(nodes, partitions, writes, seconds, resolution)
+
+    def _log_gpu_counts(self, nodes: tuple[NodeObject, ...]) -> None:
+        """Each node whose GPU count cannot be trusted as labelled, logged once per change."""
+        said: dict[str, str] = {}
+        for node in nodes:
+            if node.inventory_error:
+                said[node.name], message = node.inventory_error, "Ignored node inventory"
+            elif node.view.count_disagreement:
+                said[node.name] = node.view.count_disagreement
+                message = "Counted GPUs from the node agent's inventory, not the label"
+            else:
+                continue
+            if self._said.get(node.name) != said[node.name]:
+                log.warning(message, extra=logs.kv(node=node.name, err=said[node.name]))
+        self._said = said
 
     def contained(self, action: str, name: str, write: Callable[..., int], *args: Any) -> int:
         """`write(*args)` for one object; its refusal (a 4xx) or a bug on its data is logged with the

@@ -526,6 +526,8 @@ def inventory(
             mode=v.mode,
             mig_devices=tuple(MigDevice(m.uuid, m.instance, m.uuid in used) for m in v.mig),
             replicas=v.replicas,
+            client_memory_mib=v.mps_memory_mib if v.mode is Mode.MPS else 0,
+            client_compute_percent=v.mps_compute_percent if v.mode is Mode.MPS else 0,
         )
         for v in views
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -145,19 +146,21 @@ def serve(
 
 def run(args: argparse.Namespace) -> int:
     logs.configure("INFO")
-    try:
-        settings = node_settings.from_args(args)
-        backend = _backend(settings)
-    except GpupartError as error:
-        log.error("Failed to start node agent", extra=logs.kv(err=error))
-        return 2
     from kubernetes import client
 
     from gpupart.kubeconfig import load_configuration
     from gpupart_plugin.kube import NodeClient
 
+    # A bad setting, GPU list or kubeconfig: one line and exit code 2, as the other components.
+    try:
+        settings = node_settings.from_args(args)
+        configuration = load_configuration(settings.kubeconfig)
+        backend = _backend(settings)
+    except GpupartError as error:
+        sys.stderr.write(f"gpupart node: {error}\n")
+        return 2
     node = NodeClient(
-        client.ApiClient(load_configuration(settings.kubeconfig)),
+        client.ApiClient(configuration),
         settings.node_name,
         KeyFile(settings.assignment_key_file),
     )

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--simulate",
         metavar="GPUS",
-        help="report on simulated GPUs instead of NVML (e.g. 2xH100-80GB), as `gpupart node` takes",
+        help="report on simulated GPUs instead of NVML, as `gpupart node` takes them "
+        "(e.g. 2xH100-SXM5-80GB) [default: the real GPUs, through NVML]",
     )
 
 

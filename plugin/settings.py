@@ -151,7 +151,7 @@ IGNORED_XIDS = Setting(
     "--ignored-xids",
     integers,
     ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))),
-    "Xids that do not make a device unhealthy",
+    "NVIDIA Xid errors that do not make a device unhealthy",
 )
 RECOVERY = Setting(
     "--recovery-seconds",

@@ -121,6 +121,12 @@ PARTITION_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("mode lower case", {"mode": "mig"}, "spec.mode"),
     ("mode a number", {"mode": 1}, "spec.mode"),
     ("disruption unknown", {"mode": "None", "disruption": "Sometimes"}, "spec.disruption"),
+    (
+        "restoreOnDelete a string",
+        {"mode": "None", "restoreOnDelete": "yes"},
+        "spec.restoreOnDelete",
+    ),
+    ("restoreOnDelete a number", {"mode": "None", "restoreOnDelete": 1}, "spec.restoreOnDelete"),
     ("label key with a space", _selected({"matchLabels": {"bad key": "x"}}), "matchLabels"),
     ("label key of 100 KB", _selected({"matchLabels": {LONG: "x"}}), "matchLabels"),
     ("label key two slashes", _selected({"matchLabels": {"a/b/c": "x"}}), "matchLabels"),

@@ -199,4 +199,4 @@ def test_help_lists_every_setting_with_its_variable_and_default(component: str) 
         for name in table.env_names(setting):
             assert name in entry, (setting.flag, name, entry)
         default = repr(setting.default) if setting.default else "unset"
-        assert f"default {default}" in entry, (setting.flag, entry)
+        assert f"default: {default}" in entry, (setting.flag, entry)

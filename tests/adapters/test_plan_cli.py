@@ -215,3 +215,105 @@ def test_each_shipped_example_fits_the_gpu_its_selector_names(example):
     )
     result = plan("--product", product, str(path))
     assert result.returncode == 0, result.stderr
+
+
+SHIPPED = sorted((EXAMPLE.parent).glob("*.yaml"))
+PLANS = {
+    "mig-a100.yaml": "GpuPartition mig-a100: MIG on A100-SXM4-80GB, every GPU of each node\n",
+    "mig-dynamic-h100.yaml": (
+        "GpuPartition mig-dynamic-h100: MIG on H100-SXM5-80GB, every GPU of each node\n"
+    ),
+    "mps-h100.yaml": (
+        "GpuPartition mps-h100: MPS on H100-SXM5-80GB, every GPU of each node\n"
+        "  up to 8 MPS clients per GPU (nvidia.com/gpu.shared), 9216 MiB each by default, "
+        "25% of SMs each\n"
+    ),
+    "timeslicing-l4.yaml": (
+        "GpuPartition timeslicing-l4: TimeSlicing on NVIDIA-L4, GPU 0, 1 of each node\n"
+        "  4 time-sliced replicas per GPU (nvidia.com/gpu.shared)\n"
+    ),
+    "whole-gpus.yaml": (
+        "GpuPartition whole-gpus: None on any GPU product, every GPU of each node\n"
+        "  whole GPUs, no partitioning (nvidia.com/gpu)\n"
+    ),
+}
+"""What `gpupart plan FILE` prints for each shipped example (its first line, or all of it)."""
+
+
+def test_every_shipped_example_is_covered():
+    assert sorted(p.name for p in SHIPPED) == sorted(PLANS)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_plan_takes_every_shipped_example_as_written(path):
+    # no --product: the nodeSelector's nvidia.com/gpu.product names it, or the mode needs none
+    result = plan(str(path))
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert result.stdout.startswith(PLANS[path.name])
+    assert json.loads(plan("--json", str(path)).stdout)["feasible"] is True
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLE.parents[3] / "docs" / "examples").glob("*.yaml")))
+def test_plan_refuses_the_pod_examples_naming_what_they_are(path):
+    result = plan(str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"gpupart plan: {path}: apiVersion/kind: expected gpupart.io/v1alpha1 GpuPartition, "
+        "got v1 Pod\n"
+    )
+
+
+def test_a_mig_partition_without_a_product_anywhere_is_refused_saying_what_to_give(tmp_path):
+    path = partition(tmp_path, "{1g.10gb: 1}")
+    result = plan(str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"gpupart plan: {path}: spec.nodeSelector: names no nvidia.com/gpu.product, and MIG "
+        "layouts depend on the GPU: give --product NAME\n"
+    )
+
+
+def test_a_selector_naming_several_products_plans_each(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "apiVersion: gpupart.io/v1alpha1\nkind: GpuPartition\nmetadata: {name: two}\nspec:\n"
+        "  nodeSelector:\n    matchExpressions:\n      - key: nvidia.com/gpu.product\n"
+        "        operator: In\n        values: [NVIDIA-A100-SXM4-80GB, NVIDIA-A100-SXM4-40GB]\n"
+        "  mode: MPS\n  mps: {maxClients: 4, defaultMemory: 12Gi}\n"
+    )
+    result = plan(str(path))
+    assert result.returncode == 2  # fits the 80 GB GPU, not the 40 GB one
+    assert result.stdout == (
+        "GpuPartition two: MPS on A100-SXM4-80GB, every GPU of each node\n"
+        "  up to 4 MPS clients per GPU (nvidia.com/gpu.shared), 12288 MiB each by default\n"
+    )
+    assert result.stderr == (
+        f"gpupart plan: {path}: spec.mps: 4 clients × 12288 MiB = 49152 MiB, more than the "
+        "40960 MiB of a A100-SXM4-40GB\n"
+    )
+
+
+def test_mps_memory_on_a_product_without_figures_is_refused_not_guessed(tmp_path):
+    path = tmp_path / "l4.yaml"
+    path.write_text(
+        "apiVersion: gpupart.io/v1alpha1\nkind: GpuPartition\nmetadata: {name: l4}\nspec:\n"
+        "  nodeSelector: {matchLabels: {nvidia.com/gpu.product: NVIDIA-L4}}\n"
+        "  mode: MPS\n  mps: {maxClients: 4, defaultMemory: 4Gi}\n"
+    )
+    result = plan(str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"gpupart plan: {path}: spec.mps.defaultMemory: gpupart knows no memory size of a "
+        "'NVIDIA-L4' to check 4 clients × defaultMemory against; leave defaultMemory out, or "
+        "plan for a catalogued product (--product)\n"
+    )
+
+
+def test_readme_plan_example_prints_what_the_readme_shows():
+    readme = (EXAMPLE.parents[3] / "README.md").read_text()
+    block = readme.split("```console\n$ gpupart plan ", 1)[1].split("```", 1)[0]
+    command, _, shown = block.partition("\n")
+    root = EXAMPLE.parents[3]
+    result = plan(*(str(root / a) if a.endswith(".yaml") else a for a in command.split()))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown

@@ -3,12 +3,17 @@ path (exit code 2, one line on stderr naming the file and line)."""
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpupart.cli import main
+from gpupart.simulate import Progress
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,393216,8,G2\n"
 PODS = (
@@ -260,3 +265,139 @@ def test_mig_dynamic_refuses_an_unknown_policy_and_dynamic_without_mig(
     assert "--dynamic needs --mig" in capsys.readouterr().err
     assert main(["simulate", "--mig", "--dynamic", "--policy", "magic"]) == 2
     assert "unknown policy 'magic'" in capsys.readouterr().err
+
+
+def _simulate(*args: str) -> subprocess.CompletedProcess[str]:
+    """`gpupart simulate` as a user runs it: the installed command, stderr not a terminal."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("gpupart")), "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--mig", "--plot", "x.png"],
+            "--plot does not apply to --mig, which takes --seed, --load, --json",
+        ),
+        (
+            ["--mig", "--max-pods", "5"],
+            "--max-pods does not apply to --mig, which takes --seed, --load, --json",
+        ),
+        (
+            ["--mig", "--dynamic", "--plot", "x.png"],
+            "--plot does not apply to --mig --dynamic, "
+            "which takes --nodes, --pods, --policy, --seed, --json, --gpu-model, --max-pods, "
+            "--create-s, --destroy-s, --advertise-s, --plugin-restart-s",
+        ),
+        (
+            ["--mig", "--dynamic", "--load", "0"],
+            "--load does not apply to --mig --dynamic, which "
+            "takes --nodes, --pods, --policy, --seed, --json, --gpu-model, --max-pods, --create-s, "
+            "--destroy-s, --advertise-s, --plugin-restart-s",
+        ),
+        (
+            ["--max-pods", "5"],
+            "--max-pods does not apply to a replay without --mig, which takes "
+            "--nodes, --pods, --policy, --seed, --load, --tie-break, --json, --plot",
+        ),
+        (
+            ["--create-s", "2"],
+            "--create-s does not apply to a replay without --mig, which takes "
+            "--nodes, --pods, --policy, --seed, --load, --tie-break, --json, --plot",
+        ),
+        (
+            ["--mig", "--policy", "fgd"],
+            "--policy does not apply to --mig, which takes --seed, --load, --json",
+        ),
+        (
+            ["--mig", "--dynamic", "--gpu-model", "H100-SXM5-80GB"],
+            "--gpu-model names the products of a trace's nodes: give --nodes/--pods",
+        ),
+        (["--mig", "--dynamic", "--max-pods", "0"], "--max-pods must be 1 or more, got 0"),
+    ],
+)
+def test_a_flag_the_mode_does_not_read_is_refused(args: list[str], message: str) -> None:
+    done = _simulate(*args)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"gpupart simulate: error: {message}\n"
+
+
+def test_max_pods_cuts_the_built_in_dynamic_workload() -> None:
+    done = _simulate("--mig", "--dynamic", "--policy", "gpupart", "--max-pods", "40", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["pods"] == 40 and data["policies"]["gpupart"]["pods"] == 40
+
+
+def test_the_example_table_explains_every_column_and_ranks_the_policies() -> None:
+    done = _simulate()
+    assert done.returncode == 0 and done.stderr == ""  # a short run prints no progress
+    out = done.stdout
+    header = out.splitlines()[3].split()
+    assert header == ["policy", "at", "100", "%", "at", "end", "GPUs", "pods", "GPUs", "(%)", "(s)"]
+    for column in ("GPUs allocated:", "free GPUs:", "failed pods:", "fragmented GPUs:"):
+        assert f"\n{column} " in out, column
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[4:8]}
+    end = {policy: float(row[2]) for policy, row in rows.items()}
+    ranking = out.split("In this run, GPUs allocated at the end: ")[1].splitlines()[0]
+    assert ranking == (
+        f"gpupart {end['gpupart'] - end['fgd']:+.2f} points over fgd; "
+        f"fgd {end['fgd'] - end['bestfit']:+.2f} points over bestfit."
+    )
+    assert end["gpupart"] > end["fgd"] > end["bestfit"] > end["random"]
+
+
+def test_readme_shows_the_demo_as_it_runs() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    shown = readme.split("<!-- demo:begin -->\n```console\n$ make demo\n", 1)[1]
+    shown = shown.split("```\n<!-- demo:end -->", 1)[0]
+    # everything but the run times (last column of the four policy rows)
+    strip = re.compile(r" +\d+\.\d\d$", re.MULTILINE)
+    assert strip.sub("", shown) == strip.sub("", _simulate().stdout)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds_never_one_per_pod() -> None:
+    stream = io.StringIO()  # not a terminal
+    clock = _Clock()
+    progress = Progress(stream, "fgd", "pods", clock=clock)
+    for done, at in (
+        (256, 100.5),
+        (512, 101.5),
+        (768, 104.9),
+        (1024, 105.2),
+        (1280, 106.0),
+        (1536, 110.3),
+        (2048, 112.0),
+    ):
+        clock.now = at
+        progress.update(done, 2048)
+    progress.close()
+    assert stream.getvalue() == (
+        "gpupart simulate: fgd: 50% (1,024 of 2,048 pods), 5 s\n"
+        "gpupart simulate: fgd: 75% (1,536 of 2,048 pods), 10 s\n"
+        "gpupart simulate: fgd: done in 12.0 s\n"
+    )
+
+
+def test_progress_of_a_short_run_is_silent() -> None:
+    stream = io.StringIO()
+    clock = _Clock()
+    progress = Progress(stream, "fgd", "pods", clock=clock)
+    clock.now = 100.9
+    progress.update(100, 100)
+    progress.close()
+    assert stream.getvalue() == ""

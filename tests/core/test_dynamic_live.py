@@ -3,7 +3,8 @@
 Aspects: a pending pod gets a plan and a reservation on a GPU with room; a node with an
 unanswered plan is not planned again; reservations end when their pod is bound, gone or past
 the TTL; a failed plan frees its pods; the inventory's `used` and the conservative holder count
-keep used instances out of every plan; the same state gives the same plan id (no rewrite).
+keep used instances out of every plan; the same state gives the same plan id (no rewrite); a
+reason names the pods that hold what is in the way, and the MIG device when no pod does.
 """
 
 from dataclasses import replace
@@ -179,6 +180,24 @@ def test_unserved_pods_get_the_planners_reason() -> None:
     result = plan_round([node()], [pod("a/x", "7g.80gb"), pod("b/y", "7g.80gb", since=1)], now=5)
     assert [p for p, _ in result.unserved] == ["b/y"]
     assert "GPU" in result.unserved[0][1]
+
+
+def test_a_reason_names_the_pod_in_the_way_not_its_mig_device() -> None:
+    held = (device(0, 4, "4g.40gb", used=True), device(4, 4, "3g.40gb", used=True))
+    facts = replace(
+        node(devices={0: held}, holders={"4g.40gb": 1, "3g.40gb": 2}),
+        holder_pods={"4g.40gb": ("team-a/train",), "3g.40gb": ("team-b/x", "team-b/y")},
+    )
+    ((_, why),) = plan_round([facts], [pod("a/x", "7g.80gb")], now=5).unserved
+    assert "4g.40gb in use at slots 0-3 by team-a/train" in why, why
+    assert "3g.40gb in use at slots 4-7 by one of team-b/x, team-b/y" in why, why
+    assert "MIG-" not in why, why
+
+
+def test_a_reason_names_the_mig_device_when_no_pod_holds_it() -> None:
+    facts = node(devices={0: (device(0, 4, "4g.40gb", used=True),)})
+    ((_, why),) = plan_round([facts], [pod("a/x", "7g.80gb")], now=5).unserved
+    assert "by no pod gpupart sees (MIG-0-4g.40gb-0: a process, or a pod on its way out)" in why
 
 
 # --- laws ------------------------------------------------------------------------------------

@@ -86,7 +86,12 @@ def test_mps_limits_and_commands() -> None:
         "set_default_device_pinned_mem_limit 0 20000M",
     )
     assert client_limits(0, 0, defaults=limits, gpu_memory_mib=80000) == (20000, 25)
-    assert client_limits(5000, 60, defaults=limits, gpu_memory_mib=80000) == (5000, 60)
+    assert client_limits(5000, 20, defaults=limits, gpu_memory_mib=80000) == (5000, 20)
+    assert client_limits(20000, 25, defaults=limits, gpu_memory_mib=80000) == (20000, 25)
+    # The daemon's defaults are ceilings a client can only lower: above them is refused.
+    for memory, compute, field in ((20001, 0, "gpu-memory"), (0, 26, "gpu-compute")):
+        with pytest.raises(InvalidInput, match=f"gpupart.io/{field}.*MPS lets one client"):
+            client_limits(memory, compute, defaults=limits, gpu_memory_mib=80000)
     with pytest.raises(InvalidInput):
         client_limits(90000, 0, defaults=limits, gpu_memory_mib=80000)
 

@@ -1,8 +1,11 @@
 """Operator logic on plain values: node selection, conflicts, desired groups, status and conditions.
 
 Aspects: selection by labels, per-node validation (unknown product, profile not offered,
-infeasible layout, GPU index beyond the node), conflict resolution by priority then age,
-status from node reports, conditions and their transition times, deletion release.
+infeasible layout, GPU index beyond the node, a node without GPUs), a node's GPUs from the
+agent's inventory over the count label, dynamic MIG on nodes whose GPUs are unknown, conflict
+resolution by priority then age (and a loser left with nothing says Conflict), status from node
+reports, conditions and their transition times, deletion release, restoreOnDelete's wait for
+whole GPUs.
 """
 
 import copy
@@ -38,10 +41,12 @@ def partition(name="a", created="2026-01-01T00:00:00Z", deleting=False, **spec):
     return Partition(parse_partition(document), created, deleting)
 
 
-def node(name, product="NVIDIA-A100-SXM4-80GB", count="2", report=None, **labels):
+def node(name, product="NVIDIA-A100-SXM4-80GB", count="2", report=None, inventory=None, **labels):
     all_labels = {"pool": "mig", "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": count}
     all_labels.update(labels)
-    return LabeledNode(name, {k: v for k, v in all_labels.items() if v is not None}, report)
+    return LabeledNode(
+        name, {k: v for k, v in all_labels.items() if v is not None}, report, inventory
+    )
 
 
 def conditions(status):
@@ -210,3 +215,145 @@ def test_a_blocked_message_names_each_gpu_once_without_repeating_its_prefix():
     group = DesiredGroup("p", 1, None, GpuConfig(Mode.MIG, (("1g.10gb", 1),)))
     status = _node_status(group, report)
     assert status.message == "GPU 0, 1: in use by pods a/x; it leaves MPS mode once idle"
+
+
+DYNAMIC = {"mig": {"dynamic": {}}}
+
+
+def ready(status):
+    return next(c for c in status.conditions if c.type == "Ready")
+
+
+def test_the_agents_inventory_gives_a_node_its_gpus_and_wins_over_the_label():
+    only_inventory = node("inv", count=None, inventory=(0, 1, 2))
+    assert only_inventory.gpu_indices == (0, 1, 2) and only_inventory.count_disagreement == ""
+    wrong_label = node("lab", count="8", inventory=(0, 1))
+    assert wrong_label.gpu_indices == (0, 1)
+    assert "nvidia.com/gpu.count=8" in wrong_label.count_disagreement
+    assert "inventory lists 2 GPU(s)" in wrong_label.count_disagreement
+    assert node("plain", count="2").gpu_indices == (0, 1)
+    assert node("none", count=None).gpu_indices is None
+    # spec.gpus is checked against what the agent lists, not the label.
+    result = resolve([partition(gpus=[2])], [only_inventory, wrong_label])
+    states = dict(result.statuses["a"].nodes)
+    assert states["inv"].state is GpuState.PENDING
+    assert states["lab"].state is GpuState.FAILED and "has 2 GPUs (0, 1)" in states["lab"].message
+
+
+def test_a_dynamic_partition_on_a_node_with_only_the_inventory_gets_every_gpu():
+    result = resolve([partition(**DYNAMIC)], [node("inv", count=None, inventory=(0, 1))])
+    (group,) = result.desired["inv"]
+    assert group.config.dynamic and group.gpus is None
+    assert ready(result.statuses["a"]).reason == "NotApplied"
+    # Two partitions split it by index, as with the label.
+    low = partition("low", gpus=[0, 1])
+    high = partition("high", gpus=[1], priority=3)
+    split = resolve([low, high], [node("inv", count=None, inventory=(0, 1))])
+    assert {g.partition: g.gpus for g in split.desired["inv"]} == {"high": (1,), "low": (0,)}
+
+
+def test_a_dynamic_partition_on_a_node_with_neither_says_so_and_what_to_do():
+    result = resolve([partition(**DYNAMIC)], [node("bare", count=None), node("ok")])
+    status = result.statuses["a"]
+    condition = ready(status)
+    assert condition.reason == "GpusUnknown"
+    assert condition.message.startswith("bare: GPUs unknown"), condition.message
+    assert "gpupart.io/inventory" in condition.message
+    assert "label the node nvidia.com/gpu.count=<GPUs>" in condition.message
+    assert dict(status.nodes)["bare"].state is GpuState.PENDING
+    # Still written: the agent, once it runs there, enables MIG and publishes its inventory.
+    assert [g.partition for g in result.desired["bare"]] == ["a"]
+    # A static partition needs no index there: the agent applies it to every GPU it has.
+    static = resolve([partition()], [node("bare", count=None)])
+    assert ready(static.statuses["a"]).reason == "NotApplied"
+
+
+def test_a_node_without_gpus_is_refused_by_name():
+    result = resolve(
+        [partition()], [node("empty", count=None, inventory=()), node("zero", count="0")]
+    )
+    states = dict(result.statuses["a"].nodes)
+    assert "empty has no GPU (the node agent's gpupart.io/inventory lists none)" in (
+        states["empty"].message
+    )
+    assert "zero has no GPU (nvidia.com/gpu.count is 0)" in states["zero"].message
+    assert ready(result.statuses["a"]).reason == "InvalidForNode"
+    assert result.desired == {}
+
+
+def test_a_partition_left_with_no_gpu_by_a_conflict_says_conflict_naming_the_winner():
+    old = partition("old", created="2026-01-01T00:00:00Z")
+    new = partition("new", created="2026-02-01T00:00:00Z")
+    result = resolve([old, new], [node("n1"), node("n2")])
+    condition = ready(result.statuses["new"])
+    assert condition.reason == "Conflict", condition
+    assert "n1 GPU 0, 1 taken by old" in condition.message
+    assert "n2 GPU 0, 1 taken by old" in condition.message
+    assert conditions(result.statuses["new"])["Conflict"] == ("True", "GpusClaimedElsewhere")
+    # With GPUs unknown on both sides, the winner takes all and the loser still says why.
+    unknown = resolve([old, new], [node("n1", count=None)])
+    assert ready(unknown.statuses["new"]).reason == "Conflict"
+    assert ready(resolve([new], [node("cpu", pool="cpu")]).statuses["new"]).reason == (
+        "NoMatchingNodes"
+    )
+
+
+def whole(index, state=GpuState.APPLIED, mode=Mode.NONE, **kw):
+    return GpuReport(index, state, mode, **kw)
+
+
+def test_restore_on_delete_keeps_the_node_annotation_and_waits_for_whole_gpus():
+    gone = partition(deleting=True, restoreOnDelete=True)
+    # The agent has not acted on the deletion yet: it still reports applying the partition.
+    applying = node("n1", report=NodeReport((("a", 2),), (whole(0, mode=Mode.MIG),)))
+    result = resolve([gone], [applying])
+    assert result.desired == {"n1": ()}, "an annotation without groups: every GPU whole"
+    release = result.releases["a"]
+    assert release.unanswered == ("n1",) and release.restoring == ()
+    # It acted: one GPU is whole, the other still holds a pod's instance.
+    blocked = whole(
+        1,
+        GpuState.BLOCKED,
+        Mode.MIG,
+        message="leaving MIG mode destroys 3g.40gb at slots 4-7, in use",
+        blocking_pods=("team-a/train",),
+    )
+    waiting = node("n1", report=NodeReport((), (whole(0), blocked)))
+    result = resolve([gone], [waiting])
+    assert result.releases["a"].unanswered == () and result.releases["a"].restoring == ("n1",)
+    status = result.statuses["a"]
+    ((name, state),) = status.nodes
+    assert state.state is GpuState.BLOCKED and "(in use by team-a/train)" in state.message
+    condition = ready(status)
+    assert condition.reason == "Restoring"
+    assert condition.message.startswith("returning GPUs to whole GPUs before deletion: 0 of 1")
+    assert "team-a/train" in condition.message
+    assert conditions(status)["Degraded"] == ("True", "Blocked")
+    # Whole again: nothing holds the deletion.
+    done = resolve([gone], [node("n1", report=NodeReport((), (whole(0), whole(1))))])
+    assert done.releases["a"].restoring == () and done.releases["a"].unanswered == ()
+    assert dict(done.statuses["a"].nodes)["n1"].state is GpuState.APPLIED
+    assert done.desired == {"n1": ()}
+
+
+def test_restore_on_delete_leaves_gpus_that_a_live_partition_takes():
+    gone = partition("a", deleting=True, restoreOnDelete=True, gpus=[0, 1])
+    other = partition("b", created="2026-02-01T00:00:00Z", gpus=[1])
+    report = NodeReport((("b", 2),), (whole(0), whole(1, mode=Mode.MIG)))
+    result = resolve([gone, other], [node("n1", report=report)])
+    assert [g.partition for g in result.desired["n1"]] == ["b"]
+    ((_, state),) = result.statuses["a"].nodes
+    assert state.gpus == (0,) and state.state is GpuState.APPLIED, state
+    # Nowhere to restore (every GPU went to b, or no agent ever reported): no status entry.
+    taken = resolve(
+        [partition("a", deleting=True, restoreOnDelete=True, gpus=[1]), other],
+        [node("n1", report=report), node("silent")],
+    )
+    assert taken.statuses["a"].nodes == () and taken.releases["a"].restoring == ()
+
+
+def test_deletion_without_restore_removes_the_annotation_and_writes_no_status():
+    still = node("n1", report=NodeReport((("a", 2),), (whole(0, mode=Mode.MIG),)))
+    result = resolve([partition(deleting=True)], [still])
+    assert result.desired == {} and result.statuses == {}
+    assert result.releases["a"].unanswered == ("n1",) and result.releases["a"].restoring == ()

@@ -52,6 +52,13 @@ def test_mig_partition_parses():
     assert not spec.node_selector.matches(labels | {"pool": "c"})
 
 
+def test_restore_on_delete_is_off_unless_asked_and_must_be_a_boolean():
+    assert parse_partition(MIG).restore_on_delete is False
+    assert parse_partition(with_spec(restoreOnDelete=True)).restore_on_delete is True
+    with pytest.raises(InvalidInput, match="spec.restoreOnDelete: must be true or false"):
+        parse_partition(with_spec(restoreOnDelete="true"))
+
+
 def test_mps_and_time_slicing_and_none_parse():
     mps = parse_partition(
         with_spec(

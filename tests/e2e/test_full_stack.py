@@ -277,7 +277,8 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
     c = Cluster(stack)
     # Simulated GPUs that start without MIG; the simulated admin reset lets MPS -> MIG converge.
     nodes = nodes_for(stack, "mps", A100, "A100-SXM4-80GB:mig-off", 2, auto_reset=True)
-    spec = {"mode": "MPS", "mps": {"maxClients": 4, "defaultMemory": "10Gi"}}
+    # Ceilings per client (what the MPS daemon enforces): 20 GiB and 25 % (100 / maxClients).
+    spec = {"mode": "MPS", "mps": {"maxClients": 4, "defaultMemory": "20Gi"}}
     c.custom.create_cluster_custom_object(
         GROUP, VERSION, PLURAL, partition("stack-mps", "mps", spec)
     )
@@ -294,13 +295,27 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
         )
         gpu_uuids = {n: c.inventory(n)[0].uuid for n in nodes}
         assert all(c.gpu_report(n).gpus[0].mode is Mode.MPS for n in nodes)
+        assert all(c.inventory(n)[0].client_memory_mib == 20480 for n in nodes)
 
-        # 6 pods of about 25000 MiB: 3 fit on each 81920 MiB GPU. One at a time, so each
+        # A pod asking more than one MPS client may hold would get only the ceiling from the
+        # GPU: it is refused, in words, on every node (kube-scheduler's own count would pass it).
+        c.core.create_namespaced_pod(
+            namespace, pod("mps-big", "mps", {SHARED: "1", MEMORY: "30000"})
+        )
+        events = c.until(
+            lambda: [e for e in c.events(namespace, "mps-big") if e.startswith("FailedScheduling")],
+            60,
+            "FailedScheduling event for the pod above the ceiling",
+        )
+        assert any("MPS lets one container hold at most 20480 MiB" in e for e in events), events
+        c.core.delete_namespaced_pod("mps-big", namespace, grace_period_seconds=0)
+
+        # 8 pods of about 15000 MiB fill the 4 client slots of each GPU. One at a time, so each
         # Allocate has exactly one pod waiting for it (the kubelet's Allocate names no pod).
-        computes = ["20", "30", None, "20", "30", None]
-        names = [f"mps-{i}" for i in range(6)]
+        computes = ["20", "25", None, "20", "25", None, "10", None]
+        names = [f"mps-{i}" for i in range(8)]
         for i, name in enumerate(names):
-            limits = {SHARED: "1", MEMORY: str(25000 + i)}
+            limits = {SHARED: "1", MEMORY: str(15000 + i)}
             if computes[i]:
                 limits[COMPUTE] = computes[i]
             c.core.create_namespaced_pod(namespace, pod(name, "mps", limits))
@@ -313,32 +328,31 @@ def test_mps_partition_memory_requests_get_the_mps_env_then_repartition(
             env = c.env(namespace, name)
             assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, env
             assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps", env
-            limit = f"{assignment.gpu_uuid}={25000 + i}M"
+            limit = f"{assignment.gpu_uuid}={15000 + i}M"
             assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit, env
             # Without a compute request: the partition's even share, 100 / maxClients.
             assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == (computes[i] or "25"), env
         on_node = {
             n: [p for p, o in c.pods(namespace).items() if o.spec.node_name == n] for n in nodes
         }
-        assert sorted(len(v) for v in on_node.values()) == [3, 3], on_node
+        assert sorted(len(v) for v in on_node.values()) == [4, 4], on_node
 
-        # A 7th pod asking more memory than either GPU has left (a client slot is free) waits.
-        c.core.create_namespaced_pod(namespace, pod("mps-6", "mps", {SHARED: "1", MEMORY: "10000"}))
+        # A 9th pod waits: every client slot is taken.
+        c.core.create_namespaced_pod(namespace, pod("mps-8", "mps", {SHARED: "1", MEMORY: "10000"}))
         events = c.until(
-            lambda: [e for e in c.events(namespace, "mps-6") if e.startswith("FailedScheduling")],
+            lambda: [e for e in c.events(namespace, "mps-8") if e.startswith("FailedScheduling")],
             60,
-            "FailedScheduling event for the 7th pod",
+            "FailedScheduling event for the 9th pod",
         )
-        # One GPU per node: short on it is short in total, which kube-scheduler counts itself.
-        assert any("2 Insufficient gpupart.io/gpu-memory" in e for e in events), events
-        assert c.pods(namespace)["mps-6"].spec.node_name is None
+        assert any("2 Insufficient nvidia.com/gpu.shared" in e for e in events), events
+        assert c.pods(namespace)["mps-8"].spec.node_name is None
 
-        # One pod goes: the 7th takes its memory, on that pod's GPU.
+        # One pod goes: the 9th takes its slot, on that pod's GPU.
         freed = c.pods(namespace)["mps-0"].spec.node_name
         c.core.delete_namespaced_pod("mps-0", namespace, grace_period_seconds=0)
-        c.until(lambda: c.allocated(namespace, "mps-6"), 330, "Allocate for the 7th pod")
-        env = c.env(namespace, "mps-6")
-        assert c.pods(namespace)["mps-6"].spec.node_name == freed
+        c.until(lambda: c.allocated(namespace, "mps-8"), 330, "Allocate for the 9th pod")
+        env = c.env(namespace, "mps-8")
+        assert c.pods(namespace)["mps-8"].spec.node_name == freed
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuids[freed]}=10000M", env
 
         # MPS -> MIG while clients run: Blocked, naming them; nothing changed.

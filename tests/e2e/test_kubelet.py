@@ -411,7 +411,7 @@ def test_a_pod_waiting_for_shared_memory_runs_once_a_node_offers_it(
     """kube-scheduler requeues it on the Node's change (not after its 5-minute flush): the node
     agent advertises the extender-managed memory and compute in the Node's allocatable."""
     core = client.CoreV1Api(stack.api_client)
-    limits = {SHARED: "1", MEMORY: "20000", COMPUTE: "30"}
+    limits = {SHARED: "1", MEMORY: "20000", COMPUTE: "25"}
     core.create_namespaced_pod(
         namespace,
         {

@@ -3,9 +3,13 @@
 Aspects: create -> desired annotations on matching nodes and a Pending status; a simulated node
 agent -> Ready=True; update -> new generation on the nodes; a profile the node's GPU does not
 offer -> Ready=False naming node and profile, nothing written to that node; a selector matching
-no node; two partitions on one GPU -> Conflict=True naming the winner (priority, then age); a
-label change moves a node between partitions; a hand-edited annotation is put back; delete ->
-annotations removed, finalizer held until the agent lets go, not held by an unreachable node;
+no node; two partitions on one GPU -> Conflict=True naming the winner (priority, then age), and
+the loser left with nothing reads Ready=False Conflict; a node's GPUs from the agent's inventory
+when it has no count label, and a dynamic partition on a node with neither says so (GpusUnknown,
+a Warning Event); a label change moves a node between partitions; a hand-edited annotation is
+put back; delete -> annotations removed, finalizer held until the agent lets go, not held by an
+unreachable node; restoreOnDelete -> held while pods keep a GPU from going whole, named, past
+the release timeout, and released at once when the admin turns restoreOnDelete off;
 Events for transitions; nothing of kopf in status; a steady-state resync writes nothing,
 counted at the API server's own /metrics.
 """
@@ -13,6 +17,7 @@ counted at the API server's own /metrics.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import re
 import ssl
@@ -31,11 +36,15 @@ from poison import GOOD_SPECS, HUGE, LONG, PARTITION_CASES, partition
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
     GpuReport,
     GpuState,
+    Inventory,
+    InventoryGpu,
     NodeReport,
     decode_desired,
+    encode_inventory,
     encode_report,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
@@ -203,20 +212,41 @@ def wait_desired(op: RunningOperator, node_name: str, expected: list[tuple[str, 
     )
 
 
-def report(op: RunningOperator, node_name: str, observed: list[tuple[str, int]]) -> None:
-    """Play the node agent: say which partition generations this node applied."""
-    gpus = (
-        GpuReport(
-            0,
-            GpuState.APPLIED,
-            Mode.MIG,
-            (MigInstance(Placement(0, 1), "1g.10gb"),) if observed else (),
-        ),
-    )
+def report(
+    op: RunningOperator,
+    node_name: str,
+    observed: list[tuple[str, int]],
+    gpus: tuple[GpuReport, ...] | None = None,
+) -> None:
+    """Play the node agent: say which partition generations this node applied (and how its GPUs are)."""
+    if gpus is None:
+        gpus = (
+            GpuReport(
+                0,
+                GpuState.APPLIED,
+                Mode.MIG,
+                (MigInstance(Placement(0, 1), "1g.10gb"),) if observed else (),
+            ),
+        )
     text = encode_report(NodeReport(tuple(observed), gpus))
     op.reconciler.core.patch_node(
         node_name,
         {"metadata": {"annotations": {STATE_ANNOTATION: text}}},
+        _content_type="application/merge-patch+json",
+    )
+
+
+def publish_inventory(op: RunningOperator, node_name: str, gpus: int) -> None:
+    """Play the node agent: publish its inventory, `gpus` whole H100s."""
+    inventory = Inventory(
+        tuple(
+            InventoryGpu(i, f"GPU-{node_name}-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG)
+            for i in range(gpus)
+        )
+    )
+    op.reconciler.core.patch_node(
+        node_name,
+        {"metadata": {"annotations": {INVENTORY_ANNOTATION: encode_inventory(inventory)}}},
         _content_type="application/merge-patch+json",
     )
 
@@ -238,6 +268,17 @@ def events_for(op: RunningOperator, name: str) -> list[dict[str, Any]]:
         ).data
     )
     return list(listed["items"])
+
+
+def retries(op: RunningOperator, name: str) -> int:
+    """How often kopf has retried the delete handler of `name` (0 once it is gone)."""
+    try:
+        annotations = get(op, name)["metadata"].get("annotations") or {}
+    except ApiException as error:
+        if error.status == 404:
+            return 0
+        raise
+    return int(json.loads(annotations.get("gpupart.io/release", "{}")).get("retries", 0))
 
 
 def gone(op: RunningOperator, name: str) -> bool:
@@ -394,6 +435,16 @@ def test_two_partitions_on_one_gpu_the_higher_priority_wins(
     loser = wait_condition(op, old, "Conflict", "True")
     assert new in condition(loser, "Conflict")["message"]
     assert shared not in loser["status"]["nodes"]
+    # Left with no GPU at all, it says Conflict, not that no node matches.
+    loser = wait_condition(op, old, "Ready", "False", "Conflict")
+    message = condition(loser, "Ready")["message"]
+    assert f"{shared} GPU 0 taken by {new}" in message, message
+    warning = wait_for(
+        lambda: [e for e in events_for(op, old) if e["reason"] == "Conflict"],
+        TIMEOUT,
+        "a Warning Event for Ready=False Conflict",
+    )
+    assert warning[0]["type"] == "Warning" and new in warning[0]["message"]
     assert condition(get(op, new), "Conflict")["status"] == "False"
     # Equal priority: the older object wins.
     apply(
@@ -402,6 +453,56 @@ def test_two_partitions_on_one_gpu_the_higher_priority_wins(
     wait_desired(op, shared, [(old, 1)])
     assert old in condition(wait_condition(op, new, "Conflict", "True"), "Conflict")["message"]
     wait_condition(op, old, "Conflict", "False")
+
+
+def test_gpus_come_from_the_agents_inventory_and_a_node_with_neither_is_named(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-inv"}
+    listed, bare = f"{RUN}-inv", f"{RUN}-bare"
+    labels = {**mig_labels(gpus=1), "e2e-run": RUN, **label}
+    del labels["nvidia.com/gpu.count"]  # GFD's product label, no count: as a playground has
+    create_nodes(cp.api_client(), [gpu_node(n, labels=labels) for n in (listed, bare)])
+    publish_inventory(op, listed, 2)
+    name = f"{RUN}-inv"
+    apply(
+        cp,
+        name,
+        {"nodeSelector": {"matchLabels": label}, "mode": "MIG", "mig": {"dynamic": {}}},
+    )
+    obj = wait_condition(op, name, "Ready", "False", "GpusUnknown")
+    message = condition(obj, "Ready")["message"]
+    assert message.startswith(f"{bare}: GPUs unknown"), message
+    assert listed not in message and "nvidia.com/gpu.count" in message, message
+    nodes = obj["status"]["nodes"]
+    assert nodes[bare]["state"] == "Pending" and nodes[bare]["message"] == message
+    assert nodes[listed]["state"] == "Pending" and "GPUs unknown" not in nodes[listed]["message"]
+    warning = wait_for(
+        lambda: [e for e in events_for(op, name) if e["reason"] == "GpusUnknown"],
+        TIMEOUT,
+        "a Warning Event naming the node",
+    )
+    assert warning[0]["type"] == "Warning" and bare in warning[0]["message"]
+    # Both still get the partition: the agent enables MIG where it runs, then says its GPUs.
+    wait_desired(op, listed, [(name, 1)])
+    wait_desired(op, bare, [(name, 1)])
+    publish_inventory(op, bare, 1)
+    wait_condition(op, name, "Ready", "False", "NotApplied")
+    # spec.gpus is checked against what the agent lists: GPU 1 exists on one node only.
+    apply(
+        cp,
+        name,
+        {
+            "nodeSelector": {"matchLabels": label},
+            "mode": "MIG",
+            "mig": {"dynamic": {}},
+            "gpus": [1],
+        },
+    )
+    obj = wait_condition(op, name, "Ready", "False", "InvalidForNode")
+    assert f"{bare} has 1 GPU (0); spec.gpus asks for 1" in condition(obj, "Ready")["message"]
+    wait_desired(op, listed, [(name, 2)])
 
 
 def test_a_label_change_moves_a_node_between_partitions(
@@ -425,7 +526,8 @@ def test_a_label_change_moves_a_node_between_partitions(
     cp.kubectl("label", "node", mover, f"e2e-pool={RUN}-y", "--overwrite")
     wait_desired(op, mover, [(py, 1)])
     wait_condition(op, px, "Ready", "False", "NoMatchingNodes")
-    assert mover in get(op, py)["status"]["nodes"]
+    # One pass writes px's status, then py's: wait for the second too.
+    wait_for(lambda: mover in get(op, py)["status"]["nodes"], TIMEOUT, f"{mover} in {py}'s status")
     # A hand edit of the annotation is put back.
     op.reconciler.core.patch_node(
         mover,
@@ -468,7 +570,8 @@ def test_delete_holds_the_finalizer_until_the_agent_lets_go(
     progress = json.loads(obj["metadata"]["annotations"]["gpupart.io/release"])
     assert "waiting for" in progress.get("message", "") and held in progress["message"]
     assert_no_kopf_in_status(obj)
-    time.sleep(2)  # two more retries: still held while the agent applies it
+    # Two more retries: still held while the agent applies it.
+    wait_for(lambda: retries(op, name) >= progress.get("retries", 0) + 2, TIMEOUT, "two retries")
     assert not gone(op, name)
 
     report(op, held, [])  # the agent has returned the GPUs to the default
@@ -488,7 +591,7 @@ def test_delete_completes_past_the_timeout_when_an_agent_never_lets_go(
     report(op, orphan, [(name, 1)])  # then its agent goes: the node stays Ready, nobody reports
     wait_condition(op, name, "Ready", "True")
     cp.kubectl("delete", "gpup", name, "--wait=false")
-    time.sleep(3)
+    wait_for(lambda: retries(op, name) >= 2, TIMEOUT, "two retries of the delete handler")
     assert not gone(op, name)  # still within the timeout: held for the agent
     wait_for(lambda: gone(op, name), TIMEOUT, f"{name} deleted once the timeout passed")
 
@@ -503,6 +606,81 @@ def test_delete_completes_past_the_timeout_when_an_agent_never_lets_go(
     assert any("Deleted without confirmation from node(s)" in m and orphan in m for m in found), (
         found
     )
+
+
+def test_restore_on_delete_waits_for_whole_gpus_naming_the_pods_in_the_way(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-restore"}
+    held = f"{RUN}-restore"
+    make_nodes(cp, [held], **label)
+    name = f"{RUN}-restore"
+    apply(
+        cp,
+        name,
+        {
+            "nodeSelector": {"matchLabels": label},
+            "mode": "MIG",
+            "mig": {"devices": {"7g.80gb": 1}},
+            "restoreOnDelete": True,
+        },
+    )
+    wait_desired(op, held, [(name, 1)])
+    report(op, held, [(name, 1)])
+    wait_condition(op, name, "Ready", "True")
+
+    cp.kubectl("delete", "gpup", name, "--wait=false")
+    # The node keeps an annotation without groups: the agent's cue to make every GPU whole.
+    wait_for(lambda: annotation(op, held) is not None and desired_partitions(op, held) == [],
+             TIMEOUT, "a desired annotation without groups")  # fmt: skip
+    obj = wait_condition(op, name, "Ready", "False", "Restoring")
+    assert obj["status"]["nodes"][held]["message"] == (
+        "the node agent has not acted on the deletion yet"
+    )
+    # The agent acts: the GPU cannot leave MIG mode while a pod uses its instance.
+    in_use = GpuReport(
+        0,
+        GpuState.BLOCKED,
+        Mode.MIG,
+        (MigInstance(Placement(0, 8), "7g.80gb"),),
+        "leaving MIG mode destroys 7g.80gb at slots 0-7, in use; it changes once they are idle",
+        ("team-a/train",),
+    )
+    report(op, held, [], (in_use,))
+    obj = wait_condition(op, name, "Degraded", "True", "Blocked")
+    assert "(in use by team-a/train)" in obj["status"]["nodes"][held]["message"]
+    assert "team-a/train" in condition(obj, "Ready")["message"]
+    # No timeout while the agent answers and pods decide: kopf is told to retry (and retries)
+    # past the release timeout (12 s), each time naming the pod.
+    deleted = dt.datetime.fromisoformat(get(op, name)["metadata"]["deletionTimestamp"])
+
+    def past_the_timeout() -> dict[str, Any] | None:
+        annotations = get(op, name)["metadata"].get("annotations", {})
+        progress = json.loads(annotations.get("gpupart.io/release", "{}"))
+        delayed = progress.get("delayed")
+        if not delayed or "team-a/train" not in progress.get("message", ""):
+            return None
+        after = (dt.datetime.fromisoformat(delayed) - deleted).total_seconds()
+        return progress if after > op.settings.release_timeout_seconds + 1 else None
+
+    progress = wait_for(past_the_timeout, 60, "a retry past the release timeout naming the pod")
+    assert "team-a/train" in progress["message"] and "restoreOnDelete" in progress["message"]
+    assert not gone(op, name)
+    degraded = wait_for(
+        lambda: [e for e in events_for(op, name) if e["reason"] == "Blocked"],
+        TIMEOUT,
+        "a Warning Event naming the pod",
+    )
+    assert degraded[0]["type"] == "Warning" and "team-a/train" in degraded[0]["message"]
+
+    # The admin stops waiting: restoreOnDelete turned off on the deleting object ends it now,
+    # leaving the GPU as it is (the whole path, with a real agent: test_restore_on_delete.py).
+    cp.kubectl(
+        "patch", "gpup", name, "--type=merge", "-p", '{"spec":{"restoreOnDelete":false}}'
+    )  # fmt: skip
+    wait_for(lambda: gone(op, name), TIMEOUT, f"{name} to be deleted")
+    wait_for(lambda: annotation(op, held) is None, TIMEOUT, "the annotation removed")
 
 
 def test_delete_does_not_wait_for_an_unreachable_or_vanished_node(

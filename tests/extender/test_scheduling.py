@@ -14,6 +14,7 @@ The reasons a person reads are golden, all in one file: `scheduling_reasons.json
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -883,3 +884,26 @@ def test_golden_reasons() -> None:
     assert got.keys() == want.keys()
     for name in want:
         assert got[name] == want[name], name
+
+
+def test_a_container_above_the_gpus_mps_ceilings_is_refused_with_them_named() -> None:
+    # The MPS daemon's defaults cap each client (container), whatever it asks: the filter refuses
+    # such a pod there (no preemption can help), and passes one whose containers each fit.
+    ceiling = dataclasses.replace(
+        shared_gpu(0, clients=8), client_memory_mib=9216, client_compute_percent=25
+    )
+    node = assemble_node("n", (ceiling,), [])
+    verdict = no_fit(node, ask(shared(20000, 20)))
+    assert "GPU 0: MPS lets one container hold at most 9216 MiB and 25% compute" in verdict.reason
+    assert verdict.unresolvable and verdict.kind is FailureKind.TOO_SMALL
+    assert "MPS lets one" in no_fit(node, ask(shared(8000, 30))).reason
+    fit(node, ask(shared(9216, 25)))
+    two = pod("two", {})
+    two["spec"]["containers"] = [
+        {"name": n, "resources": {"limits": {k: str(v) for k, v in shared(8000, 20).items()}}}
+        for n in ("a", "b")
+    ]  # 16000 MiB and 40 % in all, each container within the ceilings
+    fit(node, parse_demand(two, group_label="app"))
+    # A GPU without ceilings (time-slicing) takes the big pod.
+    plain = assemble_node("t", (shared_gpu(0, mode=Mode.TIME_SLICING, clients=8),), [])
+    fit(plain, ask(shared(20000, 30)))

@@ -1,8 +1,10 @@
 """The dynamic MIG round's edge without a server: listed pods in, demand and holders out; the debounce.
 
 Aspects: which pods are demand (unbound, Unschedulable, asking for nvidia.com/mig-*), which
-hold slices on a node, what a malformed pod does (skipped, the others still read), and the
-round's debounce (a burst is one round; a steady trickle still gets one within the maximum).
+hold slices on a node and by name (for reasons), what a malformed pod does (skipped, the others
+still read), a dynamic partition's GPUs on nodes with only an inventory or neither (and the
+words for the latter), and the round's debounce (a burst is one round; a steady trickle still
+gets one within the maximum).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart_operator.dynamic import read_pods, requests_mig
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import INVENTORY_ANNOTATION, Inventory, InventoryGpu, encode_inventory
+from gpupart_operator.dynamic import dynamic_gpus, read_pods, requests_mig, unknown_gpus
 from gpupart_operator.handlers import DemandLoop
+from gpupart_operator.model import read_node, read_partition
 
 
 def pod(
@@ -59,7 +64,40 @@ def test_demand_unbound_and_holders() -> None:
     assert wants.pending_since > 0
     assert set(facts.unbound) == {"ns/wants", "ns/tried-not-yet"}
     assert dict(facts.holders["n1"]) == {"1g.10gb": 1}
+    assert facts.holder_pods == {"n1": {"1g.10gb": ("ns/runs",)}}
     assert set(facts.namespaces) == {"ns/wants", "ns/tried-not-yet", "ns/runs"}
+
+
+def node_raw(name: str, inventory: int | None) -> dict[str, Any]:
+    annotations = {}
+    if inventory is not None:
+        gpus = tuple(
+            InventoryGpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG)
+            for i in range(inventory)
+        )
+        annotations[INVENTORY_ANNOTATION] = encode_inventory(Inventory(gpus))
+    labels = {"pool": "dyn", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+def test_dynamic_gpus_come_from_the_inventory_and_a_node_with_neither_is_named() -> None:
+    raw = {
+        "apiVersion": "gpupart.io/v1alpha1",
+        "kind": "GpuPartition",
+        "metadata": {"name": "dyn", "generation": 1, "creationTimestamp": "2026-12-01T10:00:00Z"},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"pool": "dyn"}},
+            "mode": "MIG",
+            "mig": {"dynamic": {}},
+        },
+    }
+    partitions = [read_partition(raw)]
+    nodes = [read_node(node_raw("listed", 2)), read_node(node_raw("bare", None))]
+    found = dynamic_gpus(partitions, nodes)
+    assert {n: [g.index for g in gpus] for n, gpus in found.items()} == {"listed": [0, 1]}
+    words = unknown_gpus(partitions, nodes)
+    assert words.startswith("bare: GPUs unknown") and "listed" not in words, words
+    assert unknown_gpus(partitions, nodes[:1]) == ""
 
 
 def test_a_malformed_pod_is_skipped_and_the_others_still_count() -> None:

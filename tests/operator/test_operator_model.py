@@ -1,7 +1,8 @@
 """The operator's edge without a server: raw objects in, the exact writes a pass needs out.
 
-Aspects: parsing GpuPartitions and Nodes from API dicts (bad spec, bad state annotation,
-reachability), desired-annotation patches (set, change, remove, leave alone), status documents
+Aspects: parsing GpuPartitions and Nodes from API dicts (bad spec, bad state annotation, the
+agent's inventory and a bad one, reachability), desired-annotation patches (set, change,
+remove, leave alone, no group for a node being restored to whole GPUs), status documents
 and merge patches (only what differs; nodes that left become null; transition times stay),
 Events for condition changes, and a whole simulated pass applied twice: the second writes nothing.
 """
@@ -21,20 +22,26 @@ from poison import PARTITION_CASES
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
     GpuReport,
     GpuState,
+    Inventory,
+    InventoryGpu,
     NodeReport,
     decode_desired,
+    encode_inventory,
     encode_report,
 )
 from gpupart.core.cluster.partitioning import Condition, resolve
 from gpupart_operator.model import (
+    InventoryCache,
     condition_events,
     desired_patches,
     event_manifest,
     event_type,
     invalid_status,
+    listed_gpus,
     merge_patch,
     old_conditions,
     read_node,
@@ -139,6 +146,48 @@ def test_a_malformed_state_annotation_is_ignored_and_said_why():
     assert "unknown format version" in got.report_error
 
 
+def test_a_nodes_gpus_come_from_the_agents_inventory_and_a_bad_one_is_said():
+    inventory = Inventory(
+        tuple(
+            InventoryGpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81920, Mode.NONE)
+            for i in (0, 1, 2)
+        )
+    )
+    raw = node_raw("n1", annotations={INVENTORY_ANNOTATION: encode_inventory(inventory)})
+    got = read_node(raw)
+    assert got.view.inventory_gpus == (0, 1, 2) and got.view.gpu_indices == (0, 1, 2)
+    assert "inventory lists 3 GPU(s)" in got.view.count_disagreement  # its label says 2
+    bad = read_node(node_raw("n1", annotations={INVENTORY_ANNOTATION: "{"}))
+    assert bad.view.inventory_gpus is None and bad.view.gpu_indices == (0, 1)
+    assert bad.inventory_error.startswith("gpupart.io/inventory"), bad.inventory_error
+
+
+def test_the_inventory_cache_answers_as_a_fresh_read_whatever_changes():
+    cache = InventoryCache()
+
+    def annotations(*indices: int) -> dict[str, str]:
+        gpus = tuple(
+            InventoryGpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG) for i in indices
+        )
+        return {INVENTORY_ANNOTATION: encode_inventory(Inventory(gpus))}
+
+    for seen in (
+        annotations(0),
+        annotations(0),
+        annotations(0, 1),
+        {INVENTORY_ANNOTATION: "{"},
+        {},
+    ):
+        assert cache.listed("n1", seen) == listed_gpus(seen)
+    assert cache.listed("n1", annotations(0, 1)) == ((0, 1), "")
+    cache.keep(set())
+    assert cache.listed("n1", annotations(3)) == ((3,), "")
+    raw = node_raw("n1", annotations=annotations(0, 1, 2))
+    assert (
+        read_node(raw, cache).view.inventory_gpus == read_node(raw).view.inventory_gpus == (0, 1, 2)
+    )
+
+
 def test_a_node_without_ready_true_is_unreachable():
     assert not read_node(node_raw("n1", ready="Unknown")).reachable
     bare = node_raw("n1")
@@ -172,6 +221,15 @@ def test_desired_patches_set_change_remove_and_leave_alone():
     assert patches["stale"] == {"metadata": {"annotations": {DESIRED_ANNOTATION: None}}}
     (group,) = decode_desired(patches["new"]["metadata"]["annotations"][DESIRED_ANNOTATION])
     assert (group.partition, group.generation) == ("a", 1)
+
+
+def test_a_node_being_restored_keeps_an_annotation_without_groups():
+    nodes = [read_node(node_raw("n1", annotations={DESIRED_ANNOTATION: "old"}))]
+    (patch,) = desired_patches({"n1": ()}, nodes).values()
+    text = patch["metadata"]["annotations"][DESIRED_ANNOTATION]
+    assert text is not None and decode_desired(text) == ()
+    again = [read_node(node_raw("n1", annotations={DESIRED_ANNOTATION: text}))]
+    assert desired_patches({"n1": ()}, again) == {}
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -384,8 +442,8 @@ def test_law_any_object_reads_as_a_value_never_an_exception(junk):
 def test_a_partition_that_breaks_the_core_is_set_apart_and_the_others_resolve():
     good = read_partition(partition_raw("good")).partition
     assert good is not None
-    # A value no parser produces (a GPU index that is a string): stands for a bug in the core.
-    spec = dataclasses.replace(good.spec, name="broken", gpus=("0",))  # type: ignore[arg-type]
+    # A value no parser produces (a priority that is a string): stands for a bug in the core.
+    spec = dataclasses.replace(good.spec, name="broken", priority="high")  # type: ignore[arg-type]
     broken = dataclasses.replace(good, spec=spec)
     nodes = [read_node(node_raw("n1")).view]
     resolution, set_apart = _resolve_each([broken, good], nodes)

@@ -3,7 +3,8 @@
 Aspects: kopf's progress, diff-base and touch annotations go under gpupart.io/ in metadata and
 never into .status (the leak test); the finalizer name; node events wake the loop only for what
 the operator reads; bursts of wakes coalesce into one pass; a failed pass answers deletion with
-a TemporaryError and is retried; flags become frozen settings; the registry is never kopf's
+a TemporaryError and is retried; a deletion waiting for whole GPUs sees the next pass without
+asking for one, and a failed or absent one as None; flags become frozen settings; the registry is never kopf's
 global one.
 """
 
@@ -17,7 +18,16 @@ import threading
 import kopf
 import pytest
 
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
+    INVENTORY_ANNOTATION,
+    Inventory,
+    InventoryGpu,
+    MigDevice,
+    encode_inventory,
+)
 from gpupart.core.errors import InvalidInput
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_operator.handlers import ReconcileLoop, configure_kopf, node_fingerprint
 from gpupart_operator.reconciler import PassResult
 from gpupart_operator.settings import OperatorSettings, add_arguments, from_args
@@ -95,6 +105,22 @@ def test_node_fingerprint_ignores_heartbeats_and_sees_what_the_operator_reads():
         node({"pool": "mig"}, {"unrelated": "changed"})
     )
 
+    # The inventory's GPUs count (a node's GPUs), its per-pod `used` flags do not.
+    def inventory(*gpus: tuple[int, bool]) -> dict[str, str]:
+        listed = tuple(
+            InventoryGpu(
+                i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, Mode.MIG,
+                (MigDevice(f"MIG-{i}", MigInstance(Placement(0, 1), "1g.10gb"), used),),
+            )
+            for i, used in gpus
+        )  # fmt: skip
+        return {INVENTORY_ANNOTATION: encode_inventory(Inventory(listed))}
+
+    one = node_fingerprint(node({"pool": "mig"}, inventory((0, False))))
+    assert one == node_fingerprint(node({"pool": "mig"}, inventory((0, True))))
+    assert one != node_fingerprint(node({"pool": "mig"}, inventory((0, False), (1, False))))
+    assert one != node_fingerprint(base)
+
 
 class CountingReconciler:
     """Stands in for the API-backed Reconciler: counts passes, can be told to fail."""
@@ -146,6 +172,28 @@ def test_a_failed_pass_is_a_temporary_error_for_deletion_and_is_retried():
 
     passes, last_success = asyncio.run(scenario())
     assert passes >= 2 and last_success is not None
+
+
+def test_next_pass_waits_for_a_pass_it_does_not_ask_for():
+    async def scenario():
+        reconciler = CountingReconciler()
+        loop = ReconcileLoop(reconciler, debounce=0.01, retry_seconds=0.05)
+        task = asyncio.create_task(loop.run())
+        await loop.settle()
+        seen = loop.passes
+        nothing = await loop.next_pass(seen, 0.2)  # nobody wakes the loop: no pass comes
+        waiting = asyncio.create_task(loop.next_pass(seen, 5))
+        loop.wake()  # a node event, say
+        later = await waiting
+        reconciler.fail = True
+        loop.wake()
+        failed = await loop.next_pass(loop.passes, 5)
+        task.cancel()
+        return nothing, later, failed, reconciler.passes
+
+    nothing, later, failed, passes = asyncio.run(scenario())
+    assert nothing is None and later is not None and failed is None
+    assert passes == 3  # next_pass itself asked for none
 
 
 def parse(*argv: str) -> OperatorSettings:

@@ -59,7 +59,8 @@ from gpupart_plugin.devices import DeviceHub
 
 NODE = "node-a"
 GPU_MIB = 81920
-DEFAULT_MIB, DEFAULT_PERCENT = 4096, 25
+DEFAULT_MIB, DEFAULT_PERCENT = 15000, 25
+"""The MPS daemon's per-client ceilings: 30000 MiB (30 %) containers are above them."""
 KEYS = AssignmentKeys((b"k" * 40,))
 OTHER_KEYS = AssignmentKeys((b"x" * 40,))
 
@@ -497,8 +498,13 @@ def test_every_container_gets_its_own_pods_gpu_and_limits_or_a_refusal(
             uid, raw, gpu = pending.pop(0)
             request = parse_pod_request(raw)
             memory, compute, slots = used(gpu)
+            clients = shared_containers(raw)
             if (
-                memory + request.memory_mib > GPU_MIB
+                any(
+                    c.memory_mib > DEFAULT_MIB or c.compute_percent > DEFAULT_PERCENT
+                    for c in clients
+                )
+                or memory + request.memory_mib > GPU_MIB
                 or compute + request.compute_percent > 100
                 or slots + request.shared > 4
             ):
@@ -616,11 +622,11 @@ def test_mps_limits_are_the_served_pods_own_not_those_of_the_first_listed_pod(
             "uid-2", "ml/pod-2", "GPU-0", 0, 0, (replace(early, devices=("GPU-0::1",)),)
         ),
     ]
-    awaiting = shared_pod(3, SharedContainer("main", 1, 30000, 40), memory=30000)
+    awaiting = shared_pod(3, SharedContainer("main", 1, 12000, 20), memory=12000)
     defaults = shared_pod(4, SharedContainer("main", 1))
     for case, (listed, ids, memory, compute) in enumerate((
-        ((served, plain, awaiting), ["GPU-0::2"], 30000, 40),
-        ((awaiting, served), ["GPU-0::2"], 30000, 40),
+        ((served, plain, awaiting), ["GPU-0::2"], 12000, 20),
+        ((awaiting, served), ["GPU-0::2"], 12000, 20),
         ((served, defaults), ["GPU-0::3"], DEFAULT_MIB, DEFAULT_PERCENT),
     )):  # fmt: skip
         checkpoint = Checkpoint(tmp_path / str(case), NODE)
@@ -631,6 +637,22 @@ def test_mps_limits_are_the_served_pods_own_not_those_of_the_first_listed_pod(
         envs = dict(allocator.allocate(GPU_SHARED, ids).envs)
         assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"GPU-0={memory}M", listed
         assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(compute), listed
+
+
+def test_a_container_above_the_mps_ceilings_is_refused_not_served_less(tmp_path: Path) -> None:
+    # The daemon's defaults cap every client whatever its environment says (a client can only
+    # lower them): serving 30000 MiB under a 15000 MiB ceiling would be a silent lie.
+    hub = DeviceHub()
+    hub.set_gpus(mps_gpus(1))
+    for case, (memory, compute, resource) in enumerate(
+        ((30000, 0, "gpu-memory"), (0, DEFAULT_PERCENT + 1, "gpu-compute"))
+    ):
+        big = shared_pod(1, SharedContainer("main", 1, memory, compute), memory=memory)
+        checkpoint = Checkpoint(tmp_path / str(case), NODE)
+        allocator = Allocator(hub, NODE, lambda big=big: [big], lambda _p, _g: None, checkpoint)
+        with pytest.raises(InvalidInput, match=f"gpupart.io/{resource}.*MPS lets one client"):
+            allocator.allocate(GPU_SHARED, ["GPU-0::0"])
+        assert Checkpoint(tmp_path / str(case), NODE).records == {}  # nothing recorded as served
 
 
 def test_the_checkpoint_is_atomic_read_back_and_an_unreadable_one_refuses_only_shared_slots(

@@ -254,7 +254,7 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
     with pytest.raises(grpc.RpcError) as refused:
         stub.Allocate(request, timeout=5)
     assert "awaits" in (refused.value.details() or "")
-    node.pods.append(_assigned("1", gpu1, 10240, 30))
+    node.pods.append(_assigned("1", gpu1, 10240, 20))
     elsewhere = api.AllocateRequest(
         container_requests=[api.ContainerAllocateRequest(devices_ids=[f"{gpu0}::0"])]
     )
@@ -266,13 +266,13 @@ def test_shared_allocate_uses_the_assigned_gpu_and_its_mps_limits(node: Node) ->
     response = stub.Allocate(request, timeout=5).container_responses[0]
     assert response.envs["NVIDIA_VISIBLE_DEVICES"] == gpu1
     assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu1}=10240M"
-    assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
     assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/var/run/gpupart/mps"
     mounts = {m.container_path: m.host_path for m in response.mounts}
     assert mounts["/var/run/gpupart/mps"].endswith(f"{gpu1}/pipe")
     assert "/dev/shm" in mounts
     # What it gave is recorded on the pod; the same devices again get the same answer.
-    assert node.recorded["1"] == (GivenContainer("main", tuple(ids[:1]), gpu1, 10240, 30),)
+    assert node.recorded["1"] == (GivenContainer("main", tuple(ids[:1]), gpu1, 10240, 20),)
     again = stub.Allocate(request, timeout=5).container_responses[0]
     assert again.envs == response.envs
     other = api.AllocateRequest(

@@ -105,6 +105,10 @@ class PartitionSpec:
     dynamic: DynamicMig | None = None
     """`spec.mig.dynamic`: instances created on demand; None keeps the static layout."""
     priority: int = 0
+    restore_on_delete: bool = False
+    """`spec.restoreOnDelete`: deleting the partition returns its GPUs to whole GPUs (MIG
+    instances destroyed once no pod uses them, MPS and time-slicing off) before the finalizer
+    goes; False leaves them as they are (docs/adr-018-restore-on-delete.md)."""
 
 
 def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
@@ -147,7 +151,14 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mode, mig, mps, replicas, _parse_disruption(spec), dynamic=dynamic is not None
     )
     parsed = PartitionSpec(
-        name, generation, node_selector, gpus, config, dynamic, _parse_priority(spec)
+        name,
+        generation,
+        node_selector,
+        gpus,
+        config,
+        dynamic,
+        _parse_priority(spec),
+        spec.boolean("restoreOnDelete", False),
     )
     spec.done()
     return parsed

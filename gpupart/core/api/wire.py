@@ -126,6 +126,12 @@ class InventoryGpu:
     mig_devices: tuple[MigDevice, ...] = ()
     replicas: int = 0
     """Client slots when the GPU is shared (MPS or time-slicing), else 0."""
+    client_memory_mib: int = 0
+    """MPS only: the most memory one client may pin on this GPU (its control daemon's default
+    limit, which a client can lower but never raise); 0: no per-client limit."""
+    client_compute_percent: int = 0
+    """MPS only: the most of the GPU's SMs one client may use (the daemon's default active
+    thread percentage, likewise a ceiling); 0: no per-client limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +387,16 @@ def encode_inventory(inventory: Inventory) -> str:
                         for d in gpu.mig_devices
                     ],
                     "maxClients": gpu.replicas,
+                    **(
+                        {"mpsClientMemoryMiB": gpu.client_memory_mib}
+                        if gpu.client_memory_mib
+                        else {}
+                    ),
+                    **(
+                        {"mpsClientComputePercent": gpu.client_compute_percent}
+                        if gpu.client_compute_percent
+                        else {}
+                    ),
                 }
                 for gpu in gpus
             ],
@@ -402,6 +418,8 @@ def decode_inventory(text: str) -> Inventory:
             mode=_enum(g, "mode", Mode),
             mig_devices=devices,
             replicas=g.integer("maxClients", 0, minimum=0),
+            client_memory_mib=g.integer("mpsClientMemoryMiB", 0, minimum=0),
+            client_compute_percent=g.integer("mpsClientComputePercent", 0, minimum=0, maximum=100),
         )
 
     def read(record: Record) -> Inventory:

@@ -7,6 +7,12 @@ after any change and writes only what differs, so a resync with nothing new writ
 Conflicts: when two partitions select the same GPU, the higher `priority` wins, ties go to the
 older object (then the smaller name); the loser keeps the GPUs nobody else claims and reports
 `Conflict=True` naming the winner.
+
+A node's GPUs are the ones its node agent lists in `gpupart.io/inventory` (what NVML shows;
+only that agent may write it); without an inventory, 0..n-1 from GFD's `nvidia.com/gpu.count`.
+
+Deletion: a partition with `restoreOnDelete` keeps the nodes it held until their GPUs are whole
+again (ADR 018); `Resolution.releases` says what each deleting partition still waits for.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpupart.core.api.spec import Mode, PartitionSpec, plan_gpu
-from gpupart.core.api.wire import DesiredGroup, GpuState, NodeReport
+from gpupart.core.api.wire import DesiredGroup, GpuReport, GpuState, NodeReport
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 """GPU Feature Discovery's label naming the node's GPU product."""
 COUNT_LABEL = "nvidia.com/gpu.count"
+"""GPU Feature Discovery's label with the node's GPU count; the node agent's inventory wins."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +47,36 @@ class LabeledNode:
     labels: Mapping[str, str] = field(default_factory=dict)
     report: NodeReport | None = None
     """The node agent's gpupart.io/state, if it wrote one."""
+    inventory_gpus: tuple[int, ...] | None = None
+    """GPU indices in the node agent's gpupart.io/inventory; None when it wrote none (or it
+    cannot be read)."""
 
     @property
     def gpu_count(self) -> int | None:
+        """The `nvidia.com/gpu.count` label, when it is a number."""
         text = self.labels.get(COUNT_LABEL, "")
         # ASCII digits only (str.isdigit also takes other scripts' digits), and few of them.
         return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...] | None:
+        """The node's GPUs: the agent's inventory (what the node has; tenants cannot write it)
+        wins over the label (which GFD or anyone with Node write access sets); None: neither."""
+        if self.inventory_gpus is not None:
+            return tuple(sorted(set(self.inventory_gpus)))
+        count = self.gpu_count
+        return None if count is None else tuple(range(count))
+
+    @property
+    def count_disagreement(self) -> str:
+        """Why the count label is not what the inventory lists, or '' when they agree."""
+        count = self.gpu_count
+        if count is None or self.inventory_gpus is None or count == len(self.gpu_indices or ()):
+            return ""
+        return (
+            f"label {COUNT_LABEL}={count}, but the node agent's inventory lists "
+            f"{len(self.gpu_indices or ())} GPU(s); the inventory is used"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +102,26 @@ class PartitionStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """What a deleting partition's finalizer still waits for (nodes the agent must answer)."""
+
+    unanswered: tuple[str, ...] = ()
+    """Nodes whose agent still reports applying the partition: it has not acted on the deletion
+    yet (an agent that never answers holds it only up to the operator's release timeout)."""
+    restoring: tuple[str, ...] = ()
+    """restoreOnDelete: nodes whose agent answered but whose GPUs are not whole yet (in use,
+    waiting for a reset, failed); the partition's status says why. No timeout: pods decide."""
+
+
+@dataclass(frozen=True, slots=True)
 class Resolution:
     desired: Mapping[str, tuple[DesiredGroup, ...]]
-    """Per node name; nodes absent here get no desired annotation (partition-free default)."""
+    """Per node name; nodes absent here get no desired annotation (the agent changes nothing
+    there). An empty tuple is a desired annotation without groups: every GPU a whole GPU."""
     statuses: Mapping[str, PartitionStatus]
+    """Live partitions, and deleting ones that restore their GPUs (their progress)."""
+    releases: Mapping[str, Release] = field(default_factory=dict)
+    """Per deleting partition."""
 
 
 def winner_order(partitions: Sequence[Partition]) -> list[Partition]:
@@ -82,10 +129,14 @@ def winner_order(partitions: Sequence[Partition]) -> list[Partition]:
 
 
 def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Resolution:
-    live = [p for p in winner_order(partitions) if not p.deleting]
+    ordered = winner_order(partitions)
+    live = [p for p in ordered if not p.deleting]
+    restoring = [p for p in ordered if p.deleting and p.spec.restore_on_delete]
     desired: dict[str, list[DesiredGroup]] = {}
-    per_partition: dict[str, list[tuple[str, NodeStatus]]] = {p.spec.name: [] for p in live}
+    per_partition: dict[str, list[tuple[str, NodeStatus]]] = {p.spec.name: [] for p in ordered}
     conflicts: dict[str, list[str]] = {p.spec.name: [] for p in live}
+    unknown: dict[str, list[str]] = {p.spec.name: [] for p in live}
+    not_whole: dict[str, list[str]] = {p.spec.name: [] for p in restoring}
     for node in sorted(nodes, key=lambda n: n.name):
         claimed: dict[int | None, str] = {}  # GPU index (None: every GPU) -> winning partition
         for partition in live:
@@ -104,17 +155,46 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
                 )
             if granted == ():
                 continue
-            every: tuple[int | None, ...] = (None,)
-            if node.gpu_count is not None:
-                every = tuple(range(node.gpu_count))
+            every: tuple[int | None, ...] = node.gpu_indices or (None,)
             for index in granted if granted is not None else every:
                 claimed[index] = spec.name
             group = DesiredGroup(spec.name, spec.generation, granted, spec.config)
             desired.setdefault(node.name, []).append(group)
-            per_partition[spec.name].append((node.name, _node_status(group, node.report)))
+            status = _node_status(group, node.report)
+            if spec.config.dynamic and granted is None and node.gpu_indices is None:
+                # Dynamic MIG plans per GPU index: with no index known it plans for none.
+                unknown[spec.name].append(node.name)
+                status = NodeStatus(GpuState.PENDING, _unknown_gpus(node.name), None)
+            per_partition[spec.name].append((node.name, status))
+        for partition in restoring:
+            spec = partition.spec
+            if not spec.node_selector.matches(node.labels) or _problem_on(spec, node):
+                continue  # it never held GPUs here
+            granted, _ = _grant(spec, node, claimed)
+            if granted == () or node.report is None:
+                continue  # every GPU went to a live partition, or no agent ever applied it here
+            # Kept with no group of its own: the agent returns every GPU no group names to a
+            # whole GPU; removing the annotation would leave them as they are.
+            desired.setdefault(node.name, [])
+            status, answered = _restore_status(spec.name, granted, node.report)
+            per_partition[spec.name].append((node.name, status))
+            if answered and status.state is not GpuState.APPLIED:
+                not_whole[spec.name].append(node.name)
     statuses = {
-        p.spec.name: _status(p.spec, per_partition[p.spec.name], conflicts[p.spec.name])
+        p.spec.name: _status(
+            p.spec, per_partition[p.spec.name], conflicts[p.spec.name], unknown[p.spec.name]
+        )
         for p in live
+    }
+    statuses.update(
+        (p.spec.name, _restore_conditions(p.spec, per_partition[p.spec.name])) for p in restoring
+    )
+    releases = {
+        p.spec.name: Release(
+            tuple(released(p.spec.name, nodes)), tuple(not_whole.get(p.spec.name, ()))
+        )
+        for p in ordered
+        if p.deleting
     }
     return Resolution(
         {
@@ -122,20 +202,44 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
             for name, groups in desired.items()
         },
         statuses,
+        releases,
     )
 
 
 def released(partition_name: str, nodes: Sequence[LabeledNode]) -> list[str]:
     """Nodes whose agent still reports applying `partition_name`: deletion waits for them."""
-    return [
+    return sorted(
         node.name
         for node in nodes
         if node.report is not None and any(p == partition_name for p, _ in node.report.observed)
-    ]
+    )
+
+
+def _unknown_gpus(node: str) -> str:
+    return (
+        f"{node}: GPUs unknown: no gpupart.io/inventory from gpupart's node agent and no "
+        f"{COUNT_LABEL} label, so dynamic MIG makes no slice there; run the node agent there "
+        f"(the chart's DaemonSet selects node.nodeSelector, nvidia.com/gpu.present=true), or "
+        f"label the node {COUNT_LABEL}=<GPUs>"
+    )
 
 
 def _problem_on(spec: PartitionSpec, node: LabeledNode) -> str:
     """Why `spec` cannot apply to this node's GPUs, or ''."""
+    indices = node.gpu_indices
+    if indices == ():
+        source = (
+            "the node agent's gpupart.io/inventory lists none"
+            if node.inventory_gpus is not None
+            else f"{COUNT_LABEL} is 0"
+        )
+        return f"{node.name} has no GPU ({source}); leave it out of spec.nodeSelector"
+    if spec.gpus is not None and indices is not None and any(i not in indices for i in spec.gpus):
+        have = f"{len(indices)} GPU{'' if len(indices) == 1 else 's'}"
+        return (
+            f"{node.name} has {have} ({_indices_text(indices)}); spec.gpus asks "
+            f"for {_indices_text(spec.gpus)}"
+        )
     if spec.config.mode not in (Mode.MIG, Mode.MPS):
         return ""
     product = node.labels.get(PRODUCT_LABEL)
@@ -146,9 +250,6 @@ def _problem_on(spec: PartitionSpec, node: LabeledNode) -> str:
     model = find_gpu_model(product)
     if model is None:
         return f"{node.name}: GPU product {product!r} is not in gpupart's catalogue"
-    count = node.gpu_count
-    if spec.gpus is not None and count is not None and any(i >= count for i in spec.gpus):
-        return f"{node.name} has {count} GPUs; spec.gpus asks for {_indices_text(spec.gpus)}"
     try:
         plan_gpu(spec, model)
     except GpupartError as error:
@@ -161,14 +262,14 @@ def _grant(
 ) -> tuple[tuple[int, ...] | None, dict[int | None, str]]:
     """GPUs of this node that `spec` gets after the winners before it (None: all), and those lost.
 
-    Key None in `claimed` means a winner took every GPU of a node whose GPU count is unknown.
+    Key None in `claimed` means a winner took every GPU of a node whose GPUs are unknown.
     """
-    count = node.gpu_count
-    if spec.gpus is None and count is None:
+    indices = node.gpu_indices
+    if spec.gpus is None and indices is None:
         if not claimed:
             return None, {}
         return (), {None: ", ".join(sorted(set(claimed.values())))}
-    wanted = spec.gpus if spec.gpus is not None else tuple(range(count or 0))
+    wanted = spec.gpus if spec.gpus is not None else indices or ()
     lost: dict[int | None, str] = {}
     for index in wanted:
         winner = claimed.get(index) or claimed.get(None)
@@ -188,6 +289,14 @@ def _node_status(group: DesiredGroup, report: NodeReport | None) -> NodeStatus:
             group.gpus,
         )
     gpus = [g for g in report.gpus if group.gpus is None or g.index in group.gpus]
+    worst = _worst(gpus)
+    if worst is not None:
+        return NodeStatus(*worst, group.gpus)
+    return NodeStatus(GpuState.APPLIED, "", group.gpus)
+
+
+def _worst(gpus: Sequence[GpuReport]) -> tuple[GpuState, str] | None:
+    """The worst state among these GPUs' reports and why, or None when all are Applied."""
     for state in (GpuState.FAILED, GpuState.BLOCKED, GpuState.PENDING):
         hit = [g for g in gpus if g.state is state]
         if hit:
@@ -201,12 +310,72 @@ def _node_status(group: DesiredGroup, report: NodeReport | None) -> NodeStatus:
             )
             if pods:
                 message += f" (in use by {', '.join(pods)})"
-            return NodeStatus(state, message, group.gpus)
-    return NodeStatus(GpuState.APPLIED, "", group.gpus)
+            return state, message
+    return None
+
+
+def _restore_status(
+    name: str, granted: tuple[int, ...] | None, report: NodeReport
+) -> tuple[NodeStatus, bool]:
+    """How far a deleting partition's GPUs on one node are from whole GPUs (Applied: there),
+    and whether the node agent has acted on the deletion at all."""
+    if any(p == name for p, _ in report.observed):
+        message = "the node agent has not acted on the deletion yet"
+        return NodeStatus(GpuState.PENDING, message, granted), False
+    gpus = [g for g in report.gpus if granted is None or g.index in granted]
+    worst = _worst(gpus)
+    if worst is not None:
+        return NodeStatus(*worst, granted), True
+    # Applied in another mode: the report is older than the pass that makes them whole.
+    modes = [g for g in gpus if g.mode is not Mode.NONE]
+    if modes:
+        still = "; ".join(f"GPU {g.index}: still {g.mode}" for g in modes)
+        return NodeStatus(GpuState.PENDING, still, granted), True
+    return NodeStatus(GpuState.APPLIED, "whole GPUs again", granted), True
+
+
+def _restore_conditions(
+    spec: PartitionSpec, nodes: list[tuple[str, NodeStatus]]
+) -> PartitionStatus:
+    """A deleting partition with restoreOnDelete: how many nodes are whole again, and why not."""
+    done = sum(1 for _, s in nodes if s.state is GpuState.APPLIED)
+    waiting = [f"{name}: {s.message}" for name, s in nodes if s.state is not GpuState.APPLIED]
+    if waiting:
+        message = (
+            f"returning GPUs to whole GPUs before deletion: {done} of {len(nodes)} node(s) "
+            f"done; {'; '.join(waiting)}"
+        )
+    else:
+        message = f"whole GPUs again on {len(nodes)} node(s); deleting"
+    blocked = [s for _, s in nodes if s.state in (GpuState.BLOCKED, GpuState.FAILED)]
+    worst = "Blocked" if any(s.state is GpuState.BLOCKED for s in blocked) else "Failed"
+    return PartitionStatus(
+        spec.generation,
+        tuple(nodes),
+        (
+            Condition("Ready", "False", "Restoring", message[:1000]),
+            Condition(
+                "Progressing",
+                "True" if waiting else "False",
+                "Restoring" if waiting else "Settled",
+                message[:1000] if waiting else "",
+            ),
+            Condition(
+                "Degraded",
+                "True" if blocked else "False",
+                worst if blocked else "Healthy",
+                "; ".join(f"{n}: {s.message}" for n, s in nodes if s in blocked)[:1000],
+            ),
+            Condition("Conflict", "False", "NoConflict", ""),
+        ),
+    )
 
 
 def _status(
-    spec: PartitionSpec, nodes: list[tuple[str, NodeStatus]], conflicts: list[str]
+    spec: PartitionSpec,
+    nodes: list[tuple[str, NodeStatus]],
+    conflicts: list[str],
+    unknown: list[str],
 ) -> PartitionStatus:
     states = [status.state for _, status in nodes]
     count = {state: states.count(state) for state in GpuState}
@@ -214,14 +383,26 @@ def _status(
     def worst(state: GpuState) -> str:
         return "; ".join(f"{s.message}" for _, s in nodes if s.state is state)[:1000]
 
-    if not nodes:
+    if not nodes and conflicts:
         ready = Condition(
-            "Ready", "False", "NoMatchingNodes", "the nodeSelector matches no node with free GPUs"
+            "Ready",
+            "False",
+            "Conflict",
+            f"every GPU it selects is claimed by another partition: {'; '.join(conflicts)}"[:1000],
         )
+    elif not nodes:
+        ready = Condition("Ready", "False", "NoMatchingNodes", "the nodeSelector matches no node")
     elif count[GpuState.APPLIED] == len(nodes):
         ready = Condition("Ready", "True", "Applied", f"applied on {len(nodes)} node(s)")
     elif count[GpuState.FAILED]:
         ready = Condition("Ready", "False", "InvalidForNode", worst(GpuState.FAILED))
+    elif unknown:
+        ready = Condition(
+            "Ready",
+            "False",
+            "GpusUnknown",
+            "; ".join(s.message for n, s in nodes if n in unknown)[:1000],
+        )
     else:
         ready = Condition(
             "Ready",

@@ -63,6 +63,9 @@ class NodeFacts:
     """Instances per profile held by the pods bound to the node (not finished)."""
     hold: bool = False
     """Not planned this round (the caller backs off after a failed plan): as if in flight."""
+    holder_pods: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per profile, the pods (namespace/name) bound to the node that hold it: reasons name
+    them (the inventory says which instance is used, not by whom)."""
 
     @property
     def in_flight(self) -> bool:
@@ -239,7 +242,8 @@ def _planner_gpus(
             if spot in reserved:
                 instances.append(Instance(device.instance, Use.RESERVED, reserved[spot]))
             elif device.used or device.instance.profile in unsure:
-                instances.append(Instance(device.instance, Use.IN_USE, device.uuid))
+                holder = _holder(node, device.instance.profile, device.uuid)
+                instances.append(Instance(device.instance, Use.IN_USE, holder))
             else:
                 since = idle_since.get((node.name, *spot), now)
                 instances.append(Instance(device.instance, Use.IDLE, since=since))
@@ -253,6 +257,23 @@ def _planner_gpus(
             Gpu(node.name, dynamic.index, dynamic.model, tuple(sorted(instances)), dynamic.policy)
         )
     return gpus
+
+
+MAX_HOLDERS_NAMED = 3
+"""Pods a reason names as the possible holders of one instance (it counts the rest)."""
+
+
+def _holder(node: NodeFacts, profile: str, uuid: str) -> str:
+    """Who uses an instance, for a person: its pod when only one bound pod holds the profile,
+    the candidates when several do, the MIG device when no pod does (a process, a pod leaving)."""
+    pods = sorted(node.holder_pods.get(profile, ()))
+    if len(pods) == 1:
+        return pods[0]
+    if not pods:
+        return f"no pod gpupart sees ({uuid}: a process, or a pod on its way out)"
+    named = ", ".join(pods[:MAX_HOLDERS_NAMED])
+    more = len(pods) - MAX_HOLDERS_NAMED
+    return f"one of {named}" + (f" and {more} more" if more > 0 else "")
 
 
 def _changes(

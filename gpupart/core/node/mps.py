@@ -56,15 +56,30 @@ def client_limits(
     defaults: MpsLimits,
     gpu_memory_mib: int,
 ) -> tuple[int, int]:
-    """(MiB, percent) for one client: its own request where given, else the GPU's defaults."""
+    """(MiB, percent) for one client: its own request where given, else the GPU's defaults.
+
+    The daemon's defaults are ceilings (a client's environment can only lower them), so a
+    request above one is refused rather than served less than it asked."""
     memory = request_memory_mib or defaults.memory_mib
     compute = request_compute_percent or defaults.compute_percent
     if memory > gpu_memory_mib:
         raise InvalidInput(
             "gpupart.io/gpu-memory", f"{memory} MiB asked, the GPU has {gpu_memory_mib} MiB"
         )
+    if memory > defaults.memory_mib:
+        raise InvalidInput(
+            "gpupart.io/gpu-memory",
+            f"{memory} MiB asked, MPS lets one client hold at most {defaults.memory_mib} MiB "
+            "on this GPU (the partition's mps.defaultMemory, else an even share)",
+        )
     if not 1 <= compute <= 100:
         raise InvalidInput("gpupart.io/gpu-compute", f"{compute} is not a percentage of 1-100")
+    if compute > defaults.compute_percent:
+        raise InvalidInput(
+            "gpupart.io/gpu-compute",
+            f"{compute}% asked, MPS lets one client use at most {defaults.compute_percent}% "
+            "of this GPU (the partition's mps.defaultComputePercent, else an even share)",
+        )
     return memory, compute
 
 

@@ -331,6 +331,14 @@ def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, b
         return f"GPU {gpu.index}: {gpu.replicas} client slots, needs {request.shared}", True
     if request.memory_mib > gpu.memory_mib:
         return f"GPU {gpu.index}: {gpu.memory_mib} MiB in all", True
+    if not gpu.holds_client(demand.client_memory_mib, demand.client_compute_percent):
+        # MPS would cap a container at the daemon's default, whatever it asked: refuse, never shrink.
+        return (
+            f"GPU {gpu.index}: MPS lets one container hold at most {gpu.client_memory_mib} MiB "
+            f"and {gpu.client_compute_percent}% compute (the partition's mps.defaultMemory and "
+            "mps.defaultComputePercent, else an even share)",
+            True,
+        )
     if gpu.replicas and gpu.used_replicas + request.shared > gpu.replicas:
         return (
             f"GPU {gpu.index}: all {gpu.replicas} client slots taken "

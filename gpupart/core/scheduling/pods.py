@@ -52,6 +52,11 @@ class Demand:
     terms: tuple[AntiAffinityTerm, ...] = ()
     cpu_milli: int = 0
     """The pod's CPU request in millicores, summed as kube-scheduler does (`pod_cpu_milli`)."""
+    client_memory_mib: int = 0
+    """Shared GPUs: the most memory one of its containers asks for. Each container is its own
+    MPS client, held to the GPU's per-client ceiling (`GpuView.client_memory_mib`)."""
+    client_compute_percent: int = 0
+    """Shared GPUs: the most compute one of its containers asks for."""
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -75,8 +80,8 @@ def parse_demand(
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         raise InvalidInput("Pod", "metadata and spec must be objects")
     request = parse_pod_request(pod, where="Pod")
-    if request.shared:
-        shared_containers(pod, where="Pod")  # each container's limits must reach its GPU
+    # Each container's limits must reach its GPU (shared_containers refuses them elsewhere).
+    clients = shared_containers(pod, where="Pod") if request.shared else ()
     priority = spec.get("priority") or 0
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidInput("Pod.spec.priority", f"must be an integer, got {priority!r}")
@@ -90,6 +95,8 @@ def parse_demand(
         group=labels.get(group_label, "") if group_label else "",
         terms=_anti_affinity_terms(spec.get("affinity"), namespace, namespace_labels),
         cpu_milli=pod_cpu_milli(pod, where="Pod"),
+        client_memory_mib=max((c.memory_mib for c in clients), default=0),
+        client_compute_percent=max((c.compute_percent for c in clients), default=0),
     )
 
 

@@ -167,6 +167,8 @@ def _on_gpu(
         return None
     if request.compute_percent > 100:
         return None
+    if not gpu.holds_client(demand.client_memory_mib, demand.client_compute_percent):
+        return None
     reserve = math.ceil(config.reserve_fraction * request.memory_mib)
     if request.memory_mib + reserve > gpu.memory_mib:
         reserve = 0  # the GPU cannot hold the margin even empty: the bare request

@@ -56,6 +56,17 @@ class GpuView:
     used_memory_mib: int = 0
     used_compute_percent: int = 0
     used_replicas: int = 0
+    client_memory_mib: int = 0
+    """MPS: the most memory one client may hold (`InventoryGpu.client_memory_mib`); 0: no limit."""
+    client_compute_percent: int = 0
+    """MPS: the most compute one client may use (`InventoryGpu.client_compute_percent`)."""
+
+    def holds_client(self, memory_mib: int, compute_percent: int) -> bool:
+        """Whether one client (container) of this size is within the GPU's MPS ceilings."""
+        return not (
+            (self.client_memory_mib and memory_mib > self.client_memory_mib)
+            or (self.client_compute_percent and compute_percent > self.client_compute_percent)
+        )
 
     @property
     def free_memory_mib(self) -> int:
@@ -164,6 +175,8 @@ def assemble_node(
                 used_memory_mib=sum(t.memory_mib for t in tenants),
                 used_compute_percent=sum(t.compute_percent for t in tenants),
                 used_replicas=sum(t.count for t in tenants),
+                client_memory_mib=g.client_memory_mib,
+                client_compute_percent=g.client_compute_percent,
             )
         )
     return NodeView(
@@ -223,6 +236,8 @@ def anonymous(node: NodeView) -> NodeView:
                 g.used_memory_mib,
                 g.used_compute_percent,
                 g.used_replicas,
+                g.client_memory_mib,
+                g.client_compute_percent,
             )
             for g in node.gpus
         ),

@@ -45,6 +45,7 @@ from gpupart.sim.dynamic.simulation import (
     SimInstance,
     SimNode,
     SimPod,
+    SimPolicy,
     SimResult,
     simulate,
 )
@@ -451,17 +452,21 @@ def run_policy(
     *,
     latencies: Latencies = DEFAULT_LATENCIES,
     timer: Callable[[], float] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[SimResult, str]:
     """One policy over the workload, and a note (the layout static_best chose with hindsight:
-    most pods served, then allocation, then the lowest p95 and total time-to-bind)."""
+    most pods served, then allocation, then the lowest p95 and total time-to-bind).
+
+    `progress(done, total)` counts arrivals; static_best's runs (one per layout) add up."""
+    one: SimPolicy | None = None
     if name == "gpupart":
-        return simulate(nodes, pods, Ours(), latencies=latencies, timer=timer), ""
-    if name == "nos":
-        return simulate(
-            nodes, pods, Nos(latencies.plugin_restart), latencies=latencies, timer=timer
-        ), ""
-    if name in ("hami", "first_fit"):
-        return simulate(nodes, pods, PerPod(name), latencies=latencies, timer=timer), ""
+        one = Ours()
+    elif name == "nos":
+        one = Nos(latencies.plugin_restart)
+    elif name in ("hami", "first_fit"):
+        one = PerPod(name)
+    if one is not None:
+        return simulate(nodes, pods, one, latencies=latencies, timer=timer, progress=progress), ""
     if name != "static_best":
         raise InvalidInput(
             "--policy", f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})"
@@ -477,8 +482,15 @@ def run_policy(
     complete = [c for c in candidates if asked <= {p for p, _ in c}]
     candidates = complete or candidates
     best: tuple[tuple[int, float, float, float], SimResult, str] | None = None
-    for counts in candidates:
-        result = simulate(nodes, pods, Static(counts), latencies=latencies, timer=timer)
+    for k, counts in enumerate(candidates):
+
+        def step(done: int, total: int, k: int = k) -> None:
+            if progress is not None:
+                progress(k * total + done, len(candidates) * total)
+
+        result = simulate(
+            nodes, pods, Static(counts), latencies=latencies, timer=timer, progress=step
+        )
         waits = sum(result.bind_s)
         score = (result.served, result.allocation, -result.percentile(95), -waits)
         if best is None or score > best[0]:

@@ -183,6 +183,10 @@ class SimResult:
 _ARRIVE, _READY, _DEPART, _WAKE = 0, 1, 2, 3
 
 
+PROGRESS_EVERY = 64
+"""Arrivals between two calls of a run's progress callback."""
+
+
 class Engine:
     """One run of one policy over one workload."""
 
@@ -234,7 +238,10 @@ class Engine:
         self.sequence += 1
         heapq.heappush(self.events, (when, kind, self.sequence, name))
 
-    def run(self, pods: Sequence[SimPod]) -> SimResult:
+    def run(
+        self, pods: Sequence[SimPod], progress: Callable[[int, int], None] | None = None
+    ) -> SimResult:
+        arrived = 0
         for pod in pods:
             self.pods[pod.name] = pod
             self._push(pod.arrival, _ARRIVE, pod.name)
@@ -253,6 +260,9 @@ class Engine:
                     pod = self.pods[name]
                     self.pending[name] = PendingPod(pod)
                     self.recent.append((now, pod))
+                    arrived += 1
+                    if progress is not None and arrived % PROGRESS_EVERY == 0:
+                        progress(arrived, len(pods))
                 elif kind == _DEPART:
                     freed.extend(self._depart(name, now))
                 elif kind == _WAKE:
@@ -268,6 +278,8 @@ class Engine:
                     self._push(decision.wake, _WAKE, "")
             self._bind_ready(now)
         self._advance(max(self.clock, last))
+        if progress is not None:
+            progress(len(pods), len(pods))
         served = len(self.bind_s)
         return SimResult(
             policy=self.policy.name,
@@ -415,5 +427,7 @@ def simulate(
     *,
     latencies: Latencies = DEFAULT_LATENCIES,
     timer: Callable[[], float] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
-    return Engine(nodes, policy, latencies, timer).run(pods)
+    """One run; `progress(arrived, total)` every `PROGRESS_EVERY` arrivals and at the end."""
+    return Engine(nodes, policy, latencies, timer).run(pods, progress)
