@@ -115,18 +115,24 @@ def up() -> int:
     PID.write_text(str(child.pid))
     shown = 0
     deadline = time.monotonic() + 300
-    while not READY.exists():
+
+    def show_new_lines() -> None:
+        nonlocal shown
         lines = LOG.read_text().splitlines()
         for line in lines[shown:]:
             if not line.startswith((" ", "\t")):
                 print(f"cluster: {line}", flush=True)
         shown = len(lines)
+
+    while not READY.exists():
+        show_new_lines()
         if child.poll() is not None or time.monotonic() > deadline:
             print(LOG.read_text()[-3000:], file=sys.stderr)
             print("cluster: the playground did not start (log above)", file=sys.stderr)
             down()
             return 1
         time.sleep(0.5)
+    show_new_lines()
     print(
         f"""
 The playground is up. In this shell:
