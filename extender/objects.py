@@ -25,6 +25,7 @@ from gpupart.core.api.resources import parse_pod_request
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
+    DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     InventoryGpu,
@@ -32,6 +33,7 @@ from gpupart.core.api.wire import (
     SliceReservation,
     decode_allocation,
     decode_assignment,
+    decode_desired,
     decode_inventory,
     decode_mig_plan,
 )
@@ -58,9 +60,9 @@ class NodeEntry:
     problem: str
     cpu_milli: int | None = None
     """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, object, object] = field(default=(None, None, None), compare=False)
-    """The inventory annotation's text, the allocatable CPU value and the MIG plan's text it
-    was read from."""
+    source: tuple[object, ...] = field(default=(None, None, None, None), compare=False)
+    """The inventory annotation's text, the allocatable CPU value, the MIG plan's text and the
+    desired annotation's text it was read from."""
     serial_admission: bool = False
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
     unreadable: bool = False
@@ -69,6 +71,10 @@ class NodeEntry:
     """The slice reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
     plan_problem: str = ""
     """Why the MIG plan could not be read: the node then takes no MIG pod (others it may)."""
+    dynamic: tuple[tuple[int, str], ...] = ()
+    """(GPU index, GpuPartition) of each GPU a partition with dynamic MIG selects, from the
+    operator's `gpupart.io/desired`: only the words of a pending MIG pod's reason use it
+    (docs/adr-016-pending-reasons.md); an unreadable annotation gives none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,8 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
     plan = annotations.get(MIG_PLAN_ANNOTATION)
     cpu_text = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
-    source = (text, cpu_text, plan)
+    desired = annotations.get(DESIRED_ANNOTATION)
+    source = (text, cpu_text, plan, desired)
     if previous is not None and previous.source == source:
         # A status heartbeat (every node, every few seconds): decoding the inventory again
         # cost ~0.1 ms a node, a steady load on large clusters for nothing.
@@ -145,6 +152,7 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
             inventory.serial_admission,
             reservations=reservations,
             plan_problem=plan_problem,
+            dynamic=read_dynamic(desired, inventory.gpus),
         )
     except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
         problem = f"GPU inventory unreadable: {problem_of(error)}"
@@ -174,6 +182,27 @@ def read_reservations(text: object) -> tuple[tuple[SliceReservation, ...], str]:
         return reservations, ""
     except Exception as error:  # noqa: BLE001 - this node's plan's problem only
         return (), f"MIG plan unreadable: {problem_of(error)}"
+
+
+def read_dynamic(text: object, inventory: tuple[InventoryGpu, ...]) -> tuple[tuple[int, str], ...]:
+    """(GPU index, GpuPartition) of the inventory's GPUs that a dynamic-MIG group of the
+    desired annotation selects. Never raises: a bad annotation only costs a reason its words
+    (the node agent, which acts on it, reports its problem)."""
+    if not isinstance(text, str):
+        return ()
+    try:
+        groups = decode_desired(text)
+    except Exception:  # noqa: BLE001 - words only; the node agent reports the annotation
+        return ()
+    found: dict[int, str] = {}
+    indices = [g.index for g in inventory]
+    for group in groups:
+        if not group.config.dynamic:
+            continue
+        for index in indices if group.gpus is None else group.gpus:
+            if index in indices:
+                found.setdefault(index, group.partition)
+    return tuple(sorted(found.items()))
 
 
 def problem_of(error: BaseException) -> str:
