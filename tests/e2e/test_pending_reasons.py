@@ -14,6 +14,9 @@ bound. We test, per kind of pod, that:
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Generator
@@ -216,8 +219,18 @@ def _event(core: Any, pod: str, *, ours: bool) -> str | None:
     return str(found[-1].message) if found else None
 
 
+def _diagnose_command() -> str:
+    """docs/extender.md's diagnose pipeline (kubectl get pod ... | curl ...), as written."""
+    for line in (REPO / "docs" / "extender.md").read_text().splitlines():
+        if line.startswith("$ kubectl") and "| curl" in line and "/diagnose" in line:
+            return line.removeprefix("$ ")
+    raise AssertionError("docs/extender.md shows no diagnose command")
+
+
 @pytest.mark.usefixtures("gpupart_scheduler")
-def test_every_kind_of_pending_gpu_pod_gets_the_extenders_words(k8s_api: Any) -> None:
+def test_every_kind_of_pending_gpu_pod_gets_the_extenders_words(
+    k8s_api: Any, k8s_control_plane: ControlPlane, extender_url: str
+) -> None:
     from kubernetes import client
 
     core = client.CoreV1Api(k8s_api)
@@ -282,6 +295,28 @@ def test_every_kind_of_pending_gpu_pod_gets_the_extenders_words(k8s_api: Any) ->
             assert ours in words, (name, words)
         for name in wanted:
             assert not core.read_namespaced_pod(name, NS).spec.node_name, name
+
+        # The documented diagnose command, real kubectl into real curl (no Content-Type
+        # header: curl's form default), only the namespace, pod and address put in.
+        command = _diagnose_command()
+        assert "-n team-a get pod train-7 -o json" in command, command
+        assert "localhost:8888/gpupart/diagnose" in command, command
+        command = command.replace("-n team-a get pod train-7", f"-n {NS} get pod mig-full")
+        command = command.replace("localhost:8888/gpupart", extender_url)
+        cp = k8s_control_plane
+        env = {**os.environ, "PATH": f"{cp.bin_dir}:{os.environ['PATH']}"}
+        env["KUBECONFIG"] = str(cp.kubeconfig)
+        out = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", command],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        )
+        diagnosis = json.loads(out.stdout)
+        assert diagnosis["Pod"] == f"{NS}/mig-full", diagnosis
+        assert diagnosis["FailedNodes"][mig] == wanted["mig-full"][2], diagnosis
     finally:
         core.delete_collection_namespaced_pod(NS, grace_period_seconds=0)
         wait(lambda: not core.list_namespaced_pod(NS).items, 60, "pods deleted", interval=1)

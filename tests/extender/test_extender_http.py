@@ -154,6 +154,26 @@ def test_diagnose_gives_every_node_its_reason_in_full(
     assert bad.status_code == 400 and "invalid pod" in bad.json()["Error"]
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "text/plain", None],
+    ids=["curl-data-binary", "text", "none"],
+)
+def test_diagnose_reads_the_pod_whatever_the_content_type(
+    client: TestClient, content_type: str | None
+) -> None:
+    """`kubectl get pod -o json | curl --data-binary @- .../diagnose`, as docs/extender.md
+    writes it, sends curl's form Content-Type: the body is the Pod all the same."""
+    body = json.dumps(pod("new", {"nvidia.com/mig-3g.40gb": 1})).encode()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    out = client.post("/gpupart/diagnose", content=body, headers=headers)
+    assert out.status_code == 200, out.text
+    assert out.json()["FailedNodes"]["node-mig"].startswith("node-mig: 2 GPUs, no free 3g.40gb")
+    for wrong, problem in ((b"not json", "malformed request: "), (b"[1]", "malformed request: ")):
+        refused = client.post("/gpupart/diagnose", content=wrong, headers=headers)
+        assert refused.status_code == 400 and refused.json()["Error"].startswith(problem)
+
+
 def test_filter_returns_survivors_and_prioritize_scores(client: TestClient) -> None:
     p = pod("new", shared(8000))
     out = client.post("/gpupart/filter", json=args(p, ALL)).json()
