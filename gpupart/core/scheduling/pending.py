@@ -54,6 +54,7 @@ def mig_outlook(
     reserved for this pod and not made yet; `dynamic`: every GPU under a dynamic-MIG partition.
     """
     parts = []
+    offers = frozenset(offered)
     for profile, _ in demand.request.mig:
         mine = sorted(m for m in making if m.instance.profile == profile)
         if mine:
@@ -62,7 +63,7 @@ def mig_outlook(
                 + _listed(f"{m.node} (GPU {m.gpu}, {_slots(m.instance)})" for m in mine)
             )
             continue
-        if profile in set(offered):
+        if profile in offers:
             continue
         able = sorted(g for g in dynamic if _offers(g.product, profile))
         if not able:
