@@ -244,3 +244,34 @@ def test_a_failing_sink_or_explanation_costs_only_that_pod() -> None:
     sink.fail = False
     assert reporter.round() == 1
     assert sink.posted[-1] == ("other", REASON, "why now")
+
+
+@pytest.mark.parametrize(
+    ("groups", "text", "found"),
+    [
+        ([("dyn", None, True)], None, ((0, "dyn"), (1, "dyn"))),
+        ([("dyn", (1,), True), ("static", (0,), False)], None, ((1, "dyn"),)),
+        ([("dyn", (1, 7), True)], None, ((1, "dyn"),)),  # GPU 7 is not in the inventory
+        ([("a", (0,), True), ("b", (0,), True)], None, ((0, "a"),)),  # the first group wins
+        ([], "not json", ()),  # unreadable: no words, no failure
+        ([], None, ()),
+    ],
+    ids=["all-gpus", "some-gpus", "unknown-gpu", "first-wins", "unreadable", "none"],
+)
+def test_the_dynamic_gpus_are_read_from_the_desired_annotation(
+    groups: list[tuple[str, tuple[int, ...] | None, bool]], text: str | None, found: Any
+) -> None:
+    from gpupart_extender.objects import read_node
+
+    obj = node("n", [mig_gpu(0, []), mig_gpu(1, [])])
+    desired = tuple(
+        DesiredGroup(name, 1, gpus, GpuConfig(Mode.MIG, dynamic=dynamic))
+        for name, gpus, dynamic in groups
+    )
+    if groups:
+        obj["metadata"]["annotations"][DESIRED_ANNOTATION] = encode_desired(desired)
+    if text is not None:
+        obj["metadata"]["annotations"][DESIRED_ANNOTATION] = text
+    entry = read_node(obj)
+    assert entry.dynamic == found
+    assert not entry.problem  # the node itself is read as ever
