@@ -74,7 +74,7 @@ class NodeEntry:
     dynamic: tuple[tuple[int, str], ...] = ()
     """(GPU index, GpuPartition) of each GPU a partition with dynamic MIG selects, from the
     operator's `gpupart.io/desired`: only the words of a pending MIG pod's reason use it
-    (docs/adr-017-pending-reasons.md); an unreadable annotation gives none."""
+    (docs/adr-019-pending-reasons.md); an unreadable annotation gives none."""
 
 
 @dataclass(frozen=True, slots=True)

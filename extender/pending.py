@@ -2,7 +2,7 @@
 
 kube-scheduler asks the extender only about the nodes its own resource counts passed: a MIG or
 whole-GPU pod that fits nowhere never reaches filter, and its event says only `Insufficient
-nvidia.com/mig-1g.10gb` (docs/adr-017-pending-reasons.md). The Pod watch feeds `PendingPods`
+nvidia.com/mig-1g.10gb` (docs/adr-019-pending-reasons.md). The Pod watch feeds `PendingPods`
 (the cache keeps bound and nominated pods only); `Reporter.round` asks the service for each
 such pod's reason over every node and posts it when it changed.
 """

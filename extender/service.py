@@ -269,7 +269,7 @@ class ExtenderService:
 
     def pending_reason(self, pod: Mapping[str, Any]) -> str:
         """Why `pod`, which kube-scheduler left Unschedulable, fits on no node, over every node
-        of the current snapshot, as the text of an Event (docs/adr-017-pending-reasons.md).
+        of the current snapshot, as the text of an Event (docs/adr-019-pending-reasons.md).
 
         The memoised path filter takes, without its side effects: no hold (the pod was not
         asked by kube-scheduler), no decision counted, no log line.

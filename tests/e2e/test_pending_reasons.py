@@ -2,7 +2,7 @@
 
 A dedicated kube-scheduler (the chart's scheduler-config.yaml) consults the extender served in
 this process, whose watch also feeds the pending-reasons reporter with its real Event writer
-(docs/adr-017-pending-reasons.md). kwok nodes carry the node agent's inventory (and, for
+(docs/adr-019-pending-reasons.md). kwok nodes carry the node agent's inventory (and, for
 dynamic MIG, the operator's desired annotation and MIG plan); the pods in the way are created
 bound. We test, per kind of pod, that:
 - kube-scheduler's own FailedScheduling event says only `Insufficient <resource>` (its

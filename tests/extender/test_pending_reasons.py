@@ -1,4 +1,4 @@
-"""The pending pods' reasons (docs/adr-017-pending-reasons.md): which pods, what the text says, when an Event is posted.
+"""The pending pods' reasons (docs/adr-019-pending-reasons.md): which pods, what the text says, when an Event is posted.
 
 We test these aspects:
 - `unschedulable` keeps only our schedulers' unbound, live GPU pods whose PodScheduled

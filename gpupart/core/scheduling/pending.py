@@ -1,7 +1,7 @@
 """Why a pending pod fits nowhere, in one message: node verdicts counted as kube-scheduler does, plus dynamic MIG.
 
 The extender posts this text as an Event on pods kube-scheduler left Unschedulable
-(docs/adr-017-pending-reasons.md): kube-scheduler asks the extender only about nodes its own
+(docs/adr-019-pending-reasons.md): kube-scheduler asks the extender only about nodes its own
 resource counts passed, so for a MIG or whole-GPU pod that fits nowhere it never sees the
 extender's reasons. Pure: the extender passes the verdicts, the slices being made and the
 dynamic GPUs it read from the Nodes.
