@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, keys, namespace, node, pod, shared, shared_gpu
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.scheduling.shares import fragmentation_model_of
 from gpupart.core.scheduling.views import PlacedPod, Tenant
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import PodEntry
 from gpupart_extender.service import ExtenderService
@@ -99,16 +99,21 @@ def test_relist_drops_what_is_gone() -> None:
     c = ClusterCache(keys=keys)
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
+    assert not c.ready, "not before the Namespaces are listed too"
+    c.replace(NAMESPACE, [namespace("team-a"), namespace("team-b")])
     assert c.ready and c.snapshot.counts() == {
         "nodes": 2,
         "pods": 2,
         "assumed": 0,
         "nominated": 0,
         "budgets": 0,
+        "namespaces": 2,
     }
     c.replace(NODE, [node("n1", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1")])
+    c.replace(NAMESPACE, [namespace("team-a")])
     assert c.snapshot.node_names() == ["n1"] and c.snapshot.counts()["pods"] == 1
+    assert list(c.snapshot.namespaces) == ["team-a"]
 
 
 def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
