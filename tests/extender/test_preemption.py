@@ -600,3 +600,25 @@ def test_bind_counts_the_victims_until_the_watch_shows_them_gone() -> None:
     cache.apply(POD, "DELETED", low)  # the victim is gone now
     assert service.bind("team-a", "high", uid("high"), "n") == ""
     assert binder.bindings == [("team-a", "high", uid("high"), "n")]
+
+
+@pytest.mark.parametrize(("peer", "kept"), [(500, True), (1000, False), (2000, False)])
+def test_a_nomination_of_lower_priority_gives_way_and_one_of_equal_or_higher_holds(
+    peer: int, kept: bool
+) -> None:
+    """kube-scheduler clears the nominations of lower-priority pods on the node a pod preempts
+    for; an equal or higher one keeps its room (20000 of the GPU's 40000 MiB here)."""
+    cache = ClusterCache(keys=keys)
+    cache.replace(NODE, [node("n", [shared_gpu(0, memory=40000)])])
+    low = pod("low", MPS, node="n", priority=0,
+              assignment=PodAssignment("n", 0, "GPU-0000", 20000))  # fmt: skip
+    nominated = pod("peer", MPS, priority=peer)
+    nominated["status"]["nominatedNodeName"] = "n"
+    cache.replace(POD, [low, nominated])
+    cache.replace(PDB, [])
+    service = ExtenderService(
+        cache, ScoringConfig(reserve_fraction=0), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
+    high = pod("high", {**MPS, "gpupart.io/gpu-memory": 40000}, priority=1000)
+    answer = service.preempt(high, {"n": NodeVictims((uid("low"),), 0)})
+    assert answer == ({"n": NodeVictims((uid("low"),), 0)} if kept else {})
