@@ -1,4 +1,4 @@
-"""The extender's Kubernetes I/O: list+watch Nodes, Pods and PodDisruptionBudgets into the cache, and the bind writes.
+"""The extender's Kubernetes I/O: list+watch Nodes, Pods, PodDisruptionBudgets, Namespaces into the cache; bind writes.
 
 The watch (gpupart.watch, shared with the node agent) keeps raw JSON and resumes from the last
 resourceVersion; on 410 Gone or any break it relists. This module is the only one in the
@@ -26,7 +26,7 @@ from gpupart.core.errors import GpupartError
 from gpupart.kubeconfig import describe_api_error, load_configuration
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
-from .cache import NODE, PDB, POD, ClusterCache
+from .cache import NAMESPACE, NODE, PDB, POD, ClusterCache
 from .objects import meta_of
 from .pending import PendingPods
 
@@ -194,6 +194,8 @@ class Watcher:
             (POD, self.core.list_pod_for_all_namespaces),
             # For the preempt verb's PDB violation count (kube-scheduler's own rule).
             (PDB, self.policy.list_pod_disruption_budget_for_all_namespaces),
+            # Labels for the namespaceSelectors of pods' anti-affinity terms.
+            (NAMESPACE, self.core.list_namespace),
         ):
             thread = threading.Thread(
                 target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True

@@ -1,4 +1,4 @@
-"""Reading Nodes, Pods and their reservations into the entries the cluster state keeps.
+"""Reading Nodes, Pods, Namespaces and reservations into the entries the cluster state keeps.
 
 Pure functions over API objects (raw JSON mappings): no I/O, no state (the assignment keys
 come in as a function). An object that cannot be read is never fatal: a Node is kept with the
@@ -22,6 +22,7 @@ from typing import Any
 
 from gpupart.core.api.provenance import AssignmentKeys, forgery
 from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -46,6 +47,7 @@ NODE = "Node"
 """The kinds the watch feeds (names as in the API)."""
 POD = "Pod"
 PDB = "PodDisruptionBudget"
+NAMESPACE = "Namespace"
 _DONE_PHASES = ("Succeeded", "Failed")
 
 KeySource = Callable[[], AssignmentKeys]
@@ -203,6 +205,17 @@ def read_dynamic(text: object, inventory: tuple[InventoryGpu, ...]) -> tuple[tup
             if index in indices:
                 found.setdefault(index, group.partition)
     return tuple(sorted(found.items()))
+
+
+def read_namespace_labels(namespace: Mapping[str, Any]) -> Mapping[str, str]:
+    """A Namespace's labels, for the namespaceSelectors of pods' anti-affinity terms; InvalidInput
+    when they are not labels as the API server admits them (then the namespace is selected by
+    no selector's labels, as if kube-scheduler's lister did not have it)."""
+    labels = string_map(meta_of(namespace).get("labels"), "Namespace.metadata.labels")
+    for key, value in labels.items():
+        check_label_key(key, where="Namespace.metadata.labels")
+        check_label_value(value, f"Namespace.metadata.labels.{key[:64]}")
+    return labels
 
 
 def problem_of(error: BaseException) -> str:

@@ -164,7 +164,13 @@ class ExtenderService:
         self.cache.recheck_assignments(wait=wait)
 
     def _demand(self, pod: Mapping[str, Any]) -> Demand:
-        return parse_demand(pod, group_label=self.scoring.group_label)
+        """The pod's demand, its anti-affinity terms' namespaceSelectors resolved against the
+        Namespaces the watch cache holds now (a relabel makes another demand: the memo keys on it)."""
+        return parse_demand(
+            pod,
+            group_label=self.scoring.group_label,
+            namespace_labels=self.cache.snapshot.namespaces,
+        )
 
     # -- verbs --
 

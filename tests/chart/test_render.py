@@ -172,6 +172,7 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         | grants("", "pods/binding", "create")  # its metadata carries the assignment annotation
         | grants("policy", "poddisruptionbudgets", "list", "watch")  # the preempt verb's PDBs
         | grants("", "events", "create")  # a pending pod's reason (ADR 019)
+        | grants("", "namespaces", "list", "watch")  # anti-affinity terms' namespaceSelectors
     )
     assert rules_of(objects, "operator") == (
         grants("gpupart.io", "gpupartitions", "list", "watch", "patch")

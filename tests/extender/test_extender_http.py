@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
 from gpupart_extender.answers import DETAILED_NODES
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpupart_extender.service import ExtenderService
@@ -363,16 +363,19 @@ def test_health_readiness_and_metrics(client: TestClient) -> None:
     assert 'gpupart_extender_cache_objects{kind="nodes"} 4.0' in text
 
 
-def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
+def test_not_ready_until_every_list_arrived(settings: ExtenderSettings) -> None:
     cache = ClusterCache(keys=keys)
     service = ExtenderService(
         cache, settings.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     with TestClient(create_app(settings, service)) as c:
         res = c.get("/readyz")
-        assert res.status_code == 503 and "Node, Pod" in res.text
+        assert res.status_code == 503 and "Node, Pod, Namespace" in res.text
         cache.replace(NODE, [])
         cache.replace(POD, [])
+        res = c.get("/readyz")
+        assert res.status_code == 503 and res.text == "watch cache not synced: Namespace"
+        cache.replace(NAMESPACE, [])
         assert c.get("/readyz").status_code == 200
 
 
