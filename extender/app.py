@@ -14,12 +14,12 @@ import logging
 import time
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpupart import logs
 from gpupart.core.errors import GpupartError
@@ -43,6 +43,8 @@ from .texts import explain
 
 log = logging.getLogger(__name__)
 _JSON = "application/json"
+_POD_BODY: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+"""diagnose's body: a Pod, read as a JSON object (pydantic's parser: bounded depth)."""
 HEALTH_BODY_BYTES = 4096
 """The largest body the health port reads (its three routes read none)."""
 
@@ -224,20 +226,33 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         response_model=DiagnosisResult,
         summary="Why a pod fits or not on each node, every reason in full",
         responses={400: {"description": "not a pod we can read"}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    _JSON: {
+                        "schema": {
+                            **POD_SCHEMA,
+                            "description": "the Pod, as `kubectl get pod -o json`",
+                        }
+                    }
+                },
+            }
+        },
     )
-    def diagnose(
-        pod: Annotated[
-            dict[str, Any],
-            Body(description="the Pod, as `kubectl get pod -o json`", json_schema_extra=POD_SCHEMA),
-        ],
+    async def diagnose(
+        request: Request,
         node: Annotated[
             list[str] | None, Query(description="only these nodes (default: all)")
         ] = None,
     ) -> Response:
-        # A plain `def` (thread pool): evaluating every node must not hold up filter calls.
         _bounded(len(node or ()), most, "node")
+        # Read whatever the Content-Type says: `curl --data-binary @-` sends
+        # application/x-www-form-urlencoded, and the body is the Pod all the same.
+        pod = await _parse_pod(request)
         try:
-            found = service.diagnose(pod, node or ())
+            # On the thread pool: evaluating every node must not hold up filter calls.
+            found = await run_in_threadpool(service.diagnose, pod, node or ())
         except GpupartError as error:
             return JSONResponse({"Error": explain(error)}, status_code=400)
         result = DiagnosisResult(
@@ -312,6 +327,17 @@ async def _parse(request: Request, model: type[_Model]) -> _Model:
     body = await request.body()
     try:
         return model.model_validate_json(body)
+    except ValidationError as error:
+        raise RequestValidationError(error.errors()) from None
+    except RecursionError:  # JSON nested past what the parser walks
+        raise RequestValidationError([{"loc": ("body",), "msg": "nested too deeply"}]) from None
+
+
+async def _parse_pod(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (a Pod), whatever its Content-Type; errors as `_parse`'s."""
+    body = await request.body()
+    try:
+        return _POD_BODY.validate_json(body)
     except ValidationError as error:
         raise RequestValidationError(error.errors()) from None
     except RecursionError:  # JSON nested past what the parser walks

@@ -30,6 +30,12 @@ instance is simply in use). Views are snapshots, so the writer rebuilds a node w
 reservation expires: at the next publish or `expire_slices` call after that time, whichever
 comes first (requests call `expire_slices` before they read the snapshot).
 
+Namespaces are kept as name -> labels, for the namespaceSelectors of pending pods' anti-affinity
+terms (`parse_demand`'s `namespace_labels`, read from the snapshot): a Namespace whose labels
+cannot be read is listed in `unreadable` and selected by no selector's labels. A relabel
+publishes a new mapping (nothing about nodes changes: the memo keys answers on the demand, whose
+resolved terms hold the namespaces they select).
+
 Every bound, live pod is kept for its CPU request (the node's free CPU feeds the policy's
 stranded-share term); pods that hold GPUs are kept with their GPU request and assignment too.
 
@@ -61,6 +67,7 @@ from gpupart.core.scheduling.shares import Shape, demand_shape
 from gpupart.core.scheduling.views import NodeView, anonymous
 
 from .objects import (
+    NAMESPACE,
     NODE,
     PDB,
     POD,
@@ -72,6 +79,7 @@ from .objects import (
     key_of,
     meta_of,
     problem_of,
+    read_namespace_labels,
     read_node,
     read_nomination,
     read_pod,
@@ -81,7 +89,7 @@ from .objects import (
 from .reservations import Proposal, Reservations
 from .snapshot import NodeState, Snapshot, assemble_view
 
-__all__ = ["NODE", "PDB", "POD", "WATCH_FAILING_AFTER", "ClusterCache"]
+__all__ = ["NAMESPACE", "NODE", "PDB", "POD", "WATCH_FAILING_AFTER", "ClusterCache"]
 """The kinds are re-exported: they name what `apply` and `replace` are fed."""
 
 log = logging.getLogger(__name__)
@@ -94,7 +102,8 @@ _DONE_PHASES = ("Succeeded", "Failed")
 
 
 class ClusterCache:
-    """Nodes, pods, budgets and reservations, changed under one writer lock, read as `snapshot`."""
+    """Nodes, pods, budgets, namespaces and reservations, changed under one writer lock, read as
+    `snapshot`."""
 
     def __init__(
         self,
@@ -118,6 +127,8 @@ class ClusterCache:
         """Pending pods nominated to a node: their reservation, and the object it was read from."""
         self._nominated_on: dict[str, dict[str, PodEntry]] = {}
         self._budgets: dict[str, Budget] = {}
+        self._namespaces: dict[str, Mapping[str, str]] = {}
+        """Namespace name -> its labels (each mapping new per read, never changed after)."""
         self._versions: dict[str, int] = {}
         self._clock = 0
         self._log: list[str] = []
@@ -125,8 +136,8 @@ class ClusterCache:
         self._dirty: set[str] = set()
         """Nodes changed since the last publish."""
         self._stale: set[str] = set()
-        """What else changed since the last publish: "nominations", "budgets", "unreadable",
-        "proposals", "counts" (the rest of the snapshot is reused)."""
+        """What else changed since the last publish: "nominations", "budgets", "namespaces",
+        "unreadable", "proposals", "counts" (the rest of the snapshot is reused)."""
         self._states: dict[NodeView, int] = {}
         self._next_state = 0
         self._max_states = max_states
@@ -146,7 +157,7 @@ class ClusterCache:
         """Uids of pods whose assignment awaits a readable key (`recheck_assignments`)."""
         self._told: dict[str, str] = {}
         """Per pod uid, the last reason logged for not counting its assignment (logged once)."""
-        self.synced: dict[str, bool] = {NODE: False, POD: False}
+        self.synced: dict[str, bool] = {NODE: False, POD: False, NAMESPACE: False}
         self._health = threading.Lock()
         self._failures: dict[str, tuple[int, str]] = {}
         """Per kind: consecutive failed lists or watches, and the last error."""
@@ -196,6 +207,29 @@ class ClusterCache:
                 self._set_nominated(uid, obj)
         elif kind == PDB:
             self._apply_budget(event, obj)
+        elif kind == NAMESPACE:
+            self._apply_namespace(event, obj)
+
+    def _apply_namespace(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = str(meta_of(obj).get("name") or "")
+        if not name:
+            return
+        old = self._namespaces.get(name)
+        labels = None
+        if event != "DELETED":
+            try:
+                labels = read_namespace_labels(obj)
+                self._readable(NAMESPACE, name)
+            except Exception as error:  # noqa: BLE001 - one namespace's problem: not selected
+                self._unreadable_seen(NAMESPACE, name, name, obj, problem_of(error))
+        else:
+            self._readable(NAMESPACE, name)
+        if labels is None:
+            self._namespaces.pop(name, None)
+        elif labels != old:
+            self._namespaces[name] = labels
+        if labels != old:
+            self._stale.add("namespaces")
 
     def _apply_budget(self, event: str, obj: Mapping[str, Any]) -> None:
         key = key_of(obj)
@@ -347,6 +381,14 @@ class ClusterCache:
                     self._set_pod(uid, entry)
                     self._set_nominated(uid, listed_by_uid[uid])
                 keys = set(seen)
+            elif kind == NAMESPACE:
+                keys = set()
+                for o in listed:
+                    self._apply_namespace("ADDED", o)
+                    keys.add(str(meta_of(o).get("name") or ""))
+                for name in set(self._namespaces) - keys:
+                    del self._namespaces[name]
+                    self._stale.add("namespaces")
             else:
                 self._budgets = {}
                 keys = set()
@@ -461,6 +503,7 @@ class ClusterCache:
                 if "budgets" in stale
                 else old.budgets
             ),
+            namespaces=dict(self._namespaces) if "namespaces" in stale else old.namespaces,
             mix=Counter(self._mix) if dirty else old.mix,
             clock=self._clock,
             log=self._log,

@@ -1,4 +1,4 @@
-"""The extender's Kubernetes I/O: list+watch Nodes, Pods and PodDisruptionBudgets into the cache, and the bind writes.
+"""The extender's Kubernetes I/O: list+watch Nodes, Pods, PodDisruptionBudgets, Namespaces into the cache; bind writes.
 
 The watch (gpupart.watch, shared with the node agent) keeps raw JSON and resumes from the last
 resourceVersion; on 410 Gone or any break it relists. This module is the only one in the
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupart import logs
+from gpupart.core.api.events import object_event
 from gpupart.core.errors import GpupartError
 from gpupart.kubeconfig import describe_api_error, load_configuration
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
-from .cache import NODE, PDB, POD, ClusterCache
+from .cache import NAMESPACE, NODE, PDB, POD, ClusterCache
+from .objects import meta_of
+from .pending import PendingPods
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +121,50 @@ class ApiBinder:
             raise ApiException(http_resp=response)
 
 
+class ApiEvents:
+    """Warning Events on pods (the reporter's `EventSink`): RBAC `events: create`."""
+
+    def __init__(self, api: client.ApiClient, *, timeout_s: float = 10.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.timeout = timeout_s
+        self.instance = socket.gethostname()
+
+    def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """Post the Event; never raises (a reason not posted is posted at the next change)."""
+        meta = meta_of(pod)
+        namespace = str(meta.get("namespace") or "default")
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": str(meta.get("name") or ""),
+            "namespace": namespace,
+            "uid": str(meta.get("uid") or ""),
+        }
+        body = object_event(
+            involved,
+            reason=reason,
+            message=message,
+            kind="Warning",
+            namespace=namespace,
+            now=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            component="extender",
+            instance=self.instance,
+        )
+        try:
+            response: Any = self.core.create_namespaced_event(
+                namespace,
+                client.CoreV1Event.model_validate(body),
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
+            response.data  # noqa: B018 - read to the end: the connection goes back to the pool
+        except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
+            log.warning(
+                "Failed to post event",
+                extra=logs.kv(pod=f"{namespace}/{involved['name']}", err=describe_api_error(error)),
+            )
+
+
 class Watcher:
     """One thread per kind: list, then watch from the list's resourceVersion, forever."""
 
@@ -126,10 +175,13 @@ class Watcher:
         *,
         timeout_seconds: int = 300,
         sleep: Callable[[float], object] | None = None,
+        pending: PendingPods | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
         self.cache = cache
+        self.pending = pending
+        """Also fed the Pod events, for the pending pods' reasons (None: not kept)."""
         self.timeout = timeout_seconds
         self.stopping = threading.Event()
         self.sleep = sleep or self.stopping.wait
@@ -142,6 +194,8 @@ class Watcher:
             (POD, self.core.list_pod_for_all_namespaces),
             # For the preempt verb's PDB violation count (kube-scheduler's own rule).
             (PDB, self.policy.list_pod_disruption_budget_for_all_namespaces),
+            # Labels for the namespaceSelectors of pods' anti-affinity terms.
+            (NAMESPACE, self.core.list_namespace),
         ):
             thread = threading.Thread(
                 target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True
@@ -180,8 +234,12 @@ class Watcher:
                     healthy = True
                     self.cache.watch_ok(kind)
                 self.cache.apply(kind, item.type, item.object)
+                if kind == POD and self.pending is not None:
+                    self.pending.apply(item.type, item.object)
             elif isinstance(item, Listed):
                 self.cache.replace(kind, item.items)
+                if kind == POD and self.pending is not None:
+                    self.pending.replace(item.items)
                 opened, healthy = time.monotonic(), False
                 log.info(
                     "Listed objects",

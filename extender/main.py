@@ -32,9 +32,10 @@ from gpupart.keyfile import KeyFile
 from . import settings as settings_module
 from .app import create_app, create_health_app
 from .cache import ClusterCache
-from .kube import ApiBinder, Watcher, api_client
+from .kube import ApiBinder, ApiEvents, Watcher, api_client
 from .limits import BoundedHttpTools
 from .metrics import Metrics
+from .pending import PendingPods, Reporter
 from .service import ExtenderService
 from .settings import ExtenderSettings
 
@@ -233,8 +234,18 @@ def run(args: argparse.Namespace) -> int:
         return _fail(
             f"cannot set up TLS (tls_cert_file, tls_key_file, tls_client_ca_file): {error}"
         )
-    watcher = Watcher(api, cache, timeout_seconds=settings.resync_seconds)
+    pending = PendingPods(settings.scheduler_names) if settings.pending_reasons_seconds else None
+    watcher = Watcher(api, cache, timeout_seconds=settings.resync_seconds, pending=pending)
     watcher.start()
+    if pending is not None:
+        # kube-scheduler never asks about pods its own counts rejected everywhere: say why.
+        reporter = Reporter(pending, service.pending_reason, ApiEvents(api))
+        threading.Thread(
+            target=reporter.run,
+            args=(watcher.stopping, settings.pending_reasons_seconds),
+            name="pending-reasons",
+            daemon=True,
+        ).start()
     tune_gc()
     log.info(
         "Started extender",

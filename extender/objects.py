@@ -1,4 +1,4 @@
-"""Reading Nodes, Pods and their reservations into the entries the cluster state keeps.
+"""Reading Nodes, Pods, Namespaces and reservations into the entries the cluster state keeps.
 
 Pure functions over API objects (raw JSON mappings): no I/O, no state (the assignment keys
 come in as a function). An object that cannot be read is never fatal: a Node is kept with the
@@ -22,9 +22,11 @@ from typing import Any
 
 from gpupart.core.api.provenance import AssignmentKeys, forgery
 from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
+    DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     InventoryGpu,
@@ -32,6 +34,7 @@ from gpupart.core.api.wire import (
     SliceReservation,
     decode_allocation,
     decode_assignment,
+    decode_desired,
     decode_inventory,
     decode_mig_plan,
 )
@@ -44,6 +47,7 @@ NODE = "Node"
 """The kinds the watch feeds (names as in the API)."""
 POD = "Pod"
 PDB = "PodDisruptionBudget"
+NAMESPACE = "Namespace"
 _DONE_PHASES = ("Succeeded", "Failed")
 
 KeySource = Callable[[], AssignmentKeys]
@@ -58,9 +62,9 @@ class NodeEntry:
     problem: str
     cpu_milli: int | None = None
     """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, object, object] = field(default=(None, None, None), compare=False)
-    """The inventory annotation's text, the allocatable CPU value and the MIG plan's text it
-    was read from."""
+    source: tuple[object, ...] = field(default=(None, None, None, None), compare=False)
+    """The inventory annotation's text, the allocatable CPU value, the MIG plan's text and the
+    desired annotation's text it was read from."""
     serial_admission: bool = False
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
     unreadable: bool = False
@@ -69,6 +73,10 @@ class NodeEntry:
     """The slice reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
     plan_problem: str = ""
     """Why the MIG plan could not be read: the node then takes no MIG pod (others it may)."""
+    dynamic: tuple[tuple[int, str], ...] = ()
+    """(GPU index, GpuPartition) of each GPU a partition with dynamic MIG selects, from the
+    operator's `gpupart.io/desired`: only the words of a pending MIG pod's reason use it
+    (docs/adr-019-pending-reasons.md); an unreadable annotation gives none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +127,8 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
     allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
     plan = annotations.get(MIG_PLAN_ANNOTATION)
     cpu_text = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
-    source = (text, cpu_text, plan)
+    desired = annotations.get(DESIRED_ANNOTATION)
+    source = (text, cpu_text, plan, desired)
     if previous is not None and previous.source == source:
         # A status heartbeat (every node, every few seconds): decoding the inventory again
         # cost ~0.1 ms a node, a steady load on large clusters for nothing.
@@ -145,6 +154,7 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
             inventory.serial_admission,
             reservations=reservations,
             plan_problem=plan_problem,
+            dynamic=read_dynamic(desired, inventory.gpus),
         )
     except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
         problem = f"GPU inventory unreadable: {problem_of(error)}"
@@ -174,6 +184,38 @@ def read_reservations(text: object) -> tuple[tuple[SliceReservation, ...], str]:
         return reservations, ""
     except Exception as error:  # noqa: BLE001 - this node's plan's problem only
         return (), f"MIG plan unreadable: {problem_of(error)}"
+
+
+def read_dynamic(text: object, inventory: tuple[InventoryGpu, ...]) -> tuple[tuple[int, str], ...]:
+    """(GPU index, GpuPartition) of the inventory's GPUs that a dynamic-MIG group of the
+    desired annotation selects. Never raises: a bad annotation only costs a reason its words
+    (the node agent, which acts on it, reports its problem)."""
+    if not isinstance(text, str):
+        return ()
+    try:
+        groups = decode_desired(text)
+    except Exception:  # noqa: BLE001 - words only; the node agent reports the annotation
+        return ()
+    found: dict[int, str] = {}
+    indices = [g.index for g in inventory]
+    for group in groups:
+        if not group.config.dynamic:
+            continue
+        for index in indices if group.gpus is None else group.gpus:
+            if index in indices:
+                found.setdefault(index, group.partition)
+    return tuple(sorted(found.items()))
+
+
+def read_namespace_labels(namespace: Mapping[str, Any]) -> Mapping[str, str]:
+    """A Namespace's labels, for the namespaceSelectors of pods' anti-affinity terms; InvalidInput
+    when they are not labels as the API server admits them (then the namespace is selected by
+    no selector's labels, as if kube-scheduler's lister did not have it)."""
+    labels = string_map(meta_of(namespace).get("labels"), "Namespace.metadata.labels")
+    for key, value in labels.items():
+        check_label_key(key, where="Namespace.metadata.labels")
+        check_label_value(value, f"Namespace.metadata.labels.{key[:64]}")
+    return labels
 
 
 def problem_of(error: BaseException) -> str:

@@ -25,6 +25,7 @@ from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
+from gpupart.core.scheduling.pending import DynamicGpu, Making, mig_outlook, pending_message
 from gpupart.core.scheduling.pods import Demand, parse_demand, tenant_of
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.shares import fragmentation_model, fragmentation_model_of
@@ -163,7 +164,13 @@ class ExtenderService:
         self.cache.recheck_assignments(wait=wait)
 
     def _demand(self, pod: Mapping[str, Any]) -> Demand:
-        return parse_demand(pod, group_label=self.scoring.group_label)
+        """The pod's demand, its anti-affinity terms' namespaceSelectors resolved against the
+        Namespaces the watch cache holds now (a relabel makes another demand: the memo keys on it)."""
+        return parse_demand(
+            pod,
+            group_label=self.scoring.group_label,
+            namespace_labels=self.cache.snapshot.namespaces,
+        )
 
     # -- verbs --
 
@@ -265,6 +272,41 @@ class ExtenderService:
             answer = reply(batch, passed_only)
         self.metrics.decisions.labels("prioritize", "ok").inc()
         return answer
+
+    def pending_reason(self, pod: Mapping[str, Any]) -> str:
+        """Why `pod`, which kube-scheduler left Unschedulable, fits on no node, over every node
+        of the current snapshot, as the text of an Event (docs/adr-019-pending-reasons.md).
+
+        The memoised path filter takes, without its side effects: no hold (the pod was not
+        asked by kube-scheduler), no decision counted, no log line.
+        """
+        try:
+            demand = self._demand(pod)
+        except GpupartError as error:
+            return f"gpupart cannot read this pod: {explain(error)}."
+        now = self.clock()
+        self.cache.expire_slices(wait=False)
+        fits: list[str] = []
+        reasons: Counter[str] = Counter()
+        with self._memo_lock:
+            snap = self.cache.snapshot
+            names = snap.node_names()
+            own = _own_views(snap, pod, demand)
+            memo = self._memo_for(self.model(now))
+            batch, _, shape = memo.answers(snap, names, demand, {}, own=own)
+            detailed = {
+                position: memo.reason(snap, batch.answers[position], demand, shape, own)
+                for *_, position in batch.detailed()
+            }
+            for position, answer in enumerate(batch.answers):
+                if answer.status == PASSED:
+                    fits.append(answer.name)
+                else:
+                    reasons[detailed.get(position, answer.summary)] += 1
+        lead = ""
+        if demand.request.mig:
+            lead = mig_outlook(demand, **_mig_facts(snap, demand.pod, self.cache.wall()))
+        return pending_message(lead=lead, nodes=len(names), fits=fits, reasons=reasons)
 
     def diagnose(self, pod: Mapping[str, Any], names: Sequence[str] = ()) -> Diagnosis:
         """Why the pod fits or not on each node (every watched node when `names` is empty),
@@ -570,6 +612,27 @@ def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[s
     if view is not None:
         own[held.node] = view
     return own
+
+
+def _mig_facts(snap: Snapshot, pod: str, now: float) -> dict[str, Any]:
+    """What `mig_outlook` needs from the Nodes: the profiles some node offers, the instances
+    planned for `pod` not made yet (live reservations only), and the dynamic-MIG GPUs."""
+    offered: set[str] = set()
+    making: list[Making] = []
+    dynamic: list[DynamicGpu] = []
+    for name in snap.node_names():
+        state = snap.nodes[name]
+        inventory = state.entry.inventory or ()
+        for gpu in state.view.gpus:
+            offered.update(gpu.slices)
+        made = {(g.index, d.instance) for g in inventory for d in g.mig_devices}
+        for r in state.entry.reservations:
+            if r.pod == pod and r.expires > now and (r.gpu, r.instance) not in made:
+                making.append(Making(name, r.gpu, r.instance))
+        products = {g.index: g.product for g in inventory}
+        for index, partition in state.entry.dynamic:
+            dynamic.append(DynamicGpu(name, index, products.get(index, ""), partition))
+    return {"offered": offered, "making": making, "dynamic": dynamic}
 
 
 def _views_from_objects(nodes: Iterable[Mapping[str, Any]], now: float) -> dict[str, NodeView]:

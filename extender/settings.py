@@ -112,6 +112,9 @@ class ExtenderSettings(BaseModel):
     """Server-side timeout of each watch; the watch then resumes (or relists after 410 Gone)."""
     memo_size: int = Field(200_000, ge=0)
     """Node verdicts kept between requests (keyed by node version and pod shape)."""
+    pending_reasons_seconds: float = Field(5.0, ge=0, le=3600)
+    """How often pods kube-scheduler left Unschedulable get gpupart's reason as an Event
+    (docs/adr-019-pending-reasons.md); 0: never."""
 
     @model_validator(mode="after")
     def _check(self) -> ExtenderSettings:

@@ -16,7 +16,17 @@ from gpupart.core.scheduling.preemption import Budget
 from gpupart.core.scheduling.shares import Shape
 from gpupart.core.scheduling.views import NodeView, assemble_node
 
-from .objects import NODE, PDB, POD, NodeEntry, PodEntry, Unreadable, placed_by_uuid, problem_of
+from .objects import (
+    NAMESPACE,
+    NODE,
+    PDB,
+    POD,
+    NodeEntry,
+    PodEntry,
+    Unreadable,
+    placed_by_uuid,
+    problem_of,
+)
 from .reservations import Proposal
 
 Signature = tuple[int, int]
@@ -82,6 +92,8 @@ class Snapshot:
     proposals: Mapping[str, Mapping[str, Proposal]]
     """Pod uid -> node -> what the preempt verb freed for it there."""
     budgets: tuple[Budget, ...]
+    namespaces: Mapping[str, Mapping[str, str]]
+    """Namespace name -> its labels, every readable Namespace (for `parse_demand`)."""
     mix: Mapping[Shape, int]
     """How many bound GPU pods have each (GPU count, milli per GPU, CPU): the policy's mix."""
     clock: int
@@ -100,7 +112,7 @@ class Snapshot:
 
     @classmethod
     def empty(cls) -> Snapshot:
-        return cls({}, {}, {}, {}, (), {}, 0, (), 0, (), 0, 0, {})
+        return cls({}, {}, {}, {}, (), {}, {}, 0, (), 0, (), 0, 0, {})
 
     def reserved_for(self, pod: str) -> tuple[str, ...]:
         """The nodes where a live slice reservation names `pod` (namespace/name)."""
@@ -170,6 +182,7 @@ class Snapshot:
             "assumed": self.assumed,
             "nominated": len(self.nominations),
             "budgets": len(self.budgets),
+            "namespaces": len(self.namespaces),
         }
 
     def slice_reservations(self) -> int:
@@ -178,7 +191,7 @@ class Snapshot:
         return sum(len(self.nodes[n].view.reserved) for n in nodes)
 
     def unreadable_counts(self) -> dict[str, int]:
-        found = {NODE: 0, POD: 0, PDB: 0}
+        found = {NODE: 0, POD: 0, PDB: 0, NAMESPACE: 0}
         for u in self.unreadable:
             found[u.kind] = found.get(u.kind, 0) + 1
         return found

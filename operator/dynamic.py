@@ -257,8 +257,10 @@ class DemandPlanner:
         self._pool = ThreadPoolExecutor(settings.write_workers, thread_name_prefix="gpupart-plan")
         self._inventories = InventoryCache()
         self._idle_since: dict[tuple[str, int, MigInstance], float] = {}
-        self._failed_at: dict[tuple[str, str], float] = {}
-        """(node, plan id) -> when its failure was first seen: the retry waits from there."""
+        self._failed_at: dict[str, tuple[str, float]] = {}
+        """node -> (id of its last failed plan, when that failure was first seen): the node is
+        not planned again until `plan_retry_seconds` after, whatever plan it holds meanwhile
+        (the back-off's own plan, which only ends reservations, is Applied at once)."""
         self._said: dict[str, tuple[str, str, float]] = {}
         """pod uid -> (reason, message, when) of the last Event posted about it."""
         self._reserved_for: set[str] = set()
@@ -376,16 +378,17 @@ class DemandPlanner:
         # A plan that is not ours (edited by hand, another version) is replaced by the next one.
         plan = _read(raw, MIG_PLAN_ANNOTATION, decode_mig_plan, node.name)
         report = node.view.report.plan if node.view.report is not None else None
-        hold = False
         if plan is not None and report is not None and report.id == plan.id:
             key = (node.name, plan.id)
             if key not in self._answered:
                 self._answered.add(key)
                 ok = report.state is GpuState.APPLIED
                 self.metrics.plans.labels(result="applied" if ok else "failed").inc()
-            if report.state is not GpuState.APPLIED:
-                first = self._failed_at.setdefault(key, now)
-                hold = now - first < self.settings.plan_retry_seconds
+            failed = self._failed_at.get(node.name)
+            if report.state is not GpuState.APPLIED and (failed is None or failed[0] != plan.id):
+                self._failed_at[node.name] = (plan.id, now)
+        failed = self._failed_at.get(node.name)
+        hold = failed is not None and now - failed[1] < self.settings.plan_retry_seconds
         if inventory is not None:
             for gpu in inventory.gpus:
                 for device in gpu.mig_devices:
@@ -417,7 +420,8 @@ class DemandPlanner:
         self._idle_since = {k: v for k, v in self._idle_since.items() if k in devices}
         plans = {(f.name, f.plan.id) for f in facts if f.plan is not None}
         self._answered &= plans
-        self._failed_at = {k: v for k, v in self._failed_at.items() if k in plans}
+        names = {f.name for f in facts}
+        self._failed_at = {k: v for k, v in self._failed_at.items() if k in names}
 
     # -- writing --
 

@@ -68,7 +68,8 @@ class Metrics:
         self.disruptions = Counter(
             "gpupart_dynamic_mig_disruptions",
             "Instances a written plan would destroy while the node agent reports them used "
-            "(stays 0: the planner keeps them, the node agent refuses them)",
+            "(the node agent refuses them; 0 unless a pod took an idle instance after a plan "
+            "destroying it was written)",
             registry=self.registry,
         )
         self.pending_to_bound = Histogram(

@@ -174,6 +174,8 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         | grants("", "pods", "get", "list", "watch")  # bind re-reads the live pod
         | grants("", "pods/binding", "create")  # its metadata carries the assignment annotation
         | grants("policy", "poddisruptionbudgets", "list", "watch")  # the preempt verb's PDBs
+        | grants("", "events", "create")  # a pending pod's reason (ADR 019)
+        | grants("", "namespaces", "list", "watch")  # anti-affinity terms' namespaceSelectors
     )
     assert rules_of(objects, "operator") == (
         grants("gpupart.io", "gpupartitions", "list", "watch", "patch")
@@ -790,3 +792,38 @@ def test_the_components_accept_the_rendered_arguments_and_settings(
             sidecar = workload["metadata"]["name"].endswith("-scheduler")
             assert extender.host == ("127.0.0.1" if sidecar else "0.0.0.0")
             assert f"--config={container['volumeMounts'][0]['mountPath']}/settings.yaml" in args
+
+
+MAP_API = ("--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
+
+
+def test_the_scheduler_name_policy_is_rendered_where_it_applies(render: Render) -> None:
+    """Only with scheduler.mode=dedicated, setSchedulerName on, and the API served (v1.36)."""
+
+    def mutating(values: dict[str, Any], extra: tuple[str, ...] = MAP_API) -> list[dict[str, Any]]:
+        kinds = ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")
+        return [o for o in render(values, extra) if o["kind"] in kinds]
+
+    found = mutating({"scheduler.schedulerName": "gpu-sched"})
+    assert [o["kind"] for o in found] == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    ]
+    policy, binding = found
+    assert binding["spec"] == {"policyName": "gp-gpupart-scheduler-name"}
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    (mutation,) = policy["spec"]["mutations"]
+    assert mutation["applyConfiguration"]["expression"] == (
+        "Object{spec: Object.spec{schedulerName: 'gpu-sched'}}"
+    )
+    assert {c["name"] for c in policy["spec"]["matchConditions"]} == {
+        "no-scheduler-chosen",
+        "not-bound",
+        "asks-for-a-gpu",
+    }
+    assert not mutating({}, ())  # an API server without MutatingAdmissionPolicy v1
+    assert not mutating({"admissionPolicies.setSchedulerName": False})
+    assert not mutating({"admissionPolicies.enabled": False})
+    assert not mutating(
+        {"scheduler.mode": "existing", "extender.tls.secretName": "gpupart-extender-tls"}
+    )

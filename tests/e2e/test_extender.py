@@ -8,6 +8,7 @@ kwok nodes carry the node agent's inventory annotation.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -692,5 +693,99 @@ def test_a_node_with_room_only_in_total_gets_no_preemption(k8s_api: Any) -> None
         assert core.read_namespaced_pod("high", ns).spec.node_name is None
     finally:
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-        wait_for(lambda: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1)
+        wait_for(
+            lambda ns=ns: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1
+        )
+        core.delete_node(f)
+
+
+def _diagnose(extender_url: str, pod: dict[str, Any], node: str) -> dict[str, Any]:
+    request = urllib.request.Request(
+        f"{extender_url}/diagnose?node={node}",
+        data=json.dumps(pod).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+@pytest.mark.usefixtures("gpupart_scheduler")
+def test_a_namespace_selector_is_decided_by_the_other_namespaces_labels_as_they_change(
+    k8s_api: Any, extender_url: str
+) -> None:
+    """A guest pod avoids `app=holder` pods in namespaces labelled gold (required
+    podAntiAffinity with a namespaceSelector). The holder's namespace is not gold: the guest
+    shares its GPU. Labelled gold: the next guest is refused that GPU, with the extender's
+    reason. The label removed: the next one shares it again. The term's topologyKey is on no
+    node, so kube-scheduler's own InterPodAffinity lets every node pass: the extender decides."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(k8s_api)
+    run = f"nss{int(time.time()) % 100000}"
+    holders, guests = f"e2e-{run}-a", f"e2e-{run}-b"
+    for ns in (holders, guests):
+        core.create_namespace({"metadata": {"name": ns}})
+    _priority_classes(k8s_api)
+    f = f"{run}-f"
+    gpu = InventoryGpu(0, f"GPU-{f}-0", H100, 40000, Mode.MPS, (), 16)
+    create_nodes(k8s_api, [_node(f, [gpu], {"nvidia.com/gpu.shared": 16})])
+    tier = "gpupart.io/e2e-tier"
+
+    def guest(name: str) -> dict[str, Any]:
+        manifest = _pod(name, {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "1000"}, name)
+        term = {
+            "labelSelector": {"matchLabels": {"app": "holder"}},
+            "namespaceSelector": {"matchLabels": {tier: "gold"}},
+            "topologyKey": "gpupart.io/e2e-no-such-topology",
+        }
+        manifest["metadata"]["namespace"] = guests
+        manifest["spec"].update(
+            nodeSelector={"kubernetes.io/hostname": f},
+            affinity={
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+            },
+        )
+        return manifest
+
+    def node_of(name: str) -> str | None:
+        return str(core.read_namespaced_pod(name, guests).spec.node_name or "") or None
+
+    def relabel(value: str | None) -> None:
+        core.patch_namespace(holders, {"metadata": {"labels": {tier: value}}})
+        probe = guest("probe")
+        wait_for(
+            lambda: (f in _diagnose(extender_url, probe, f)["FailedNodes"]) == (value == "gold"),
+            30,
+            f"the extender to see namespace {holders} labelled {tier}={value}",
+            interval=0.5,
+        )
+
+    try:
+        _create_bound_pod(core, holders, "holder", f, 0, 10000, "e2e-low")
+        _all_running(core, holders)
+        core.create_namespaced_pod(guests, guest("guest-1"))
+        assert wait_for(lambda: node_of("guest-1"), 60, "guest-1 bound", interval=0.5) == f
+
+        relabel("gold")
+        core.create_namespaced_pod(guests, guest("guest-2"))
+
+        def reason() -> str | None:
+            for e in _events(core, guests, "FailedScheduling"):
+                if e.involved_object.name == "guest-2" and "nodes are available" in e.message:
+                    return str(e.message)
+            return None
+
+        message = wait_for(reason, 60, "guest-2's FailedScheduling event", interval=1)
+        assert f"GPU 0: required podAntiAffinity with {holders}/holder" in message, message
+        assert node_of("guest-2") is None
+
+        relabel(None)
+        core.create_namespaced_pod(guests, guest("guest-3"))
+        assert wait_for(lambda: node_of("guest-3"), 60, "guest-3 bound", interval=0.5) == f
+    finally:
+        for ns in (holders, guests):
+            core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+            wait_for(
+                lambda ns=ns: not core.list_namespaced_pod(ns).items, 60, "pods deleted", interval=1
+            )
         core.delete_node(f)

@@ -2,7 +2,7 @@
 
 The extender runs as its own process against the session's API server (RBAC on), with a
 ServiceAccount token whose ClusterRole holds only what it needs (nodes list/watch; pods
-get/list/watch; pods/binding create; poddisruptionbudgets list/watch). The test plays
+get/list/watch; pods/binding create; poddisruptionbudgets and namespaces list/watch; events create). The test plays
 kube-scheduler over real HTTP (filter, then bind); kwok nodes carry the node agent's inventory.
 
 We test these aspects:
@@ -65,6 +65,8 @@ RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
 ]
 """All the extender asks of the API server (its watch, the live pod at bind, the Binding)."""
 

@@ -10,6 +10,7 @@ from extender_objects import (
     FakeBinder,
     keys,
     mig_gpu,
+    namespace,
     node,
     pod,
     shared_gpu,
@@ -21,7 +22,7 @@ from fastapi.testclient import TestClient
 from gpupart.core.api.wire import PodAssignment
 from gpupart.keyfile import KeyFile
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
@@ -43,7 +44,7 @@ def clock() -> Clock:
 @pytest.fixture
 def cache() -> ClusterCache:
     """node-mig: two MIG GPUs (3g.40gb each, both in use); node-mps: two MPS GPUs; node-whole;
-    node-bare without inventory."""
+    node-bare without inventory; namespaces team-a and team-b."""
     c = ClusterCache(keys=keys)
     c.replace(
         NODE,
@@ -68,6 +69,7 @@ def cache() -> ClusterCache:
             ),
         ],
     )
+    c.replace(NAMESPACE, [namespace("team-a"), namespace("team-b")])
     return c
 
 

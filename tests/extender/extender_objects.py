@@ -161,6 +161,19 @@ def pod(
     }
 
 
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Namespace with `labels` and the name label the API server adds to every namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/metadata.name": name, **(labels or {})},
+            "resourceVersion": "1",
+        },
+    }
+
+
 def shared(memory: int = 0, compute: int = 0) -> dict[str, str | int]:
     res: dict[str, str | int] = {"nvidia.com/gpu.shared": 1}
     if memory:

@@ -4,16 +4,19 @@ CPU, relists, assumed pods, and live scoring from what the cache saw."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
-from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, keys, namespace, node, pod, shared, shared_gpu
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.scheduling.shares import fragmentation_model_of
 from gpupart.core.scheduling.views import PlacedPod, Tenant
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, PDB, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
-from gpupart_extender.objects import PodEntry
+from gpupart_extender.objects import PodEntry, uid_of
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
@@ -99,16 +102,21 @@ def test_relist_drops_what_is_gone() -> None:
     c = ClusterCache(keys=keys)
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
+    assert not c.ready, "not before the Namespaces are listed too"
+    c.replace(NAMESPACE, [namespace("team-a"), namespace("team-b")])
     assert c.ready and c.snapshot.counts() == {
         "nodes": 2,
         "pods": 2,
         "assumed": 0,
         "nominated": 0,
         "budgets": 0,
+        "namespaces": 2,
     }
     c.replace(NODE, [node("n1", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1")])
+    c.replace(NAMESPACE, [namespace("team-a")])
     assert c.snapshot.node_names() == ["n1"] and c.snapshot.counts()["pods"] == 1
+    assert list(c.snapshot.namespaces) == ["team-a"]
 
 
 def test_assumed_pod_counts_until_the_watch_confirms_it() -> None:
@@ -170,3 +178,47 @@ def test_live_scoring_avoids_the_node_whose_cpu_is_drained() -> None:
     assert service.filter(hungry, ["roomy"]).passed == ["roomy"]
     assert service.bind("team-a", "new", "uid-team-a-new", "roomy") == ""
     assert c.snapshot.view("roomy").cpu_used_milli == 24000  # type: ignore[union-attr]
+
+
+def test_a_published_snapshot_never_changes_whatever_the_writer_does_next() -> None:
+    """Requests read a snapshot without a lock: everything it maps must stay as published
+    while the writer goes on (nodes added, changed and deleted, pods, nominations, proposals,
+    budgets, namespaces, a relist)."""
+    c = ClusterCache(keys=keys)
+    c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
+    on_gpu = PodAssignment("n1", 0, "GPU-0000", 10)
+    c.replace(POD, [pod("a", shared(10), node="n1", assignment=on_gpu)])
+    c.replace(PDB, [])
+    c.replace(NAMESPACE, [namespace("team-a")])
+    old = c.snapshot
+    assert old.mix, "a bound GPU pod is in the policy's mix"
+
+    def contents(s: Any) -> tuple[Any, ...]:
+        return (
+            dict(s.nodes), dict(s.signatures), dict(s.nominations),
+            {k: dict(v) for k, v in s.proposals.items()}, s.budgets,
+            {k: dict(v) for k, v in s.namespaces.items()}, dict(s.mix), s.clock,
+            list(s.log[: s.clock - s.log_start]), s.unreadable, s.counts(), dict(s.reserved),
+        )  # fmt: skip
+
+    published = contents(old)
+    nominated = pod("p", shared(20), labels={"app": "x"})
+    nominated["status"]["nominatedNodeName"] = "n2"
+    b = pod("b", shared(10), node="n1", assignment=replace(on_gpu, memory_mib=10))
+    changes: list[Callable[[], None]] = [
+        lambda: c.apply(POD, "ADDED", b),
+        lambda: c.apply(NODE, "ADDED", node("n3", [shared_gpu(0), shared_gpu(1)])),
+        lambda: c.apply(NODE, "MODIFIED", node("n1", [shared_gpu(0), shared_gpu(1)])),
+        lambda: c.apply(NODE, "DELETED", node("n2", None)),
+        lambda: c.apply(POD, "ADDED", nominated),
+        lambda: c.propose(uid_of(nominated), "n3", 1, [], expires=2e9),
+        lambda: c.apply(PDB, "ADDED", {"metadata": {"name": "b", "namespace": "team-a"}}),
+        lambda: c.apply(NAMESPACE, "MODIFIED", namespace("team-a", {"tier": "gold"})),
+        lambda: c.apply(NAMESPACE, "ADDED", {"metadata": {"name": "bad", "labels": {"-": "x"}}}),
+        lambda: c.replace(POD, []),
+    ]
+    for n, change in enumerate(changes):
+        before = contents(c.snapshot)
+        change()
+        assert contents(c.snapshot) != before, f"change {n} changed nothing"
+        assert contents(old) == published, f"change {n} changed a published snapshot"

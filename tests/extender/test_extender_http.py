@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
 from gpupart_extender.answers import DETAILED_NODES
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpupart_extender.service import ExtenderService
@@ -152,6 +152,26 @@ def test_diagnose_gives_every_node_its_reason_in_full(
     assert "not known to the gpupart extender" in one.json()["FailedNodes"]["nowhere"]
     bad = client.post("/gpupart/diagnose", json=pod("x", {"gpupart.io/gpu-memory": "-5"}))
     assert bad.status_code == 400 and "invalid pod" in bad.json()["Error"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "text/plain", None],
+    ids=["curl-data-binary", "text", "none"],
+)
+def test_diagnose_reads_the_pod_whatever_the_content_type(
+    client: TestClient, content_type: str | None
+) -> None:
+    """`kubectl get pod -o json | curl --data-binary @- .../diagnose`, as docs/extender.md
+    writes it, sends curl's form Content-Type: the body is the Pod all the same."""
+    body = json.dumps(pod("new", {"nvidia.com/mig-3g.40gb": 1})).encode()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    out = client.post("/gpupart/diagnose", content=body, headers=headers)
+    assert out.status_code == 200, out.text
+    assert out.json()["FailedNodes"]["node-mig"].startswith("node-mig: 2 GPUs, no free 3g.40gb")
+    for wrong, problem in ((b"not json", "malformed request: "), (b"[1]", "malformed request: ")):
+        refused = client.post("/gpupart/diagnose", content=wrong, headers=headers)
+        assert refused.status_code == 400 and refused.json()["Error"].startswith(problem)
 
 
 def test_filter_returns_survivors_and_prioritize_scores(client: TestClient) -> None:
@@ -343,16 +363,19 @@ def test_health_readiness_and_metrics(client: TestClient) -> None:
     assert 'gpupart_extender_cache_objects{kind="nodes"} 4.0' in text
 
 
-def test_not_ready_until_both_lists_arrived(settings: ExtenderSettings) -> None:
+def test_not_ready_until_every_list_arrived(settings: ExtenderSettings) -> None:
     cache = ClusterCache(keys=keys)
     service = ExtenderService(
         cache, settings.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
     with TestClient(create_app(settings, service)) as c:
         res = c.get("/readyz")
-        assert res.status_code == 503 and "Node, Pod" in res.text
+        assert res.status_code == 503 and "Node, Pod, Namespace" in res.text
         cache.replace(NODE, [])
         cache.replace(POD, [])
+        res = c.get("/readyz")
+        assert res.status_code == 503 and res.text == "watch cache not synced: Namespace"
+        cache.replace(NAMESPACE, [])
         assert c.get("/readyz").status_code == 200
 
 

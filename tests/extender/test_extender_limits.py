@@ -26,7 +26,7 @@ from extender_server import served
 from fastapi.testclient import TestClient
 
 from gpupart_extender.app import create_app, create_health_app
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.limits import MAX_HEAD_BYTES
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
@@ -51,6 +51,7 @@ def service_of(binder: FakeBinder) -> ExtenderService:
     cache = ClusterCache(keys=keys)
     cache.replace(NODE, [node("n1", [shared_gpu(0, memory=40000)]), node("n2", None)])
     cache.replace(POD, [])
+    cache.replace(NAMESPACE, [])
     return ExtenderService(
         cache, ExtenderSettings().scoring(), binder=binder, metrics=Metrics(), keys=keys
     )

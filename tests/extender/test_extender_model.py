@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gpupart.core.api.wire import PodAssignment
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
@@ -82,6 +82,18 @@ def _pod_object(name: str, node_name: str, resources: Any, gpu: int | None, app:
         compute = int(resources.get("gpupart.io/gpu-compute", 0))
         assignment = PodAssignment(node_name, gpu, f"GPU-{gpu:04d}", memory, compute)
     return pod(name, resources, node=node_name, labels={"app": app}, assignment=assignment)
+
+
+def _as_written(old: Any, new: Any) -> Any:
+    """`new` as the API server would hold it after `old`: an assignment is written once, at
+    bind, and nobody removes it (the cache keeps counting a verified one a tenant removes, by
+    design: a fresh cache could not know it, so the model never removes one)."""
+    key = ASSIGNMENT_ANNOTATION
+    kept = (old or {}).get("metadata", {}).get("annotations", {}).get(key)
+    same_node = old is not None and old["spec"].get("nodeName") == new["spec"].get("nodeName")
+    if kept is not None and same_node and key not in new["metadata"]["annotations"]:
+        new["metadata"]["annotations"][key] = kept
+    return new
 
 
 class WatchedCluster(RuleBasedStateMachine):
@@ -149,7 +161,8 @@ class WatchedCluster(RuleBasedStateMachine):
     )
     def put_pod(self, name: str, node_name: str, resources: Any, gpu: int | None, app: str) -> None:
         event = "MODIFIED" if name in self.pods else "ADDED"
-        self.pods[name] = _pod_object(name, node_name, resources, gpu, app)
+        fresh = _pod_object(name, node_name, resources, gpu, app)
+        self.pods[name] = _as_written(self.pods.get(name), fresh)
         self.cache.apply(POD, event, self.pods[name])
 
     @rule(name=st.sampled_from(PODS))
@@ -174,7 +187,8 @@ class WatchedCluster(RuleBasedStateMachine):
         if drop:
             self.pods.pop(name, None)
         else:
-            self.pods[name] = _pod_object(name, node_name, resources, None, "a")
+            fresh = _pod_object(name, node_name, resources, None, "a")
+            self.pods[name] = _as_written(self.pods.get(name), fresh)
         self.relist()
 
     @rule()

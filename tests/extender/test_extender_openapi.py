@@ -17,7 +17,7 @@ from poison import ABSURD_QUANTITIES
 
 from gpupart.core.api.wire import PodAssignment
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
@@ -34,6 +34,7 @@ def _app() -> object:
         assignment=PodAssignment("node1", 0, "GPU-0000", 40000),
     )
     cache.replace(POD, [low])
+    cache.replace(NAMESPACE, [])
     config = ExtenderSettings()
     service = ExtenderService(
         cache, config.scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()

@@ -23,7 +23,7 @@ from poison import ABSURD_QUANTITIES, HUGE, LONG
 
 from gpupart.core.api.wire import INVENTORY_ANNOTATION, PodAssignment
 from gpupart_extender.app import create_app
-from gpupart_extender.cache import NODE, PDB, POD, ClusterCache
+from gpupart_extender.cache import NAMESPACE, NODE, PDB, POD, ClusterCache
 from gpupart_extender.kube import Watcher
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import read_pod
@@ -61,6 +61,7 @@ def cache_with_poison() -> ClusterCache:
         assignment=PodAssignment("n1", 0, "GPU-0000", 50000),
     )
     cache.replace(POD, [holder, *poison_pods()])
+    cache.replace(NAMESPACE, [])
     return cache
 
 
@@ -152,6 +153,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
     cache = ClusterCache(keys=keys)
     cache.replace(NODE, [])
     cache.replace(POD, [])
+    cache.replace(NAMESPACE, [])
     attempts = threading.Semaphore(0)
 
     def sleep(_: float) -> None:
@@ -163,7 +165,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
         assert http.get("/readyz").status_code == 200
         watcher.start()
         try:
-            for _ in range(12):  # Node, Pod and PodDisruptionBudget: past WATCH_FAILING_AFTER
+            for _ in range(12):  # four kinds: one of them at least WATCH_FAILING_AFTER times
                 assert attempts.acquire(timeout=30)
         finally:
             watcher.stop()
@@ -175,6 +177,7 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
         cache.watch_ok(NODE)
         cache.watch_ok(POD)
         cache.watch_ok(PDB)
+        cache.watch_ok(NAMESPACE)
         assert http.get("/readyz").status_code == 200
 
 

@@ -542,3 +542,83 @@ def test_an_unreadable_budget_is_listed_and_not_counted() -> None:
     assert len(list(cache.snapshot.budgets)) == 1 and cache.snapshot.unreadable_counts()[PDB] == 0
     cache.apply(PDB, "DELETED", {"metadata": {"name": "bad", "namespace": "x"}})
     assert list(cache.snapshot.budgets) == []
+
+
+def test_a_nominated_pod_holds_the_gpu_its_victims_free_not_the_first_one() -> None:
+    """GPU 0 holds a pod above the preemptor's priority, so only GPU 1's pod can go: the
+    reservation goes where that victim's own assignment says it ran, GPU 1."""
+    cache = ClusterCache(keys=keys)
+    cache.replace(NODE, [node("n", [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)])])
+    top = pod("top", {**MPS, "gpupart.io/gpu-memory": 20000}, node="n", priority=2000,
+              assignment=PodAssignment("n", 0, "GPU-0000", 20000))  # fmt: skip
+    low = pod("low", {**MPS, "gpupart.io/gpu-memory": 40000}, node="n", priority=0,
+              assignment=PodAssignment("n", 1, "GPU-0001", 40000))  # fmt: skip
+    cache.replace(POD, [top, low])
+    cache.replace(PDB, [])
+    service = ExtenderService(
+        cache, ScoringConfig(reserve_fraction=0), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
+    high = pod("high", {**MPS, "gpupart.io/gpu-memory": 40000}, priority=1000)
+    kept = service.preempt(high, {"n": NodeVictims((uid("top"), uid("low")), 0)})
+    assert kept == {"n": NodeVictims((uid("low"),), 0)}
+    cache.apply(POD, "DELETED", low)
+    high["status"]["nominatedNodeName"] = "n"
+    cache.apply(POD, "MODIFIED", high)
+    held = cache.snapshot.nomination(uid("high"))
+    assert held is not None and held.placed.assignment is not None
+    assert (held.placed.assignment.gpu, held.placed.assignment.gpu_uuid) == (1, "GPU-0001")
+    # GPU 0 has 20000 MiB free, GPU 1 is held: a 30000 MiB pod fits nowhere until high binds.
+    other = pod("other", {**MPS, "gpupart.io/gpu-memory": 30000}, priority=0)
+    assert "n" in service.filter(other, ["n"]).failed
+    assert service.filter(pod("small", MPS, priority=0), ["n"]).passed == ["n"]  # on GPU 0
+
+
+def test_bind_counts_the_victims_until_the_watch_shows_them_gone() -> None:
+    """Filter lets a nominated pod in as if its victims were gone (kube-scheduler evicted
+    them); bind must not: while a victim still holds its GPU, binding would over-commit it."""
+    cache = ClusterCache(keys=keys)
+    cache.replace(NODE, [node("n", [shared_gpu(0, memory=40000)])])
+    low = pod("low", {**MPS, "gpupart.io/gpu-memory": 40000}, node="n", priority=0,
+              assignment=PodAssignment("n", 0, "GPU-0000", 40000))  # fmt: skip
+    cache.replace(POD, [low])
+    cache.replace(PDB, [])
+    binder = FakeBinder()
+    service = ExtenderService(
+        cache, ScoringConfig(reserve_fraction=0), keys=keys, binder=binder, metrics=Metrics()
+    )
+    high = pod("high", {**MPS, "gpupart.io/gpu-memory": 40000}, priority=1000)
+    assert service.preempt(high, {"n": NodeVictims((uid("low"),), 0)}) == {
+        "n": NodeVictims((uid("low"),), 0)
+    }
+    high["status"]["nominatedNodeName"] = "n"
+    cache.apply(POD, "MODIFIED", high)
+    assert service.filter(high, ["n"]).passed == ["n"]
+    binder.live(high)
+    refused = service.bind("team-a", "high", uid("high"), "n")
+    assert refused.startswith("node changed since filter: "), refused
+    assert binder.bindings == []
+    cache.apply(POD, "DELETED", low)  # the victim is gone now
+    assert service.bind("team-a", "high", uid("high"), "n") == ""
+    assert binder.bindings == [("team-a", "high", uid("high"), "n")]
+
+
+@pytest.mark.parametrize(("peer", "kept"), [(500, True), (1000, False), (2000, False)])
+def test_a_nomination_of_lower_priority_gives_way_and_one_of_equal_or_higher_holds(
+    peer: int, kept: bool
+) -> None:
+    """kube-scheduler clears the nominations of lower-priority pods on the node a pod preempts
+    for; an equal or higher one keeps its room (20000 of the GPU's 40000 MiB here)."""
+    cache = ClusterCache(keys=keys)
+    cache.replace(NODE, [node("n", [shared_gpu(0, memory=40000)])])
+    low = pod("low", MPS, node="n", priority=0,
+              assignment=PodAssignment("n", 0, "GPU-0000", 20000))  # fmt: skip
+    nominated = pod("peer", MPS, priority=peer)
+    nominated["status"]["nominatedNodeName"] = "n"
+    cache.replace(POD, [low, nominated])
+    cache.replace(PDB, [])
+    service = ExtenderService(
+        cache, ScoringConfig(reserve_fraction=0), keys=keys, binder=FakeBinder(), metrics=Metrics()
+    )
+    high = pod("high", {**MPS, "gpupart.io/gpu-memory": 40000}, priority=1000)
+    answer = service.preempt(high, {"n": NodeVictims((uid("low"),), 0)})
+    assert answer == ({"n": NodeVictims((uid("low"),), 0)} if kept else {})

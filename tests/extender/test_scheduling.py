@@ -38,6 +38,7 @@ from gpupart.core.scheduling.pods import (
     pod_cpu_milli,
     tenant_of,
 )
+from gpupart.core.scheduling.preemption import choose_victims
 from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     FragmentationModel,
@@ -538,6 +539,16 @@ def test_a_same_app_mig_pod_may_share_the_gpu_the_device_plugin_picks() -> None:
         == 0.0
     )
     assert fit(node, ask({"nvidia.com/mig-3g.40gb": 1}, app="db")).terms.anti_affinity == 1.0
+
+
+def test_the_group_label_only_scores_also_for_a_pod_with_required_terms() -> None:
+    """The same-app label is soft: a pod that also has a required term (away from db) still
+    shares the only GPU with a pod of its own app, scored 0 for it, and never evicts it."""
+    alone = assemble_node("n", (shared_gpu(0),), [on_gpu("web-1", 0, memory=30000, app="web")])
+    request = ask(shared(10000), app="web", priority=1000, affinity=required_away_from("db"))
+    assert fit(alone, request).terms.anti_affinity == 0.0
+    everyone = frozenset({"team-a/web-1"})
+    assert choose_victims(alone, request, evictable=everyone, budgets=(), config=CONFIG) is None
 
 
 def test_required_pod_anti_affinity_excludes_the_gpu_in_its_namespace_only() -> None:
