@@ -386,10 +386,10 @@ def test_the_chart_s_workloads_reach_their_replicas_on_the_simulated_nodes(
 # --- a Pending pod says why, per kind ----------------------------------------------------------
 #
 # Each test, after the walk (which deletes its partitions), applies the shipped partition it
-# needs, leaves one pod Pending and asserts the words of the pod's Event. Today only the
-# shared-GPU pod gets the extender's sentence and a dynamic-MIG pod the planner's; MIG and
-# whole-GPU pods get kube-scheduler's `Insufficient <resource>` (issue 27). The expected text
-# of each test is today's; the extender's worded reasons (branch newcomer-reasons) replace it.
+# needs, leaves one pod Pending and waits for the words of the pod's Event: the extender's
+# FailedScheduling (`... nodes can take it (gpupart): ...`, docs/extender.md#reasons) for MIG,
+# whole-GPU and shared pods, the dynamic-MIG planner's MigSliceUnavailable for a slice no GPU
+# can make.
 
 
 @pytest.fixture
@@ -470,26 +470,27 @@ def test_a_pending_shared_pod_says_why(walked: Playground, tenant: str) -> None:
             cp,
             tenant,
             {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "90000"},
-            says="gpu-h100",
+            says="(gpupart)",
         )
-    assert "MiB" in message, message
+    assert "gpu-h100" in message and "MiB" in message, message
 
 
 def test_a_pending_mig_pod_says_why(walked: Playground, tenant: str) -> None:
     cp = walked.control_plane
     with partition(cp, "mig-a100"):
         # Two 3g.40gb slices; mig-a100 gives gpu-a100's one GPU one.
-        message = pending_reason(
-            cp, tenant, {"nvidia.com/mig-3g.40gb": "2"}, says="Insufficient nvidia.com/mig-3g.40gb"
-        )
-    assert "0/2 nodes are available" in message, message
+        message = pending_reason(cp, tenant, {"nvidia.com/mig-3g.40gb": "2"}, says="(gpupart)")
+    assert "gpu-a100" in message and "3g.40gb" in message, message
 
 
 def test_a_pending_whole_gpu_pod_says_why(walked: Playground, tenant: str) -> None:
     message = pending_reason(
-        walked.control_plane, tenant, {"nvidia.com/gpu": "3"}, says="Insufficient nvidia.com/gpu"
+        walked.control_plane, tenant, {"nvidia.com/gpu": "3"}, says="(gpupart)"
     )
-    assert "0/2 nodes are available" in message, message
+    # Three whole GPUs: no node has them, whatever mode the walk left each GPU in (the reason
+    # names each node: `none offered whole (modes: MIG)`, or the whole GPUs it has).
+    assert "gpu-a100: 1 GPU, " in message and "gpu-h100: 2 GPUs, " in message, message
+    assert "whole" in message, message
 
 
 def test_a_pending_dynamic_mig_pod_says_why(walked: Playground, tenant: str) -> None:
