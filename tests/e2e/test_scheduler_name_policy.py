@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpupart_testsupport.chart import IMAGE_FLAGS
+
 from .admission import admin_probes, impersonating, refused_by, wait_enforced, wait_lifted
 from .cluster import REPO, ControlPlane
 from .cluster import wait_for as wait
@@ -52,7 +54,7 @@ def cp(k8s_control_plane: ControlPlane) -> Generator[ControlPlane, None, None]:
     api = cp.api_client()
     core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    cp.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace")
+    cp.helm("install", RELEASE, str(CHART), *IMAGE_FLAGS, "-n", NAMESPACE, "--create-namespace")
     probes = admin_probes(api, "default")
     try:
         core.create_namespace({"metadata": {"name": TENANT}})
