@@ -1,6 +1,7 @@
 """The playground `make cluster` runs (scripts/cluster.py) and tests/e2e/test_readme.py walks.
 
-A control plane with kube-controller-manager, the CRDs, gpupart's operator, extender and the
+A control plane with kube-controller-manager, the CRDs, the chart's MutatingAdmissionPolicy (GPU
+pods that name no scheduler get gpupart's), gpupart's operator, extender and the
 chart's gpupart-scheduler as processes, and two nodes, each a real kubelet with the fake CRI
 runtime and `gpupart node --simulate`, labelled as NVIDIA's GPU Feature Discovery labels a node
 with those GPUs (so partitions select them and dynamic MIG counts their GPUs as on a real
@@ -12,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
+
+from gpupart_testsupport.chart import IMAGE_FLAGS
 
 from .cluster import REPO, ControlPlane
 from .stack import Stack
@@ -106,6 +111,7 @@ class Playground:
         )
         self.cp.start(scheduler_config={})
         self.cp.kubectl("apply", "-f", str(REPO / "charts" / "gpupart" / "crds"))
+        self._apply_scheduler_name_policy()
         api = self.cp.api_client()
         self._closers.append(api.close)
         (self.workdir / "stack").mkdir(parents=True, exist_ok=True)
@@ -118,6 +124,28 @@ class Playground:
                 f"starting node {node.name}: kubelet, fake runtime, gpupart node ({node.simulate})"
             )
             self.stack.start_real_node(node.name, node.simulate, dict(node.labels), auto_reset=True)
+
+    def _apply_scheduler_name_policy(self) -> None:
+        """The chart's MutatingAdmissionPolicy alone: GPU pods that name no scheduler get the
+        gpupart one, as in a cluster with the chart. (Its validating policies would refuse
+        the playground's gpupart processes, which run with the admin's credentials.)"""
+        rendered = self.control_plane.helm(
+            "template",
+            "gpupart",
+            str(REPO / "charts" / "gpupart"),
+            *IMAGE_FLAGS,
+            "--show-only",
+            "templates/admission-policies.yaml",
+            "--api-versions",
+            "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+        ).stdout
+        mutating = [
+            d
+            for d in yaml.safe_load_all(rendered)
+            if isinstance(d, dict) and str(d.get("kind", "")).startswith("MutatingAdmissionPolicy")
+        ]
+        assert len(mutating) == 2, "the chart renders no MutatingAdmissionPolicy and binding"
+        self.control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(mutating))
 
     def stop(self) -> None:
         """Stop gpupart and the nodes, then the control plane. Safe to call twice."""

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION
 from gpupart_testsupport.polling import wait_for
 
 from .cluster import REPO, ControlPlane
@@ -460,6 +461,37 @@ def pending_reason(
         return message
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def test_a_gpu_pod_that_names_no_scheduler_is_placed_by_gpupart(
+    walked: Playground, tenant: str
+) -> None:
+    # The chart's MutatingAdmissionPolicy sets it (HAMi does the same with a webhook): without
+    # it the default scheduler would bind the pod and the node agent refuse its Allocate.
+    cp = walked.control_plane
+    core = client.CoreV1Api(cp.api_client())
+    limits = {"nvidia.com/gpu.shared": "1", "gpupart.io/gpu-memory": "4096"}
+    pod = {
+        "metadata": {"name": "no-scheduler"},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "sleep", "resources": {"limits": limits}}],
+        },
+    }
+    with partition(cp, "mps-h100"):
+        created = core.create_namespaced_pod(tenant, pod)
+        try:
+            assert created.spec.scheduler_name == "gpupart-scheduler"
+            wait_for(
+                lambda: core.read_namespaced_pod("no-scheduler", tenant).status.phase == "Running",
+                WAIT_S,
+                "the pod Running on gpu-h100",
+            )
+            placed = core.read_namespaced_pod("no-scheduler", tenant)
+            assert placed.spec.node_name == "gpu-h100"
+            assert ASSIGNMENT_ANNOTATION in (placed.metadata.annotations or {})
+        finally:
+            core.delete_namespaced_pod("no-scheduler", tenant, grace_period_seconds=0)
 
 
 def test_a_pending_shared_pod_says_why(walked: Playground, tenant: str) -> None:
