@@ -33,12 +33,17 @@ CREATE_S, DESTROY_S = 0.3, 0.1
 
 class UseSampler:
     """Samples pods and inventories; records every MIG device a live pod was given (by the
-    kubelet, as the runtime saw it) that is missing from its node's inventory."""
+    kubelet, as the runtime saw it) that an inventory of its node listed and a later one lacks:
+    an instance in use destroyed. (A device new enough to be allocated before the node agent
+    published the inventory listing it is not a violation: the final check of the test sees it
+    listed.)"""
 
     def __init__(self, c: Cluster, namespace: str) -> None:
         self.c, self.namespace = c, namespace
         self.violations: list[str] = []
         self.samples = 0
+        self.listed: set[tuple[str, str]] = set()
+        """(node, MIG device UUID) pairs some sampled inventory has listed."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -57,17 +62,31 @@ class UseSampler:
             except client.ApiException:
                 continue
 
+    def _given(self) -> dict[str, tuple[str, str]]:
+        """Live pods' (node, MIG device) as the runtime gave them, by pod UID."""
+        given: dict[str, tuple[str, str]] = {}
+        for name, placed in self.c.pods(self.namespace).items():
+            if placed.metadata.deletion_timestamp or placed.spec.node_name not in NODES:
+                continue
+            env = (self.c.allocated(self.namespace, name) or {}).get("main", {})
+            if env.get("NVIDIA_VISIBLE_DEVICES"):
+                given[placed.metadata.uid] = (placed.spec.node_name, env["NVIDIA_VISIBLE_DEVICES"])
+        return given
+
     def _sample(self) -> None:
+        # Pods before and after the inventories: a device given to a pod live throughout, and
+        # listed by an earlier sample, must be listed still.
+        given = self._given()
         inventories = {
             node: {d.uuid for g in self.c.inventory(node) for d in g.mig_devices} for node in NODES
         }
-        for name, placed in self.c.pods(self.namespace).items():
-            if placed.metadata.deletion_timestamp or placed.spec.node_name not in inventories:
+        still = self._given()
+        for uid, (node, uuid) in given.items():
+            if still.get(uid) != (node, uuid):
                 continue
-            given = (self.c.allocated(self.namespace, name) or {}).get("main", {})
-            uuid = given.get("NVIDIA_VISIBLE_DEVICES")
-            if uuid and uuid not in inventories[placed.spec.node_name]:
-                self.violations.append(f"{name}: its {uuid} left {placed.spec.node_name}")
+            if (node, uuid) in self.listed and uuid not in inventories[node]:
+                self.violations.append(f"pod UID {uid}: its {uuid} left {node}")
+        self.listed |= {(node, uuid) for node, uuids in inventories.items() for uuid in uuids}
         self.samples += 1
 
 
