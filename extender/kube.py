@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupart import logs
-from gpupart.core.api.events import object_event
 from gpupart.core.errors import GpupartError
 from gpupart.kubeconfig import describe_api_error, load_configuration
+from gpupart.podevents import warn_pod
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NAMESPACE, NODE, PDB, POD, ClusterCache
@@ -132,37 +131,17 @@ class ApiEvents:
     def warn(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         """Post the Event; never raises (a reason not posted is posted at the next change)."""
         meta = meta_of(pod)
-        namespace = str(meta.get("namespace") or "default")
-        involved = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": str(meta.get("name") or ""),
-            "namespace": namespace,
-            "uid": str(meta.get("uid") or ""),
-        }
-        body = object_event(
-            involved,
+        warn_pod(
+            self.core,
+            name=str(meta.get("name") or ""),
+            namespace=str(meta.get("namespace") or "default"),
+            uid=str(meta.get("uid") or ""),
             reason=reason,
             message=message,
-            kind="Warning",
-            namespace=namespace,
-            now=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             component="extender",
             instance=self.instance,
+            timeout_s=self.timeout,
         )
-        try:
-            response: Any = self.core.create_namespaced_event(
-                namespace,
-                client.CoreV1Event.model_validate(body),
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
-            response.data  # noqa: B018 - read to the end: the connection goes back to the pool
-        except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
-            log.warning(
-                "Failed to post event",
-                extra=logs.kv(pod=f"{namespace}/{involved['name']}", err=describe_api_error(error)),
-            )
 
 
 class Watcher:

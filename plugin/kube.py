@@ -7,7 +7,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, watch
@@ -15,7 +14,6 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from gpupart import logs
-from gpupart.core.api.events import object_event
 from gpupart.core.api.provenance import AssignmentKeys
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -30,6 +28,7 @@ from gpupart.core.errors import GpupartError
 from gpupart.core.node.admission import SharedPod, read_shared_pod
 from gpupart.keyfile import KeyFile
 from gpupart.kubeconfig import describe_api_error
+from gpupart.podevents import warn_pod
 from gpupart.watch import Backoff, Event, Failed, Listed, Resumed, list_watch
 
 log = logging.getLogger(__name__)
@@ -273,36 +272,17 @@ class NodeClient:
 
     def warn(self, pod: SharedPod, message: str) -> None:
         """A Warning Event on `pod` saying why its shared-GPU Allocate was refused; never raises."""
-        involved = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod.name,
-            "namespace": pod.namespace,
-            "uid": pod.uid,
-        }
-        body = object_event(
-            involved,
+        warn_pod(
+            self.core,
+            name=pod.name,
+            namespace=pod.namespace,
+            uid=pod.uid,
             reason=ALLOCATE_REFUSED,
             message=message,
-            kind="Warning",
-            namespace=pod.namespace,
-            now=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             component="node",
             instance=self.node,
+            timeout_s=self.timeout_s,
         )
-        try:
-            response: Any = self.core.create_namespaced_event(
-                pod.namespace,
-                client.CoreV1Event.model_validate(body),
-                _preload_content=False,
-                _request_timeout=self.timeout_s,
-            )
-            response.data  # noqa: B018 - read to the end: the connection goes back to the pool
-        except Exception as error:  # noqa: BLE001 - best effort, whatever the failure
-            log.warning(
-                "Failed to post event",
-                extra=logs.kv(pod=pod.key, err=describe_api_error(error)),
-            )
 
     def record_allocation(self, pod: SharedPod, given: tuple[GivenContainer, ...]) -> None:
         """Write what the plugin gave the pod's containers (`gpupart.io/allocation`) on the pod."""
