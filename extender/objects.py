@@ -62,9 +62,9 @@ class NodeEntry:
     problem: str
     cpu_milli: int | None = None
     """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, ...] = field(default=(None, None, None, None), compare=False)
-    """The inventory annotation's text, the allocatable CPU value, the MIG plan's text and the
-    desired annotation's text it was read from."""
+    source: tuple[object, ...] = field(default=(None, None, None, None, ()), compare=False)
+    """The inventory annotation's text, the allocatable CPU value, the MIG plan's text, the
+    desired annotation's text and the labels it was read from."""
     serial_admission: bool = False
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
     unreadable: bool = False
@@ -77,6 +77,9 @@ class NodeEntry:
     """(GPU index, GpuPartition) of each GPU a partition with dynamic MIG selects, from the
     operator's `gpupart.io/desired`: only the words of a pending MIG pod's reason use it
     (docs/adr-019-pending-reasons.md); an unreadable annotation gives none."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The Node's labels, sorted: a pending pod's reason leaves out the nodes its node selector
+    and required node affinity rule out, as kube-scheduler's NodeAffinity filter does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,13 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
     plan = annotations.get(MIG_PLAN_ANNOTATION)
     cpu_text = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
     desired = annotations.get(DESIRED_ANNOTATION)
-    source = (text, cpu_text, plan, desired)
+    raw_labels = meta_of(node).get("labels")
+    labels = (
+        tuple(sorted((str(k), str(v)) for k, v in raw_labels.items()))
+        if isinstance(raw_labels, Mapping)
+        else ()
+    )
+    source = (text, cpu_text, plan, desired, labels)
     if previous is not None and previous.source == source:
         # A status heartbeat (every node, every few seconds): decoding the inventory again
         # cost ~0.1 ms a node, a steady load on large clusters for nothing.
@@ -143,6 +152,7 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
             source,
             reservations=reservations,
             plan_problem=plan_problem,
+            labels=labels,
         )
     try:
         inventory = decode_inventory(text)
@@ -155,10 +165,13 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
             reservations=reservations,
             plan_problem=plan_problem,
             dynamic=read_dynamic(desired, inventory.gpus),
+            labels=labels,
         )
     except Exception as error:  # noqa: BLE001 - the node keeps its name and says why
         problem = f"GPU inventory unreadable: {problem_of(error)}"
-        return NodeEntry(None, problem, cpu, source, unreadable=True, plan_problem=plan_problem)
+        return NodeEntry(
+            None, problem, cpu, source, unreadable=True, plan_problem=plan_problem, labels=labels
+        )
 
 
 def read_reservations(text: object) -> tuple[tuple[SliceReservation, ...], str]:

@@ -26,7 +26,7 @@ from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_a
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
 from gpupart.core.scheduling.pending import DynamicGpu, Making, mig_outlook, pending_message
-from gpupart.core.scheduling.pods import Demand, parse_demand, tenant_of
+from gpupart.core.scheduling.pods import Demand, node_constraint, parse_demand, tenant_of
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.shares import fragmentation_model, fragmentation_model_of
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -43,6 +43,10 @@ from .snapshot import Snapshot
 from .texts import explain, unknown_reason
 
 log = logging.getLogger(__name__)
+
+NOT_SELECTED = "node(s) didn't match Pod's node affinity/selector"
+"""kube-scheduler's own reason (its NodeAffinity plugin, v1.36) for the nodes a pod's node
+selector and required node affinity rule out: a pending pod's words count them so."""
 _Reply = TypeVar("_Reply")
 
 
@@ -282,6 +286,7 @@ class ExtenderService:
         """
         try:
             demand = self._demand(pod)
+            allowed = node_constraint(pod)
         except GpupartError as error:
             return f"gpupart cannot read this pod: {explain(error)}."
         now = self.clock()
@@ -299,7 +304,11 @@ class ExtenderService:
                 for *_, position in batch.detailed()
             }
             for position, answer in enumerate(batch.answers):
-                if answer.status == PASSED:
+                state = snap.nodes.get(answer.name)
+                if state is not None and not allowed.allows(dict(state.entry.labels), answer.name):
+                    # kube-scheduler's own words for them; the GPUs there do not matter.
+                    reasons[NOT_SELECTED] += 1
+                elif answer.status == PASSED:
                     fits.append(answer.name)
                 else:
                     reasons[detailed.get(position, answer.summary)] += 1

@@ -275,3 +275,49 @@ def test_the_dynamic_gpus_are_read_from_the_desired_annotation(
     entry = read_node(obj)
     assert entry.dynamic == found
     assert not entry.problem  # the node itself is read as ever
+
+
+def test_nodes_the_pods_node_selector_rules_out_are_counted_in_kube_schedulers_words(
+    service: ExtenderService,
+) -> None:
+    # A whole-GPU pod pinned to the MIG node's pool: node-whole has room, but the pod may not
+    # go there, so it is no "room elsewhere"; the words are the MIG node's, the rest counted.
+    labelled = [
+        node("node-mig", [mig_gpu(0, [("3g.40gb", 0, 4)]), mig_gpu(1, [("3g.40gb", 0, 4)])]),
+        node("node-whole", [whole_gpu(0), whole_gpu(1)]),
+    ]
+    labelled[0]["metadata"]["labels"] = {"pool": "a100"}
+    labelled[1]["metadata"]["labels"] = {"pool": "h100"}
+    cache = ClusterCache()
+    cache.replace(NODE, labelled)
+    cache.replace(POD, [])
+    pinned = _failed(pod("pinned", {"nvidia.com/gpu": 1}))
+    pinned["spec"]["nodeSelector"] = {"pool": "a100"}
+    text = _reason(service, cache, pinned)
+    assert text.startswith("0/2 nodes can take it (gpupart): "), text
+    assert "1 node(s) didn't match Pod's node affinity/selector" in text, text
+    assert "node-mig: 2 GPUs" in text and "node-whole" not in text, text
+    # The same through required node affinity (matchFields on the name too).
+    del pinned["spec"]["nodeSelector"]
+    pinned["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": ["node-mig"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    assert "1 node(s) didn't match Pod's node affinity/selector" in _reason(service, cache, pinned)
+    # Relabelled, the pod may go to node-whole, where there is room.
+    labelled[1]["metadata"]["labels"] = {"pool": "a100"}
+    cache.apply(NODE, "MODIFIED", labelled[1])
+    del pinned["spec"]["affinity"]
+    pinned["spec"]["nodeSelector"] = {"pool": "a100"}
+    assert _reason(service, cache, pinned).startswith(
+        "gpupart finds GPU room for it on 1/2 node(s) (node-whole)"
+    )
