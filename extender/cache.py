@@ -187,7 +187,7 @@ class ClusterCache:
             else:
                 node_entry = self._read_node(name, obj)
                 if old == node_entry:
-                    return  # heartbeats and label changes touch neither GPUs nor allocatable
+                    return  # status heartbeats change nothing the extender reads
                 self._nodes[name] = node_entry
                 self._index_plan(name, old, node_entry)
             self._touch(name)
