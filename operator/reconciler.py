@@ -183,14 +183,18 @@ class Reconciler:
         said: dict[str, str] = {}
         for node in nodes:
             if node.inventory_error:
-                said[node.name], message = node.inventory_error, "Ignored node inventory"
+                said[node.name] = node.inventory_error
+                if self._said.get(node.name) != said[node.name]:
+                    log.warning(
+                        "Ignored node inventory", extra=logs.kv(node=node.name, err=said[node.name])
+                    )
             elif node.view.count_disagreement:
                 said[node.name] = node.view.count_disagreement
-                message = "Counted GPUs from the node agent's inventory, not the label"
-            else:
-                continue
-            if self._said.get(node.name) != said[node.name]:
-                log.warning(message, extra=logs.kv(node=node.name, err=said[node.name]))
+                if self._said.get(node.name) != said[node.name]:
+                    log.warning(
+                        "Counted GPUs from the node agent's inventory, not the label",
+                        extra=logs.kv(node=node.name, err=said[node.name]),
+                    )
         self._said = said
 
     def contained(self, action: str, name: str, write: Callable[..., int], *args: Any) -> int:
