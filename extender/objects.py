@@ -62,7 +62,7 @@ class NodeEntry:
     problem: str
     cpu_milli: int | None = None
     """Allocatable CPU (millicores); None when the Node does not say."""
-    source: tuple[object, ...] = field(default=(None, None, None, None, ()), compare=False)
+    source: tuple[object, ...] = field(default=(None, None, None, None, None), compare=False)
     """The inventory annotation's text, the allocatable CPU value, the MIG plan's text, the
     desired annotation's text and the labels it was read from."""
     serial_admission: bool = False
@@ -132,16 +132,16 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
     cpu_text = allocatable.get("cpu") if isinstance(allocatable, Mapping) else None
     desired = annotations.get(DESIRED_ANNOTATION)
     raw_labels = meta_of(node).get("labels")
+    source = (text, cpu_text, plan, desired, raw_labels)
+    if previous is not None and previous.source == source:
+        # A status heartbeat (every node, every few seconds): decoding the inventory again
+        # cost ~0.1 ms a node, a steady load on large clusters for nothing.
+        return previous
     labels = (
         tuple(sorted((str(k), str(v)) for k, v in raw_labels.items()))
         if isinstance(raw_labels, Mapping)
         else ()
     )
-    source = (text, cpu_text, plan, desired, labels)
-    if previous is not None and previous.source == source:
-        # A status heartbeat (every node, every few seconds): decoding the inventory again
-        # cost ~0.1 ms a node, a steady load on large clusters for nothing.
-        return previous
     cpu = node_cpu_milli(node)
     reservations, plan_problem = read_reservations(plan)
     if text is None:
