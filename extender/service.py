@@ -21,12 +21,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from gpupart import logs
+from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.scheduling.demand import (
+    PodDemand,
+    parse_demand,
+    tenant_of,
+)
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
 from gpupart.core.scheduling.pending import DynamicGpu, Making, mig_outlook, pending_message
-from gpupart.core.scheduling.pods import Demand, node_constraint, parse_demand, tenant_of
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.shares import fragmentation_model, fragmentation_model_of
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -167,7 +172,7 @@ class ExtenderService:
         self.cache.expire(now, wait=wait)
         self.cache.recheck_assignments(wait=wait)
 
-    def _demand(self, pod: Mapping[str, Any]) -> Demand:
+    def _demand(self, pod: Mapping[str, Any]) -> PodDemand:
         """The pod's demand, its anti-affinity terms' namespaceSelectors resolved against the
         Namespaces the watch cache holds now (a relabel makes another demand: the memo keys on it)."""
         return parse_demand(
@@ -576,12 +581,12 @@ class ExtenderService:
         return ""
 
 
-def _amounts(demand: Demand) -> tuple[object, ...]:
+def _amounts(demand: PodDemand) -> tuple[object, ...]:
     """What a pod asks a node for: its GPU request, CPU and priority (all from its spec)."""
     return (demand.request, demand.cpu_milli, demand.priority)
 
 
-def _amounts_text(demand: Demand) -> str:
+def _amounts_text(demand: PodDemand) -> str:
     r = demand.request
     parts = []
     if r.shared:
@@ -601,7 +606,7 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[str, NodeView]:
+def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: PodDemand) -> dict[str, NodeView]:
     """The nodes where the pod holds a reservation, viewed as it sees them: the node it is
     nominated to without its nomination, and those whose MIG plan reserves it a slice (their
     verdict for it is its own: `evaluate` frees its reserved slices, for it only)."""

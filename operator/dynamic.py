@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from gpupart import logs
 from gpupart.core.api.events import object_event
-from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.pods import node_constraint, parse_pod_request, pod_key
 from gpupart.core.api.selectors import NodeConstraint
 from gpupart.core.api.spec import PartitionSpec
 from gpupart.core.api.wire import (
@@ -44,7 +44,6 @@ from gpupart.core.dynamic.live import (
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import node_constraint, pod_key
 from gpupart_operator.metrics import Metrics
 from gpupart_operator.model import (
     GROUP,

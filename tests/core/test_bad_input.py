@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import node_constraint, parse_pod_request, pod_cpu_milli
 from gpupart.core.api.resources import (
     check_profile_name,
     find_mig_profile,
     parse_memory_mib,
-    parse_pod_request,
     parse_quantity,
 )
 from gpupart.core.api.selectors import (
@@ -35,7 +35,7 @@ from gpupart.core.api.selectors import (
 from gpupart.core.api.spec import parse_partition
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig.catalogue import parse_profile_name
-from gpupart.core.scheduling.pods import node_constraint, parse_demand, pod_cpu_milli
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.preemption import parse_budget
 
 HUGE = "9" * 100_000

@@ -32,12 +32,13 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.resources import MAX_QUANTITY, parse_quantity
 from gpupart.core.api.selectors import parse_label_selector
 from gpupart.core.api.spec import parse_partition
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import parse_profile_name
-from gpupart.core.scheduling.pods import node_constraint, parse_demand
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.preemption import parse_budget
 from gpupart.core.scheduling.views import Tenant
 

@@ -18,8 +18,8 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     MigDevice,
     MigPlan,
+    MigReservation,
     PodAssignment,
-    SliceReservation,
     encode_assignment,
     encode_inventory,
     encode_mig_plan,
@@ -74,9 +74,9 @@ def mig_gpu(index: int, profiles: list[tuple[str, int, int]]) -> InventoryGpu:
 
 def reserve(
     pod: str, gpu: int, profile: str, start: int, size: int, *, expires: float = 2e9
-) -> SliceReservation:
+) -> MigReservation:
     """A slice reservation of a MIG plan for `pod` (namespace/name)."""
-    return SliceReservation(
+    return MigReservation(
         pod, f"uid-{pod}", gpu, MigInstance(Placement(start, size), profile), expires
     )
 
@@ -87,7 +87,7 @@ def node(
     *,
     cpu: str | None = None,
     serial: bool = False,
-    reservations: list[SliceReservation] | None = None,
+    reservations: list[MigReservation] | None = None,
     plan: str | None = None,
 ) -> dict[str, Any]:
     """A Node with the node agent's inventory; `cpu`: its `status.allocatable.cpu` (absent: None);

@@ -31,8 +31,8 @@ from hypothesis import event as note
 from hypothesis import strategies as st
 
 from gpupart.core.api.wire import PodAssignment
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
-from gpupart.core.scheduling.pods import parse_demand
 from gpupart.core.scheduling.terms import Weights
 from gpupart.core.scheduling.views import anonymous
 from gpupart_extender.answers import DETAILED_NODES

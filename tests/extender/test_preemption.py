@@ -27,8 +27,8 @@ from gpupart.core.api.selectors import NOTHING, AffinityTerm, selector_from_set
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
+from gpupart.core.scheduling.demand import PodDemand
 from gpupart.core.scheduling.evaluate import Fit, evaluate
-from gpupart.core.scheduling.pods import Demand
 from gpupart.core.scheduling.preemption import Budget, choose_victims, parse_budget, violations
 from gpupart.core.scheduling.shares import fragmentation_model
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -74,8 +74,8 @@ def gpu(index: int, *tenants: Tenant, memory: int = 40000, clients: int = 16) ->
     )
 
 
-def demand(memory: int, priority: int = 1000, *, slots: int = 1, compute: int = 0) -> Demand:
-    return Demand(
+def demand(memory: int, priority: int = 1000, *, slots: int = 1, compute: int = 0) -> PodDemand:
+    return PodDemand(
         "team-a/new",
         "team-a",
         GpuRequest(shared=slots, memory_mib=memory, compute_percent=compute),
@@ -88,7 +88,10 @@ def everyone(view: NodeView) -> frozenset[str]:
 
 
 def choose(
-    view: NodeView, d: Demand, budgets: tuple[Budget, ...] = (), config: ScoringConfig = NO_RESERVE
+    view: NodeView,
+    d: PodDemand,
+    budgets: tuple[Budget, ...] = (),
+    config: ScoringConfig = NO_RESERVE,
 ):
     return choose_victims(view, d, evictable=everyone(view), budgets=budgets, config=config)
 
@@ -210,7 +213,7 @@ def test_client_slots_and_compute_count_like_memory() -> None:
 
 
 def test_a_pod_it_must_not_share_with_goes_too_or_the_gpu_is_out() -> None:
-    d = Demand(
+    d = PodDemand(
         "team-a/new",
         "team-a",
         GpuRequest(shared=1, memory_mib=10000),
@@ -225,7 +228,7 @@ def test_a_pod_it_must_not_share_with_goes_too_or_the_gpu_is_out() -> None:
 
 
 def _required(label: tuple[str, str]) -> Any:
-    from gpupart.core.scheduling.pods import AntiAffinityTerm
+    from gpupart.core.scheduling.demand import AntiAffinityTerm
 
     return AntiAffinityTerm(
         AffinityTerm(selector_from_set(dict([label])), frozenset({"team-a"})), True
@@ -243,7 +246,7 @@ def test_the_reserve_is_freed_where_the_gpu_can_hold_it() -> None:
 
 
 @st.composite
-def gpus_and_demand(draw: st.DrawFn) -> tuple[NodeView, Demand]:
+def gpus_and_demand(draw: st.DrawFn) -> tuple[NodeView, PodDemand]:
     views = []
     for index in range(draw(st.integers(1, 2))):
         tenants = [
@@ -270,7 +273,7 @@ def gpus_and_demand(draw: st.DrawFn) -> tuple[NodeView, Demand]:
 @settings(max_examples=150, deadline=None)
 @given(gpus_and_demand(), st.booleans())
 def test_victims_make_room_and_no_cheaper_set_exists(
-    case: tuple[NodeView, Demand], pdb: bool
+    case: tuple[NodeView, PodDemand], pdb: bool
 ) -> None:
     view, d = case
     budgets = (Budget("team-a", "b", selector_from_set({"app": "b"}), 1),) if pdb else ()

@@ -8,7 +8,7 @@ never violated; more free memory never turns a fit into a no-fit nor moves a no-
 from fitting; a MIG fit exists exactly when offered - in use - reserved for other pods covers
 the request; a no-fit's shortfall is that of the closest GPU; the score is the documented
 weighted mean), the direction of each term, the fragmentation term as the simulator's own
-policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a Demand.
+policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a PodDemand.
 The reasons a person reads are golden, all in one file: `scheduling_reasons.json`.
 """
 
@@ -26,23 +26,22 @@ from extender_objects import H100_MIB, mig_gpu, pod, reserve, shared, shared_gpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.resources import GpuRequest, parse_pod_request
+from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli
+from gpupart.core.api.resources import GpuRequest, node_cpu_milli
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, Verdict, evaluate
-from gpupart.core.scheduling.pods import (
-    Demand,
-    node_cpu_milli,
+from gpupart.core.scheduling.demand import (
+    PodDemand,
     parse_demand,
-    pod_cpu_milli,
     tenant_of,
 )
+from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, Verdict, evaluate
 from gpupart.core.scheduling.preemption import choose_victims
 from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     FragmentationModel,
-    NodeState,
+    NodeLeftover,
     Policy,
     Request,
     score_node,
@@ -58,7 +57,7 @@ ONLY_HEADROOM = Weights(1, 0, 0, 0)
 ONLY_PRIORITY = Weights(0, 1, 0, 0)
 ONLY_FRAGMENTATION = Weights(0, 0, 0, 1)
 ROOM = 1 << 40
-"""CPU and memory that never run out in a hand-written NodeState."""
+"""CPU and memory that never run out in a hand-written NodeLeftover."""
 
 
 def resources(replicas: int = 1, memory: int = 0, compute: int = 0) -> dict[str, str | int]:
@@ -93,7 +92,7 @@ def on_gpu(
 
 def ask(
     res: dict[str, str | int], *, app: str = "", priority: int | None = None, affinity: Any = None
-) -> Demand:
+) -> PodDemand:
     raw = pod(
         "new", res, labels={"app": app} if app else None, priority=priority, affinity=affinity
     )
@@ -102,7 +101,7 @@ def ask(
 
 def decide(
     node: NodeView,
-    demand: Demand,
+    demand: PodDemand,
     config: ScoringConfig = CONFIG,
     model: FragmentationModel = MODEL,
 ) -> Verdict:
@@ -111,7 +110,7 @@ def decide(
 
 def fit(
     node: NodeView,
-    demand: Demand,
+    demand: PodDemand,
     config: ScoringConfig = CONFIG,
     model: FragmentationModel = MODEL,
 ) -> Fit:
@@ -120,7 +119,7 @@ def fit(
     return verdict
 
 
-def no_fit(node: NodeView, demand: Demand, config: ScoringConfig = CONFIG) -> NoFit:
+def no_fit(node: NodeView, demand: PodDemand, config: ScoringConfig = CONFIG) -> NoFit:
     verdict = decide(node, demand, config)
     assert isinstance(verdict, NoFit), verdict
     return verdict
@@ -195,7 +194,7 @@ def build(gpus: list[SharedGpu]) -> NodeView:
     return assemble_node("n1", inventory, pods)
 
 
-def demand_of(a: Ask) -> Demand:
+def demand_of(a: Ask) -> PodDemand:
     return ask(
         resources(a.replicas, a.memory, a.compute),
         affinity=required_away_from(a.avoid) if a.avoid else None,
@@ -598,7 +597,7 @@ def test_the_fragmentation_term_prefers_the_gpu_that_keeps_typical_sizes_placeab
     )
     verdict = fit(node, ask(shared(10000)), ScoringConfig(weights=ONLY_FRAGMENTATION))
     assert verdict.gpu == 0
-    state = NodeState(ROOM, ROOM, (300, 1000), "H100")
+    state = NodeLeftover(ROOM, ROOM, (300, 1000), "H100")
     on_whole = (
         score_placement(DEFAULT_POLICY, state, Request(0, 0, 1, 250), (1,), model=MODEL) / 100
     )
@@ -625,7 +624,7 @@ def test_the_node_that_would_strand_gpu_share_without_cpu_scores_lower() -> None
     assert roomy.score > drained.score  # kube-scheduler sees the difference
     # FGD's F alone sees no difference: 4 cores still host a typical pod.
     for cpu_left in (64000, 28000):
-        state = NodeState(cpu_left, ROOM, (1000, 1000), "H100")
+        state = NodeLeftover(cpu_left, ROOM, (1000, 1000), "H100")
         assert (
             score_placement(Policy.FGD, state, Request(24000, 0, 1, 250), (0,), model=CPU_MODEL)
             == 50
@@ -645,7 +644,7 @@ def test_the_fragmentation_term_is_score_node_of_the_default_policy() -> None:
     view = cpu_node("n1", allocatable=32000, used=20000, gpu_used=30000)
     shared_fit = fit(view, ask({**shared(8000), "cpu": "6"}), model=CPU_MODEL)
     # Simulator side: the same node and pod as the replay engine states them.
-    state = NodeState(12000, 256 * 1024, (250, 1000), shared_gpu(0).product)
+    state = NodeLeftover(12000, 256 * 1024, (250, 1000), shared_gpu(0).product)
     placement = score_node(DEFAULT_POLICY, state, Request(6000, 0, 1, 200), model=CPU_MODEL)
     assert placement is not None and placement.gpus == (shared_fit.gpu,) == (0,)
     assert shared_fit.terms.fragmentation == placement.score / 100 == 0.47
@@ -655,7 +654,7 @@ def test_the_fragmentation_term_is_score_node_of_the_default_policy() -> None:
     whole_fit = fit(node, ask({"nvidia.com/gpu": 1, "cpu": "6"}), model=CPU_MODEL)
     wplace = score_node(
         DEFAULT_POLICY,
-        NodeState(12000, 1 << 20, (0, 1000), "H100"),
+        NodeLeftover(12000, 1 << 20, (0, 1000), "H100"),
         Request(6000, 0, 1, 1000),
         model=CPU_MODEL,
     )
@@ -667,7 +666,7 @@ def test_the_policy_sees_whole_gpus_in_use_and_shared_shares_but_no_mig() -> Non
     400 of 1000 MiB used: the policy's state is (0, 1000, 600)."""
     inv = (whole_gpu(0), whole_gpu(1), mig_gpu(2, [("1g.10gb", 0, 1)]), shared_gpu(3, memory=1000))
     node = assemble_node("n", inv, [bound("w", {"nvidia.com/gpu": 1}), on_gpu("s", 3, memory=400)])
-    state = NodeState(ROOM, ROOM, (0, 1000, 600), "H100")
+    state = NodeLeftover(ROOM, ROOM, (0, 1000, 600), "H100")
     whole_fit = fit(node, ask({"nvidia.com/gpu": 1}))
     assert (
         whole_fit.terms.fragmentation
@@ -779,7 +778,7 @@ def test_law_a_fit_never_overcommits_memory_on_h100s(used: list[int], want: int,
 GOLDEN = Path(__file__).with_name("scheduling_reasons.json")
 
 
-def golden_cases() -> dict[str, tuple[NodeView, Demand]]:
+def golden_cases() -> dict[str, tuple[NodeView, PodDemand]]:
     """Each way a node fails, as kube-scheduler's events and `kubectl describe pod` show it."""
     mig3 = {"nvidia.com/mig-3g.40gb": 1}
     one_whole_used = assemble_node(

@@ -21,9 +21,17 @@ from enum import StrEnum
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import MIG_PLAN_ANNOTATION
-from gpupart.core.scheduling.pods import Demand, matches, node_conflict
+from gpupart.core.scheduling.demand import (
+    PodDemand,
+    matches,
+    node_conflict,
+)
 from gpupart.core.scheduling.scoring import MILLI, FragmentationModel, Request
-from gpupart.core.scheduling.shares import fragmentation_term, node_state, share_milli
+from gpupart.core.scheduling.shares import (
+    fragmentation_term,
+    node_leftover,
+    share_milli,
+)
 from gpupart.core.scheduling.terms import (
     MAX_SCORE,
     Conflict,
@@ -83,7 +91,7 @@ Verdict = Fit | NoFit
 
 
 def evaluate(
-    node: NodeView, demand: Demand, *, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, *, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     """Whether `node` can take `demand`, and how well; reasons name the node and the blockers."""
     if node.problem:
@@ -129,7 +137,7 @@ def _names_text(pods: Iterable[str]) -> str:
 PLAN_SUMMARY = f"node(s) had an unreadable MIG plan ({MIG_PLAN_ANNOTATION})"
 
 
-def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verdict:
+def _evaluate_mig(node: NodeView, demand: PodDemand, config: ScoringConfig) -> Verdict:
     if node.plan_problem:
         return NoFit(
             f"{node.name}: {node.plan_problem}",
@@ -256,7 +264,7 @@ def _shared_tenants(node: NodeView) -> tuple[Tenant, ...]:
 
 
 def _evaluate_whole(
-    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     count = demand.request.whole_gpus
     total = sum(1 for gpu in node.gpus if gpu.mode is Mode.NONE)
@@ -292,7 +300,7 @@ def _evaluate_whole(
         (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)), demand, config.group_label
     ):
         conflict = Conflict.NODE
-    state = node_state(node)
+    state = node_leftover(node)
     gpus = tuple(i for i, share in enumerate(state.gpu_left) if share == MILLI)[:count]
     terms = Terms(
         headroom=headroom_term(free - count, total, config.strategy),
@@ -324,7 +332,7 @@ def _gpu_shortfall(gpu: GpuView, request: GpuRequest) -> int:
     return max(lacks)
 
 
-def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, bool] | None:
+def _gpu_blocker(gpu: GpuView, demand: PodDemand, group_label: str) -> tuple[str, bool] | None:
     """Why this shared GPU cannot take the pod (text, unresolvable), or None if it can."""
     request = demand.request
     if gpu.replicas and request.shared > gpu.replicas:
@@ -369,7 +377,7 @@ def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, b
 
 
 def _evaluate_shared(
-    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     request = demand.request
     shared = [gpu for gpu in node.gpus if gpu.mode.is_shared]
@@ -423,7 +431,7 @@ def _evaluate_shared(
     reserve = math.ceil(config.reserve_fraction * request.memory_mib)
     comfortable = [g for g in fitting if g.free_memory_mib - request.memory_mib >= reserve]
     eats_reserve = not comfortable
-    state = node_state(node)
+    state = node_leftover(node)
     positions = {
         gpu.index: n for n, gpu in enumerate(g for g in node.gpus if g.mode is not Mode.MIG)
     }

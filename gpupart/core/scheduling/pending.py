@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpupart.core.api.events import MAX_MESSAGE
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import Demand
+from gpupart.core.scheduling.demand import PodDemand
 
 _NODES_IN_MESSAGE = 3
 """Nodes named in a lead sentence before "and N more"."""
@@ -42,7 +42,7 @@ class Making:
 
 
 def mig_outlook(
-    demand: Demand,
+    demand: PodDemand,
     *,
     offered: Iterable[str],
     making: Sequence[Making],

@@ -13,7 +13,11 @@ from dataclasses import dataclass, field, replace
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
-from gpupart.core.api.wire import InventoryGpu, PodAssignment, SliceReservation
+from gpupart.core.api.wire import (
+    InventoryGpu,
+    MigReservation,
+    PodAssignment,
+)
 from gpupart.core.mig.layout import MigInstance
 
 
@@ -99,7 +103,7 @@ class NodeView:
     """CPU requests of the pods on the node (bound or assumed), GPU pods or not."""
     problem: str = ""
     """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
-    reserved: tuple[SliceReservation, ...] = ()
+    reserved: tuple[MigReservation, ...] = ()
     """Live slice reservations, each naming a distinct MIG device of the inventory (one whose
     instance does not exist yet is not here: it takes nothing), by GPU and instance."""
     plan_problem: str = ""
@@ -128,7 +132,7 @@ def assemble_node(
     cpu_milli: int | None = None,
     problem: str = "",
     version: int = 0,
-    reservations: Iterable[SliceReservation] = (),
+    reservations: Iterable[MigReservation] = (),
     plan_problem: str = "",
 ) -> NodeView:
     """A node view from the node agent's inventory, the node's allocatable CPU and its pods.
@@ -195,13 +199,13 @@ def assemble_node(
 
 
 def _matching(
-    inventory: tuple[InventoryGpu, ...], reservations: Iterable[SliceReservation]
-) -> tuple[SliceReservation, ...]:
+    inventory: tuple[InventoryGpu, ...], reservations: Iterable[MigReservation]
+) -> tuple[MigReservation, ...]:
     """The reservations that name a MIG device of the inventory, one per device, in order."""
     devices = {
         (g.index, d.instance) for g in inventory if g.mode is Mode.MIG for d in g.mig_devices
     }
-    kept: dict[tuple[int, MigInstance], SliceReservation] = {}
+    kept: dict[tuple[int, MigInstance], MigReservation] = {}
     for r in reservations:
         where = (r.gpu, r.instance)
         if where in devices and where not in kept:
@@ -247,7 +251,7 @@ def anonymous(node: NodeView) -> NodeView:
         cpu_milli=node.cpu_milli,
         cpu_used_milli=node.cpu_used_milli,
         problem=node.problem,
-        reserved=tuple(SliceReservation("", "", r.gpu, r.instance, 0.0) for r in node.reserved),
+        reserved=tuple(MigReservation("", "", r.gpu, r.instance, 0.0) for r in node.reserved),
         plan_problem=node.plan_problem,
     )
 

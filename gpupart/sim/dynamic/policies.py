@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from itertools import permutations
 
-from gpupart.core.dynamic.model import DEFAULT_DYNAMIC, Demand, DynamicMig, Gpu, Instance, Use
+from gpupart.core.api.spec import DEFAULT_DYNAMIC, DynamicMig
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Use,
+)
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.errors import InfeasibleLayout, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, MigProfile
@@ -114,7 +120,7 @@ class Ours:
             gpus.append(Gpu(node.name, index, node.model, tuple(states), self.policy))
             keys[(node.name, index)] = (n, index)
         demand = [
-            Demand(p.pod.name, p.pod.profiles, p.pod.priority, p.pod.arrival)
+            MigDemand(p.pod.name, p.pod.profiles, p.pod.priority, p.pod.arrival)
             for p in cluster.pending.values()
             if not p.reserved
         ]
