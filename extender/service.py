@@ -31,7 +31,12 @@ from gpupart.core.scheduling.demand import (
     tenant_of,
 )
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
-from gpupart.core.scheduling.pending import DynamicGpu, Making, mig_outlook, pending_message
+from gpupart.core.scheduling.pending import (
+    DesiredDynamicGpu,
+    Making,
+    mig_outlook,
+    pending_message,
+)
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.shares import fragmentation_model, fragmentation_model_of
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -177,7 +182,7 @@ class ExtenderService:
         Namespaces the watch cache holds now (a relabel makes another demand: the memo keys on it)."""
         return parse_demand(
             pod,
-            group_label=self.scoring.group_label,
+            anti_affinity_label=self.scoring.anti_affinity_label,
             namespace_labels=self.cache.snapshot.namespaces,
         )
 
@@ -633,19 +638,19 @@ def _mig_facts(snap: Snapshot, pod: str, now: float) -> dict[str, Any]:
     planned for `pod` not made yet (live reservations only), and the dynamic-MIG GPUs."""
     offered: set[str] = set()
     making: list[Making] = []
-    dynamic: list[DynamicGpu] = []
+    dynamic: list[DesiredDynamicGpu] = []
     for name in snap.node_names():
         state = snap.nodes[name]
         inventory = state.entry.inventory or ()
         for gpu in state.view.gpus:
-            offered.update(gpu.slices)
+            offered.update(gpu.mig_profiles)
         made = {(g.index, d.instance) for g in inventory for d in g.mig_devices}
         for r in state.entry.reservations:
             if r.pod == pod and r.expires > now and (r.gpu, r.instance) not in made:
                 making.append(Making(name, r.gpu, r.instance))
         products = {g.index: g.product for g in inventory}
         for index, partition in state.entry.dynamic:
-            dynamic.append(DynamicGpu(name, index, products.get(index, ""), partition))
+            dynamic.append(DesiredDynamicGpu(name, index, products.get(index, ""), partition))
     return {"offered": offered, "making": making, "dynamic": dynamic}
 
 

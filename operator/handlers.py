@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +19,7 @@ import kopf
 from kubernetes import client
 
 from gpupart import logs
+from gpupart.core.api.records import find_time
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -468,10 +468,5 @@ def _why(result: PassResult, name: str, nodes: list[str]) -> str:
 
 def _seconds_since(timestamp: object) -> float:
     """Seconds since an RFC 3339 timestamp from the API server; 0 when it cannot be read."""
-    if not isinstance(timestamp, str):
-        return 0.0
-    try:
-        since = dt.datetime.fromisoformat(timestamp)
-    except ValueError:
-        return 0.0
-    return max(0.0, (dt.datetime.now(dt.UTC) - since).total_seconds())
+    since = find_time(timestamp)
+    return 0.0 if since is None else max(0.0, time.time() - since)

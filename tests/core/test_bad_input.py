@@ -255,7 +255,10 @@ PARSERS: list[tuple[str, Callable[[Any], object]]] = [
     ("parse_node_constraint", lambda v: parse_node_constraint(v) if isinstance(v, dict) else None),
     ("parse_pod_affinity_term", lambda v: parse_pod_affinity_term(v, "a", "x")),
     ("node_constraint", lambda v: node_constraint(v) if isinstance(v, dict) else None),
-    ("parse_demand", lambda v: parse_demand(v, group_label="app", namespace_labels={"a": {}})),
+    (
+        "parse_demand",
+        lambda v: parse_demand(v, anti_affinity_label="app", namespace_labels={"a": {}}),
+    ),
     ("parse_pod_request", lambda v: parse_pod_request(v) if isinstance(v, dict) else None),
     ("pod_cpu_milli", lambda v: pod_cpu_milli(v) if isinstance(v, dict) else None),
     ("parse_budget", lambda v: parse_budget(v) if isinstance(v, dict) else None),

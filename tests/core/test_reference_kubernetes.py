@@ -523,7 +523,7 @@ def test_law_anti_affinity_terms_select_the_pods_kube_scheduler_selects(
     answer = kubernetes.ask(op="podAffinity", pod=pod, existing=existing, namespaces=namespaces)
     assert not answer["error"], answer
     known = {n["metadata"]["name"]: n["metadata"]["labels"] for n in namespaces}
-    demand = parse_demand(pod, group_label="", namespace_labels=known)
+    demand = parse_demand(pod, anti_affinity_label="", namespace_labels=known)
     meta = existing["metadata"]
     tenant = Tenant("x/e", meta["namespace"], tuple(sorted(meta["labels"].items())))
     required = [t for t in demand.terms if t.required]
@@ -606,7 +606,7 @@ def test_law_the_namespaces_a_term_looks_at_are_kube_schedulers(
             for n in where
         ]
     )
-    (ours,) = parse_demand(pod, group_label="", namespace_labels=known).terms
+    (ours,) = parse_demand(pod, anti_affinity_label="", namespace_labels=known).terms
     for namespace, answer in zip(where, answers, strict=True):
         event(f"a pod in the namespace is selected: {answer['filtered']}")
         assert ours.matches(_tenant_in(namespace)) == answer["filtered"], (term, known, namespace)

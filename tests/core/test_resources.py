@@ -388,7 +388,11 @@ _POD = st.fixed_dictionaries(
 
 @given(_POD)
 def test_law_any_pod_shaped_input_is_read_or_refused_with_invalid_input(raw):
-    for read in (parse_pod_request, pod_cpu_milli, lambda p: parse_demand(p, group_label="g")):
+    for read in (
+        parse_pod_request,
+        pod_cpu_milli,
+        lambda p: parse_demand(p, anti_affinity_label="g"),
+    ):
         with contextlib.suppress(InvalidInput):
             read(raw)
 

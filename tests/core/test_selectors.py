@@ -224,7 +224,7 @@ def _demand(
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}],
         },
     }
-    return parse_demand(pod, group_label="", namespace_labels=known)
+    return parse_demand(pod, anti_affinity_label="", namespace_labels=known)
 
 
 def _tenant(namespace: str, **labels: str) -> Tenant:

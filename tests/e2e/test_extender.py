@@ -46,8 +46,7 @@ from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
-
-from .cluster import (
+from gpupart_testsupport.cluster import (
     LOOPBACK,
     REPO,
     ControlPlane,

@@ -53,9 +53,17 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.pending import PendingPods, Reporter
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.cluster import (
+    LOOPBACK,
+    REPO,
+    ControlPlane,
+    create_nodes,
+    gpu_node,
+    http_ok,
+    start_scheduler,
+)
+from gpupart_testsupport.cluster import wait_for as wait
 
-from .cluster import LOOPBACK, REPO, ControlPlane, create_nodes, gpu_node, http_ok, start_scheduler
-from .cluster import wait_for as wait
 from .test_extender import _serve
 
 pytestmark = pytest.mark.e2e

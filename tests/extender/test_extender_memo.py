@@ -15,17 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from extender_objects import (
-    FakeBinder,
-    keys,
-    mig_gpu,
-    node,
-    pod,
-    reserve,
-    shared,
-    shared_gpu,
-    whole_gpu,
-)
+from extender_objects import FakeBinder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import event as note
 from hypothesis import strategies as st
@@ -41,6 +31,16 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import PodEntry, read_pod
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import (
+    keys,
+    mig_gpu,
+    node,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 
 NODES = ["n0", "n1", "n2", "n3"]
 MEMORY = 40000
@@ -159,7 +159,7 @@ def _fresh_score(
 ) -> int:
     view = cache.snapshot.view(name)
     assert view is not None
-    demand = parse_demand(p, group_label="app")
+    demand = parse_demand(p, anti_affinity_label="app")
     fresh = evaluate(view, demand, config=service.scoring, model=service.model(clock()))
     return fresh.score if isinstance(fresh, Fit) else 0
 
@@ -230,7 +230,7 @@ def _ask(
     outcome = service.filter(p, names)
     scores = dict(service.prioritize(p, names))
     model = service.model(clock())
-    demand = parse_demand(p, group_label="app")
+    demand = parse_demand(p, anti_affinity_label="app")
     verdicts = {}
     for name in NODES:
         view = cache.snapshot.view(name)

@@ -16,17 +16,7 @@ import logging
 from typing import Any
 
 import pytest
-from extender_objects import (
-    FakeBinder,
-    args,
-    keys,
-    mig_gpu,
-    node,
-    pod,
-    reserve,
-    shared,
-    shared_gpu,
-)
+from extender_objects import FakeBinder, args
 from extender_server import served
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, event, given, settings
@@ -38,6 +28,7 @@ from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, mig_gpu, node, pod, reserve, shared, shared_gpu
 
 MIG3 = {"nvidia.com/mig-3g.40gb": 1}
 NOW = 1_700_000_000.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FakeKubelet
+from plugin_fakes import FakeKubelet
 
 from gpupart.core.api.pods import SharedContainer
 from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings

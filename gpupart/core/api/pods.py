@@ -1,4 +1,4 @@
-"""Pod objects read in one place: key, GPU and CPU requests, shared containers, priority, node constraint, phase, times.
+"""Pod objects read in one place: key, GPU and CPU requests, shared containers, priority, node constraint, phase.
 
 Every component reads pods through these functions (parsing at the edge): a reader that can
 refuse raises InvalidInput naming the field, so one bad pod affects only itself; the `find_`
@@ -8,7 +8,6 @@ scheduling, dynamic MIG or admission is decided in those rooms, from the values 
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -99,17 +98,6 @@ def pod_labels(pod: Mapping[str, Any], *, where: str = "Pod") -> dict[str, str]:
     """`metadata.labels`; InvalidInput when it is not a map of strings."""
     meta = pod.get("metadata") or {}
     return string_map(meta.get("labels"), f"{where}.metadata.labels")
-
-
-def find_time(timestamp: object) -> float | None:
-    """An RFC 3339 timestamp of the API server (`creationTimestamp`, a condition's
-    `lastTransitionTime`) as Unix seconds; None when absent or unreadable."""
-    if not isinstance(timestamp, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(timestamp).timestamp()
-    except ValueError:
-        return None
 
 
 def find_condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

@@ -12,7 +12,7 @@ Rules, in order:
   against the observed mix (`fragmentation`) + `QUEUE_WEIGHT` x operations already planned on
   the GPU this round when it needs one (a GPU makes instances one at a time: spreading a
   burst's creates over GPUs binds its pods sooner), then fewest operations, node name, GPU index.
-- An idle instance is destroyed only when a pending pod's creation needs its slices, or, once
+- An idle instance is destroyed only when a pending pod's creation needs its memory slices, or, once
   older than the policy's `min_idle_s` (the hysteresis), to restore the warm mix on a GPU that
   holds nothing in use or reserved. The hysteresis never makes a pending pod wait: measured on
   the saturated W2 workload it did (ADR 004). Nothing else changes, so a steady demand reaches
@@ -66,7 +66,7 @@ REPACK_BUDGET = 2_000
 """Most GPU evaluations one node's repack search may make before it gives up."""
 OPS_WEIGHT = 1.0
 """What one instance operation costs against one memory slice of expected fragmentation: an
-idle instance is reused as is only when that does not strand more than a slice elsewhere."""
+idle instance is reused as is only when that does not strand more than a memory slice elsewhere."""
 QUEUE_WEIGHT = 1.0
 """What one operation already planned on a GPU in the same round costs a new one there, against
 one memory slice of expected fragmentation (NVML changes one GPU's instances one at a time)."""
@@ -428,7 +428,7 @@ class _Solver:
 def _room(
     geometry: _Geometry, fixed: Sequence[_Spot], fixed_mask: int, items: Sequence[_Profile]
 ) -> bool:
-    """A necessary condition for `items` beside the fixed instances: slices and compute left,
+    """A necessary condition for `items` beside the fixed instances: memory slices and compute left,
     and for each profile a legal start clear of them (cheap; the exact search decides)."""
     compute = sum(geometry.by_name[name].compute for _, _, name in fixed)
     memory = sum(p.memory for p in items)

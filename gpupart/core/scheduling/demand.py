@@ -64,7 +64,10 @@ class PodDemand:
 
 
 def parse_demand(
-    pod: Mapping[str, Any], *, group_label: str, namespace_labels: NamespaceLabels | None = None
+    pod: Mapping[str, Any],
+    *,
+    anti_affinity_label: str,
+    namespace_labels: NamespaceLabels | None = None,
 ) -> PodDemand:
     """A PodDemand from a Pod object; InvalidInput says which field is wrong.
 
@@ -89,7 +92,7 @@ def parse_demand(
         namespace=namespace,
         request=request,
         priority=priority,
-        group=labels.get(group_label, "") if group_label else "",
+        group=labels.get(anti_affinity_label, "") if anti_affinity_label else "",
         terms=_anti_affinity_terms(spec.get("affinity"), namespace, namespace_labels),
         cpu_milli=pod_cpu_milli(pod, where="Pod"),
         client_memory_mib=max((c.memory_mib for c in clients), default=0),
@@ -143,17 +146,19 @@ def _anti_affinity_terms(
     return tuple(terms)
 
 
-def matches(tenant: Tenant, demand: PodDemand, group_label: str, *, required_only: bool) -> bool:
+def matches(
+    tenant: Tenant, demand: PodDemand, anti_affinity_label: str, *, required_only: bool
+) -> bool:
     """Whether `tenant` is one the pod should not share with (group label or its own terms)."""
-    if not required_only and demand.group and tenant.label(group_label) == demand.group:
+    if not required_only and demand.group and tenant.label(anti_affinity_label) == demand.group:
         return True
     return any(term.matches(tenant) for term in demand.terms if term.required or not required_only)
 
 
-def must_avoid(tenant: Tenant, demand: PodDemand, group_label: str) -> bool:
+def must_avoid(tenant: Tenant, demand: PodDemand, anti_affinity_label: str) -> bool:
     """Whether a required podAntiAffinity term of the pod matches `tenant` (no shared GPU)."""
-    return matches(tenant, demand, group_label, required_only=True)
+    return matches(tenant, demand, anti_affinity_label, required_only=True)
 
 
-def node_conflict(tenants: Iterable[Tenant], demand: PodDemand, group_label: str) -> bool:
-    return any(matches(t, demand, group_label, required_only=False) for t in tenants)
+def node_conflict(tenants: Iterable[Tenant], demand: PodDemand, anti_affinity_label: str) -> bool:
+    return any(matches(t, demand, anti_affinity_label, required_only=False) for t in tenants)

@@ -83,7 +83,7 @@ class NoFit:
     """True when preemption cannot help (FailedAndUnresolvableNodes)."""
     shortfall: int = 0
     """How far from fitting, in thousandths of the request (the closest GPU's missing memory,
-    slots or compute; the missing slices or whole GPUs): the extender shows the nodes closest
+    slots or compute; the missing MIG devices or whole GPUs): the extender shows the nodes closest
     to fitting in full. 0 when only anti-affinity is in the way."""
 
 
@@ -148,11 +148,11 @@ def _evaluate_mig(node: NodeView, demand: PodDemand, config: ScoringConfig) -> V
     offered: Counter[str] = Counter()
     for gpu in node.gpus:
         if gpu.mode is Mode.MIG:
-            offered.update(gpu.slices)
+            offered.update(gpu.mig_profiles)
     used: Counter[str] = Counter()
     for t in node.mig_tenants:
         used[t.profile] += t.count
-    # A slice reserved for another pod is taken; the pod's own reservations are free for it.
+    # A MIG device reserved for another pod is taken; the pod's own reservations are free for it.
     reserved: Counter[str] = Counter()
     reserved_for: dict[str, list[str]] = {}
     own = False
@@ -199,32 +199,34 @@ def _evaluate_mig(node: NodeView, demand: PodDemand, config: ScoringConfig) -> V
                 f"{node.name}: {_gpus_text(node)}, {what}",
                 f"node(s) had {short}",
                 FailureKind.IN_USE,
-                # No eviction frees a reserved slice: only its pod or its expiry does.
+                # No eviction frees a reserved MIG device: only its pod or its expiry does.
                 total - reserved[profile] < count,
                 _thousandths(count - max(free, 0), count),
             )
         left_after += free - count
         capacity += total
-    all_slices = sum(offered.values())
+    all_devices = sum(offered.values())
     taken = sum(used.values()) + sum(reserved.values())
-    contention = min(1.0, taken / all_slices) if all_slices else 0.0
+    contention = min(1.0, taken / all_devices) if all_devices else 0.0
     mine = node.mig_tenants
-    # The device plugin picks the slice, so a same-group pod on the node may share our GPU.
+    # The device plugin picks the MIG device, so a same-group pod on the node may share our GPU.
     conflict = (
-        Conflict.MAYBE_GPU if node_conflict(mine, demand, config.group_label) else Conflict.NONE
+        Conflict.MAYBE_GPU
+        if node_conflict(mine, demand, config.anti_affinity_label)
+        else Conflict.NONE
     )
     if conflict is Conflict.NONE and node_conflict(
-        (*node.whole_tenants, *_shared_tenants(node)), demand, config.group_label
+        (*node.whole_tenants, *_shared_tenants(node)), demand, config.anti_affinity_label
     ):
         conflict = Conflict.NODE
     terms = Terms(
         headroom=headroom_term(left_after, capacity, config.strategy),
         priority=priority_term(demand.priority, contention, config),
         anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-        fragmentation=0.5,  # the policy's model is about GPU shares; MIG slices are fixed
+        fragmentation=0.5,  # the policy's model is about GPU shares; MIG devices are fixed
     )
-    # Its slice is being made (or kept) here for it: this node first, so that kube-scheduler
-    # binds it where the operator planned, not to another node with a free slice.
+    # Its MIG device is being made (or kept) here for it: this node first, so that kube-scheduler
+    # binds it where the operator planned, not to another node with a free MIG device.
     score = MAX_SCORE if own else combine(terms, config.weights)
     return Fit(score, None, terms)
 
@@ -238,7 +240,7 @@ def _mig_taken_text(
     used: int,
     reserved_for: list[str],
 ) -> str:
-    """Why too few slices of `profile` are free: the pods holding them, those reserved for."""
+    """Why too few MIG devices of `profile` are free: the pods holding them, those reserved for."""
     if not reserved_for:
         # The texts from before reservations, unchanged.
         if free <= 0:
@@ -297,7 +299,9 @@ def _evaluate_whole(
         )
     conflict = Conflict.NONE
     if node_conflict(
-        (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)), demand, config.group_label
+        (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)),
+        demand,
+        config.anti_affinity_label,
     ):
         conflict = Conflict.NODE
     state = node_leftover(node)
@@ -332,7 +336,9 @@ def _gpu_shortfall(gpu: GpuView, request: GpuRequest) -> int:
     return max(lacks)
 
 
-def _gpu_blocker(gpu: GpuView, demand: PodDemand, group_label: str) -> tuple[str, bool] | None:
+def _gpu_blocker(
+    gpu: GpuView, demand: PodDemand, anti_affinity_label: str
+) -> tuple[str, bool] | None:
     """Why this shared GPU cannot take the pod (text, unresolvable), or None if it can."""
     request = demand.request
     if gpu.replicas and request.shared > gpu.replicas:
@@ -367,7 +373,9 @@ def _gpu_blocker(gpu: GpuView, demand: PodDemand, group_label: str) -> tuple[str
         )
     if not demand.terms:
         return None
-    blockers = [t for t in gpu.tenants if matches(t, demand, group_label, required_only=True)]
+    blockers = [
+        t for t in gpu.tenants if matches(t, demand, anti_affinity_label, required_only=True)
+    ]
     if blockers:
         return (
             f"GPU {gpu.index}: required podAntiAffinity with {_pods_text(blockers)}",
@@ -394,7 +402,7 @@ def _evaluate_shared(
     all_unresolvable = True
     anti_affinity_only = True
     for gpu in shared:
-        blocker = _gpu_blocker(gpu, demand, config.group_label)
+        blocker = _gpu_blocker(gpu, demand, config.anti_affinity_label)
         if blocker is None:
             fitting.append(gpu)
         else:
@@ -436,7 +444,7 @@ def _evaluate_shared(
         gpu.index: n for n, gpu in enumerate(g for g in node.gpus if g.mode is not Mode.MIG)
     }
     # Which GPUs hold a pod the new one should avoid, computed once per GPU (not per pair).
-    label = config.group_label
+    label = config.anti_affinity_label
     aware = bool(demand.terms) or bool(demand.group and label)
     near = {g.index for g in shared if aware and node_conflict(g.tenants, demand, label)}
     elsewhere = aware and node_conflict(

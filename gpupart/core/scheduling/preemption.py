@@ -189,7 +189,7 @@ def _on_gpu(
     candidates: list[Tenant] = []
     for tenant in gpu.tenants:
         lower = tenant.priority < demand.priority and tenant.pod in evictable
-        if demand.terms and must_avoid(tenant, demand, config.group_label):
+        if demand.terms and must_avoid(tenant, demand, config.anti_affinity_label):
             if not lower:
                 return None  # a pod the new one must not share with, and it may not go
             forced.append(tenant)

@@ -2,7 +2,7 @@
 
 `assemble_node` builds a `NodeView` from the node agent's inventory and the node's pods;
 `anonymous` blanks its identity so nodes in the same state share verdicts (memo keys).
-A view also carries the operator's live slice reservations (docs/adr-013-dynamic-mig-plans.md)
+A view also carries the operator's live MIG reservations (docs/adr-013-dynamic-mig-plans.md)
 that name a MIG device of its inventory: `evaluate` counts them as taken for every other pod.
 """
 
@@ -31,7 +31,7 @@ class Tenant:
     labels: tuple[tuple[str, str], ...] = ()
     priority: int = 0
     count: int = 1
-    """Whole GPUs or MIG slices held; shared pods: client slots."""
+    """Whole GPUs or MIG devices held; shared pods: client slots."""
     profile: str = ""
     """MIG profile, for MIG tenants."""
     memory_mib: int = 0
@@ -54,7 +54,7 @@ class GpuView:
     memory_mib: int
     mode: Mode
     replicas: int = 0
-    slices: tuple[str, ...] = ()
+    mig_profiles: tuple[str, ...] = ()
     """MIG profiles of the GPU's MIG devices."""
     tenants: tuple[Tenant, ...] = ()
     used_memory_mib: int = 0
@@ -104,7 +104,7 @@ class NodeView:
     problem: str = ""
     """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
     reserved: tuple[MigReservation, ...] = ()
-    """Live slice reservations, each naming a distinct MIG device of the inventory (one whose
+    """Live MIG reservations, each naming a distinct MIG device of the inventory (one whose
     instance does not exist yet is not here: it takes nothing), by GPU and instance."""
     plan_problem: str = ""
     """Set when the node's MIG plan is unreadable: the node takes no MIG pod (others it may)."""
@@ -174,7 +174,7 @@ def assemble_node(
                 memory_mib=g.memory_mib,
                 mode=g.mode,
                 replicas=g.replicas,
-                slices=tuple(d.instance.profile for d in g.mig_devices),
+                mig_profiles=tuple(d.instance.profile for d in g.mig_devices),
                 tenants=tenants,
                 used_memory_mib=sum(t.memory_mib for t in tenants),
                 used_compute_percent=sum(t.compute_percent for t in tenants),
@@ -235,7 +235,7 @@ def anonymous(node: NodeView) -> NodeView:
                 g.memory_mib,
                 g.mode,
                 g.replicas,
-                g.slices,
+                g.mig_profiles,
                 _anonymous_tenants(g.tenants),
                 g.used_memory_mib,
                 g.used_compute_percent,

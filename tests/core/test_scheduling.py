@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_objects import H100_MIB, mig_gpu, pod, reserve, shared, shared_gpu, whole_gpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +49,15 @@ from gpupart.core.scheduling.scoring import (
 from gpupart.core.scheduling.shares import demand_shape, fragmentation_model
 from gpupart.core.scheduling.terms import AffinityScope, ScoringConfig, Strategy, Weights
 from gpupart.core.scheduling.views import NodeView, PlacedPod, assemble_node
+from gpupart_testsupport.objects import (
+    H100_MIB,
+    mig_gpu,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 
 CONFIG = ScoringConfig()
 MODEL = fragmentation_model([(1, 250, 0)] * 5 + [(1, 1000, 0)] * 5)
@@ -96,7 +104,7 @@ def ask(
     raw = pod(
         "new", res, labels={"app": app} if app else None, priority=priority, affinity=affinity
     )
-    return parse_demand(raw, group_label="app")
+    return parse_demand(raw, anti_affinity_label="app")
 
 
 def decide(
@@ -552,7 +560,7 @@ def test_the_group_label_only_scores_also_for_a_pod_with_required_terms() -> Non
 
 def test_required_pod_anti_affinity_excludes_the_gpu_in_its_namespace_only() -> None:
     new = parse_demand(
-        pod("new", shared(1000), affinity=required_away_from("db")), group_label="app"
+        pod("new", shared(1000), affinity=required_away_from("db")), anti_affinity_label="app"
     )
     node = assemble_node("n", (shared_gpu(0),), [on_gpu("db-0", 0, app="db")])
     assert no_fit(node, new).kind is FailureKind.ANTI_AFFINITY
@@ -700,7 +708,7 @@ def test_a_shared_pods_share_is_the_larger_of_memory_and_compute() -> None:
 def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
     raw = pod("p", {**shared(1000), "cpu": "1500m"})
     raw["spec"]["containers"].append({"name": "side", "resources": {"limits": {"cpu": "500m"}}})
-    assert parse_demand(raw, group_label="app").cpu_milli == 2000
+    assert parse_demand(raw, anti_affinity_label="app").cpu_milli == 2000
     raw["spec"]["initContainers"] = [
         {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
         {"name": "setup", "resources": {"requests": {"cpu": "2500m"}}},
@@ -711,7 +719,7 @@ def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
     assert pod_cpu_milli(pod("q", shared())) == 0
     raw["spec"]["overhead"] = {"cpu": "lots"}
     with pytest.raises(InvalidInput, match="overhead.cpu"):
-        parse_demand(raw, group_label="app")
+        parse_demand(raw, anti_affinity_label="app")
     assert node_cpu_milli({"status": {"allocatable": {"cpu": "7910m"}}}) == 7910
     assert node_cpu_milli({"status": {"allocatable": {"cpu": "8"}}}) == 8000
     assert node_cpu_milli({"status": {"allocatable": {"memory": "1Gi"}}}) is None
@@ -721,7 +729,7 @@ def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
 
 def test_parse_demand_reads_priority_group_and_request() -> None:
     d = parse_demand(
-        pod("p", shared(2048, 25), labels={"app": "web"}, priority=500), group_label="app"
+        pod("p", shared(2048, 25), labels={"app": "web"}, priority=500), anti_affinity_label="app"
     )
     assert d.pod == "team-a/p" and d.priority == 500 and d.group == "web"
     assert d.request == GpuRequest(shared=1, memory_mib=2048, compute_percent=25)
@@ -738,14 +746,14 @@ def test_parse_demand_reads_priority_group_and_request() -> None:
 )
 def test_parse_demand_refuses_bad_quantities(res: dict[str, str | int], where: str) -> None:
     with pytest.raises(InvalidInput, match=where):
-        parse_demand(pod("p", res), group_label="app")
+        parse_demand(pod("p", res), anti_affinity_label="app")
 
 
 def test_parse_demand_refuses_a_bad_priority_and_selector() -> None:
     raw = pod("p", shared())
     raw["spec"]["priority"] = "high"
     with pytest.raises(InvalidInput, match="priority"):
-        parse_demand(raw, group_label="app")
+        parse_demand(raw, anti_affinity_label="app")
     bad_op = {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -754,7 +762,7 @@ def test_parse_demand_refuses_a_bad_priority_and_selector() -> None:
         }
     }
     with pytest.raises(InvalidInput, match="unknown operator"):
-        parse_demand(pod("p", shared(), affinity=bad_op), group_label="app")
+        parse_demand(pod("p", shared(), affinity=bad_op), anti_affinity_label="app")
 
 
 @given(
@@ -913,7 +921,7 @@ def test_a_container_above_the_gpus_mps_ceilings_is_refused_with_them_named() ->
         {"name": n, "resources": {"limits": {k: str(v) for k, v in shared(8000, 20).items()}}}
         for n in ("a", "b")
     ]  # 16000 MiB and 40 % in all, each container within the ceilings
-    fit(node, parse_demand(two, group_label="app"))
+    fit(node, parse_demand(two, anti_affinity_label="app"))
     # A GPU without ceilings (time-slicing) takes the big pod.
     plain = assemble_node("t", (shared_gpu(0, mode=Mode.TIME_SLICING, clients=8),), [])
     fit(plain, ask(shared(20000, 30)))

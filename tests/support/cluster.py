@@ -39,7 +39,7 @@ CONTROL_PLANE_BINARIES = (
     "kwok",
 )
 NODE_BINARIES = ("kubelet", "fakeruntime")
-"""The real-kubelet nodes' programs (tests/e2e/kubelet.py)."""
+"""The real-kubelet nodes' programs (tests/support/kubelet.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
 CONTROLLERS = (
     # A namespace's `default` ServiceAccount (the ServiceAccount admission plugin refuses pods
@@ -596,7 +596,7 @@ class ControlPlane:
             args = [
                 str(self.bin_dir / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
-                # Only nodes made by gpu_node(): real-kubelet nodes (tests/e2e/kubelet.py) are
+                # Only nodes made by gpu_node(): real-kubelet nodes (tests/support/kubelet.py) are
                 # the kubelet's own.
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 # Pod IPs are fake, but must not run out: 500 pods need more than a /24.
