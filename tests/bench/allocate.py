@@ -6,7 +6,7 @@ Run: python tests/bench/allocate.py [--floor] [--kubelet]  (last line: one JSON 
   500 untimed ones; like the kubelet, the client holds a ListAndWatch stream open meanwhile.
 - client: "go" when the client is tests/bench/kubeletclient, a Go program that dials and calls
   the plugin as the kubelet does, with the kubelet's own stubs (k8s.io/kubelet) and grpc-go
-  (built once, see goclients.py); "python" when Go is missing or the build fails (said on
+  (built once, see gpupart_testsupport.goclients); "python" when Go is missing or the build fails (said on
   stderr): a grpcio client, which adds its own latency.
 - floor_p50_ms / floor_p99_ms (with --floor): the same client and server setup, but a servicer
   whose Allocate returns one precomputed response: what gRPC (grpcio, the client, the kernel)
@@ -35,7 +35,6 @@ import threading
 import time
 from pathlib import Path
 
-import goclients
 import grpc
 
 from gpupart.core.api.spec import GpuConfig, Mode
@@ -52,6 +51,7 @@ from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.registration import DevicePlugins, socket_name
 from gpupart_plugin.server import ResourceServicer, start_server
 from gpupart_plugin.simgpu import SimulatedGpus
+from gpupart_testsupport import goclients
 
 CALLS = 10_000
 WARMUP = 500

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import goclients
 import yaml
 
 from gpupart.core.api.spec import Mode
@@ -42,6 +41,7 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     encode_inventory,
 )
+from gpupart_testsupport import goclients
 from gpupart_testsupport.cluster import (
     LOOPBACK,
     ControlPlane,
