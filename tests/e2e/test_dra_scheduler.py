@@ -21,7 +21,7 @@ from kubernetes import client
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import DeviceRequest, first_fit
-from gpupart.core.dra.devices import DraGpu, GpuFacts, gpu_devices
+from gpupart.core.dra.devices import DraGpu, GpuFacts, Order, gpu_devices
 from gpupart.core.dra.order import core_choice
 from gpupart.core.dra.pool import Slice, pool_slices, publish_plan
 from gpupart.core.dra.read import SliceView, read_claims, read_slices
