@@ -11,6 +11,7 @@ import yaml
 from gpupart.core.api.resources import mig_resource_name
 from gpupart.core.dra import names
 from gpupart.core.mig.catalogue import catalogue
+
 from .conftest import CHART, Render
 
 EXAMPLES = CHART / "examples" / "dra"
