@@ -94,6 +94,16 @@ def test_a_foreign_driver_is_skipped_without_a_reason() -> None:
             "attributes.parentIndex.int",
         ),
         (lambda d: d["spec"]["pool"].update(generation=-1), "pool.generation"),
+        (
+            lambda d: d["spec"]["devices"][0]["attributes"].update({"x" * 5000: {"int": 1}}),
+            "attributes.xxx",
+        ),
+        (
+            lambda d: d["spec"]["devices"][0]["consumesCounters"][0]["counters"].update(
+                {"Bad_Name": {"value": "1"}}
+            ),
+            "counters.Bad_Name",
+        ),
         (lambda d: d["spec"]["pool"].update(resourceSliceCount=10**12), "pool.resourceSliceCount"),
         (lambda d: d["spec"].update(devices=[d["spec"]["devices"][0]] * 200), "spec.devices"),
         (lambda d: d["spec"].update(devices="gpu-0"), "spec.devices"),

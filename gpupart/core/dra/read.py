@@ -25,6 +25,8 @@ MAX_SLICE_COUNT = 10_000
 MAX_RESULTS = 32
 MAX_RESERVED_FOR = 256
 MAX_NAME = 253
+MAX_QUALIFIED_NAME = names.MAX_DNS_LABEL + 1 + 32
+"""An attribute or capacity name: a domain (≤ 63) and an identifier (≤ 32, the API's limits)."""
 
 AttributeValue = tuple[str, str | int | bool]
 """(kind, value): kind is `string`, `int`, `bool` or `version` (the API's one-of)."""
@@ -163,9 +165,16 @@ def _list(record: Record, key: str, limit: int) -> list[Any]:
 
 
 def _mapping(record: Record, key: str, limit: int) -> Record | None:
+    """A map of at most `limit` entries whose keys are qualified names (domain/identifier)."""
     found = record.optional_record(key)
     if found is not None and len(found.raw) > limit:
         raise InvalidInput(record.path(key), f"{len(found.raw)} entries, at most {limit} are read")
+    if found is not None:
+        for name in found.raw:
+            if not name or len(name) > MAX_QUALIFIED_NAME:
+                raise InvalidInput(
+                    found.path(name), f"a name of {len(name)} characters is not a qualified name"
+                )
     return found
 
 
@@ -180,14 +189,13 @@ def _amounts(record: Record | None, limit: int) -> Amounts:
     """A `counters` map: name → {value: quantity}."""
     if record is None:
         return ()
+    if len(record.raw) > limit:
+        raise InvalidInput(record.where, f"{len(record.raw)} counters, at most {limit} are read")
     found = []
     for name in sorted(record.raw):
+        names.check_dns_label(name, record.path(name))
         entry = record.record(name)
-        found.append(
-            (name[: names.MAX_DNS_LABEL], _quantity(entry.value("value"), entry.path("value")))
-        )
-    if len(found) > limit:
-        raise InvalidInput(record.where, f"{len(found)} counters, at most {limit} are read")
+        found.append((name, _quantity(entry.value("value"), entry.path("value"))))
     return tuple(found)
 
 
