@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from gpupart.core.api.resources import mig_resource_name
 from gpupart.core.dra import names
 from gpupart.core.mig.catalogue import catalogue
+from gpupart_testsupport.chart import IMAGE_FLAGS
 
 from .conftest import CHART, Render
 
@@ -79,3 +81,9 @@ def test_the_examples_name_only_classes_the_chart_installs(render: Render) -> No
         for doc in yaml.safe_load_all(path.read_text()):
             walk(doc)
     assert used and used <= installed
+
+
+def test_helm_lint_passes_with_dra_on_and_strict(helm: Callable[..., Any]) -> None:
+    """The offline schemas do not know DeviceClass; the e2e test applies them to a real API server."""
+    result = helm("lint", "--strict", str(CHART), *IMAGE_FLAGS, "--set-json", "dra.enabled=true")
+    assert "0 chart(s) failed" in result.stdout
