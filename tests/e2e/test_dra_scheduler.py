@@ -276,6 +276,42 @@ def test_claims_from_templates_are_allocated_in_the_cores_order(api: Any, namesp
     assert allocated_device(api, namespace, "second") == predicted[0].device
 
 
+def test_a_reorder_after_an_allocation_is_one_update_and_keeps_the_order_law(
+    api: Any, namespace: str
+) -> None:
+    """Republished with the first placement in use, the pool keeps its generation and the
+    scheduler's second pick is again the core's choice beside the first."""
+    view = offered(0, Mode.MIG)
+    node, _ = make_node(api, [DraGpu(view, H100, dynamic=True, facts=FACTS)])
+    template(api, namespace, "one-1g", "mig-1g10gb.gpupart.io")
+    create(api, claim_pod(namespace, "first", node, "one-1g"))
+    first = core_choice(H100, (), "1g.10gb")
+    assert first is not None
+    assert allocated_device(api, namespace, "first") == names.mig_device_name(
+        0, "1g.10gb", first.placement.start
+    )
+    uid = client.CoreV1Api(api).read_node(node).metadata.uid
+    held = DraGpu(view, H100, dynamic=True, in_use=(first,), facts=FACTS)
+    before = slices_of(api, node)
+    planned = publish_plan(before, pool_slices(node, uid, [gpu_devices(held)]))
+    assert len(planned.updates) == 1 and not planned.bumps
+    custom = client.CustomObjectsApi(api)
+    versions = {s.name: s.resource_version for s in before}
+    for doc in planned.updates:
+        name = doc["metadata"]["name"]
+        body = {**doc, "metadata": {**doc["metadata"], "resourceVersion": versions[name]}}
+        custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", name, body)
+    after = slices_of(api, node)
+    assert {s.generation for s in after} == {s.generation for s in before}
+    assert publish_plan(after, pool_slices(node, uid, [gpu_devices(held)])).empty
+    second = core_choice(H100, (first,), "1g.10gb")
+    assert second is not None
+    create(api, claim_pod(namespace, "second", node, "one-1g"))
+    assert allocated_device(api, namespace, "second") == names.mig_device_name(
+        0, "1g.10gb", second.placement.start
+    )
+
+
 def test_in_nvidia_order_the_scheduler_takes_the_lowest_start(api: Any, namespace: str) -> None:
     """The lever is real: the same devices in lexicographic order put the first 1g at slot 0."""
     gpu = DraGpu(offered(0, Mode.MIG), H100, dynamic=True, facts=FACTS)
