@@ -55,6 +55,9 @@ CONTROLLERS = (
     "replicaset-controller",
     "daemonset-controller",
     "disruption-controller",
+    # DRA: claims from ResourceClaimTemplates, reservedFor cleared and claims of deleted pods
+    # released (the scheduler's extended-resource claims go with their pod through the GC).
+    "resourceclaim-controller",
 )
 """The controllers kube-controller-manager runs here. Not the node lifecycle controller: kwok's
 nodes renew no leases, so it would taint them unreachable and evict their pods."""
