@@ -53,9 +53,9 @@ from gpupart.core.node.admission import (
     shared_containers,
 )
 from gpupart.core.node.devices import OfferedGpu
-from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.checkpoint import CHECKPOINT_NAME, Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 
 NODE = "node-a"
 GPU_MIB = 81920
