@@ -180,18 +180,11 @@ def test_a_plan_before_any_desired_state_changes_nothing(tmp_path: Path) -> None
     )
 
 
+# Every reason a plan is refused: tests/core/test_gpu_plan.py; here that no step runs for one.
 @pytest.mark.parametrize(
     ("layouts", "words"),
     [
         ({1: (at("3g.71gb", 0), at("2g.35gb", 2))}, "GPU 1: 2g.35gb at slots 2-3 overlaps 3g.71gb"),
-        (
-            {1: (MigInstance(Placement(1, 4), "3g.71gb"),)},
-            "GPU 1: 3g.71gb at slots 1-4 is not a placement of 3g.71gb on H200-141GB",
-        ),
-        (
-            {1: (at("1g.18gb", 0), MigInstance(Placement(2, 1), "9g.1tb"))},
-            "GPU 1: MIG profile '9g.1tb'",
-        ),
         ({7: SMALL}, "GPU 7: not on this node"),
     ],
 )
