@@ -47,8 +47,8 @@ class ViewSink(Protocol):
     """Takes each offer of the node's views: a kubelet interface, the Node's annotations or status.
 
     Offers come one at a time, in the sinks' order, from the pass's thread or (a MIG plan's new
-    instance) from a GPU's thread. A sink that fails raises; the offer's later sinks are skipped
-    and the pass reports the failure (as before any sink had it).
+    instance) from a GPU's thread. A sink that fails raises: the later sinks are skipped and
+    the pass fails (its loop logs it); the next pass offers everything again.
     """
 
     def offer(self, offer: Offer) -> None: ...
