@@ -51,9 +51,9 @@ class GpuInfo:
 
 @dataclass(frozen=True, slots=True)
 class GpuInstanceRecord:
-    """A GPU instance read from NVML: its compute instances and, when complete, its MIG device."""
+    """A GPU instance read from NVML: its compute instances and its MIG device (usable with one)."""
 
-    slice: OfferedMigDevice
+    device: OfferedMigDevice
     compute_instances: int
 
 

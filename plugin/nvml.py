@@ -277,7 +277,7 @@ class NvmlGpus:
                     len(cis),
                 )
             )
-        return tuple(sorted(records, key=lambda r: r.slice.instance))
+        return tuple(sorted(records, key=lambda r: r.device.instance))
 
     def _cap_minors(self) -> dict[tuple[int, int, int | None], int]:
         """`gpu<G>/gi<I>[/ci<C>]/access <M>` lines of the nvidia-caps mig-minors file."""

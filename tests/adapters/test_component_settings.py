@@ -62,10 +62,10 @@ def test_a_flag_wins_over_its_variable_and_a_variable_over_the_default(
     assert operator().resync_seconds == 30
     assert operator("--resync-seconds=10").resync_seconds == 10
 
-    assert node().resync_s == 60
+    assert node().relist_s == 60
     monkeypatch.setenv("GPUPART_RESYNC_SECONDS", "30")
-    assert node().resync_s == 30
-    assert node("--resync-seconds=10").resync_s == 10
+    assert node().relist_s == 30
+    assert node("--resync-seconds=10").relist_s == 10
 
     assert extender().resync_seconds == 300
     monkeypatch.setenv("GPUPART_EXTENDER_RESYNC_SECONDS", "30")

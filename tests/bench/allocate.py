@@ -41,15 +41,17 @@ from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.allocator import Allocator
-from gpupart_plugin.api import deviceplugin_pb2 as api
-from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.registration import DevicePlugins, socket_name
+from gpupart_plugin.deviceplugin.server import ResourceServicer, start_server
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.registration import DevicePlugins, socket_name
-from gpupart_plugin.server import ResourceServicer, start_server
 from gpupart_plugin.simgpu import SimulatedGpus
 from gpupart_testsupport import goclients
 
@@ -212,7 +214,8 @@ def main(floor: bool, kubelet: bool) -> None:
         poll_s=0.05,
     )
     actuator = Actuator(sim, lambda: (), MpsDaemons(directory / "mps", ["true"]))
-    agent = NodeAgent(actuator, hub, plugins, lambda _s, _i, _c: None, metrics)
+    publish = NodeAnnotations(lambda _s, _i, _c: None)
+    agent = NodeAgent(actuator, (DevicePluginSink(hub, plugins, metrics), publish), metrics)
     agent.reconcile(desired({"1g.18gb": 7}))
     socket = str(directory / socket_name(RESOURCE))
     channel = grpc.insecure_channel(f"unix://{socket}")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from gpupart_plugin.api import deviceplugin_pb2 as api
-from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
 from gpupart_plugin.api import podresources_pb2 as pr
 from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2_grpc as api_grpc
 from gpupart_plugin.podresources import PodDevices, PodResourcesUnavailable
 
 

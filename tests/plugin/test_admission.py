@@ -52,9 +52,9 @@ from gpupart.core.node.admission import (
     read_shared_pod,
 )
 from gpupart.core.node.devices import OfferedGpu
-from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.checkpoint import CHECKPOINT_NAME, Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 
 NODE = "node-a"
 GPU_MIB = 81920
