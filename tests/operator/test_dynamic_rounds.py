@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import INVENTORY_ANNOTATION, Inventory, InventoryGpu, encode_inventory
-from gpupart_operator.dynamic import dynamic_gpus, read_pods, requests_mig, unknown_gpus
-from gpupart_operator.handlers import DemandLoop
-from gpupart_operator.model import read_node, read_partition
+from gpupart_operator.demand import dynamic_gpus, read_pods, requests_mig, unknown_gpus
+from gpupart_operator.loops import DemandLoop
+from gpupart_operator.model import read_node, read_partition, resolve_each
 
 
 def pod(
@@ -93,11 +93,15 @@ def test_dynamic_gpus_come_from_the_inventory_and_a_node_with_neither_is_named()
     }
     partitions = [read_partition(raw)]
     nodes = [read_node(node_raw("listed", 2)), read_node(node_raw("bare", None))]
-    found = dynamic_gpus(partitions, nodes)
+    def resolution(nodes: list[Any]) -> Any:
+        parsed = [p.partition for p in partitions if p.partition is not None]
+        return resolve_each(parsed, [n.view for n in nodes]).resolution
+
+    found = dynamic_gpus(resolution(nodes), partitions, nodes)
     assert {n: [g.index for g in gpus] for n, gpus in found.items()} == {"listed": [0, 1]}
-    words = unknown_gpus(partitions, nodes)
+    words = unknown_gpus(resolution(nodes))
     assert words.startswith("bare: GPUs unknown") and "listed" not in words, words
-    assert unknown_gpus(partitions, nodes[:1]) == ""
+    assert unknown_gpus(resolution(nodes[:1])) == ""
 
 
 def test_a_malformed_pod_is_skipped_and_the_others_still_count() -> None:
@@ -108,6 +112,7 @@ def test_a_malformed_pod_is_skipped_and_the_others_still_count() -> None:
     }
     facts = read_pods([bad, worse, pod("good", {"nvidia.com/mig-1g.10gb": "1"})])
     assert [p.key for p in facts.pending] == ["ns/good"]
+    assert [key for key, _ in facts.skipped] == ["ns/bad", "?"], facts.skipped
 
 
 @given(

@@ -46,10 +46,10 @@ from gpupart_operator.model import (
     old_conditions,
     read_node,
     read_partition,
+    resolve_each,
     status_document,
     status_patch,
 )
-from gpupart_operator.reconciler import _resolve_each
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -446,7 +446,9 @@ def test_a_partition_that_breaks_the_core_is_set_apart_and_the_others_resolve():
     spec = dataclasses.replace(good.spec, name="broken", priority="high")  # type: ignore[arg-type]
     broken = dataclasses.replace(good, spec=spec)
     nodes = [read_node(node_raw("n1")).view]
-    resolution, set_apart = _resolve_each([broken, good], nodes)
+    contained = resolve_each([broken, good], nodes)
+    resolution, set_apart = contained.resolution, contained.broken
+    assert isinstance(contained.error, TypeError)
     assert set(set_apart) == {"broken"} and "TypeError" in set_apart["broken"]
     assert "good" in resolution.statuses and "broken" not in resolution.statuses
     assert [g.partition for g in resolution.desired["n1"]] == ["good"]
