@@ -27,7 +27,7 @@ from gpupart.core.api.wire import (
     decode_inventory,
     decode_mig_plan,
 )
-from gpupart.core.cluster.partitioning import PRODUCT_LABEL, Resolution
+from gpupart.core.cluster.partitioning import PRODUCT_LABEL, LabeledNode, Partition, Resolution
 from gpupart.core.dynamic.live import (
     DynamicGpu,
     NodeFacts,
@@ -39,7 +39,13 @@ from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.scheduling.pods import node_constraint, pod_key
-from gpupart_operator.model import NodeObject, PartitionObject, timestamp_seconds
+from gpupart_operator.model import (
+    Contained,
+    NodeObject,
+    PartitionObject,
+    resolve_each,
+    timestamp_seconds,
+)
 
 T = TypeVar("T")
 
@@ -282,6 +288,51 @@ def _annotation(raw: Mapping[str, Any], key: str) -> str | None:
     return None if value is None else str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """Where a round plans: the nodes holding dynamic GPUs, and the plans to remove."""
+
+    dynamic: Mapping[str, tuple[DynamicGpu, ...]]
+    """node -> the dynamic GPUs partitions win there."""
+    nodes: tuple[DynamicNode, ...]
+    stale: tuple[str, ...]
+    """Nodes with a MIG plan that no dynamic partition holds any more."""
+    unknown: str
+    """Why some dynamic partitions' nodes get no slice (GPUs unknown), or ''."""
+    live: bool
+    """Any partition asks for dynamic MIG and is not being deleted: there is a round to plan."""
+
+
+def survey(
+    partitions: Sequence[PartitionObject],
+    raw_nodes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[NodeObject],
+    *,
+    resolve: Callable[[Sequence[Partition], Sequence[LabeledNode]], Contained] = resolve_each,
+) -> Survey:
+    """The round's nodes, from one resolution with the pass's containment: a partition that
+    breaks the core is set apart (the pass gives it InvalidSpec), the others still get rounds.
+
+    `raw_nodes` and `nodes`: the listed Nodes and the same read (`model.read_node`), in order.
+    """
+    resolution = resolve(
+        [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
+    ).resolution
+    dynamic = dynamic_gpus(resolution, partitions, nodes)
+    views = tuple(
+        read_dynamic_node(raw, node, gpus)
+        for raw, node in zip(raw_nodes, nodes, strict=True)
+        if (gpus := dynamic.get(node.name))
+    )
+    return Survey(
+        dynamic,
+        views,
+        tuple(stale_plans(raw_nodes, dynamic)),
+        unknown_gpus(resolution),
+        live_dynamic(partitions),
+    )
+
+
 # -- the memory: one record per node, one per pod --
 
 
@@ -363,19 +414,19 @@ class Planned:
 
 def plan_demand(
     memory: Memory,
-    nodes: Sequence[DynamicNode],
+    surveyed: Survey,
     pods: PodFacts,
     *,
     now: float,
     ttl_s: float,
     retry_s: float,
-    unknown: str = "",
 ) -> tuple[Memory, Planned]:
     """The round's plans: each node observed (its record updated), then the core's `plan_round`.
 
-    `unknown`: why some dynamic nodes' GPUs are unknown; every pod left waiting hears it too.
-    Nodes no longer in `nodes` are forgotten.
+    Every pod left waiting also hears why some dynamic nodes' GPUs are unknown. Nodes no longer
+    surveyed are forgotten.
     """
+    nodes, unknown = surveyed.nodes, surveyed.unknown
     records: dict[str, NodeMemory] = {}
     facts: list[NodeFacts] = []
     answers: list[str] = []
@@ -566,18 +617,13 @@ def pod_event(news: PodNews, *, now: str, instance: str) -> dict[str, Any]:
 # -- status.dynamicMig --
 
 
-def dynamic_status(
-    name: str,
-    planned: Planned,
-    dynamic: Mapping[str, tuple[DynamicGpu, ...]],
-    memory: Memory,
-) -> dict[str, Any]:
+def dynamic_status(name: str, planned: Planned, surveyed: Survey, memory: Memory) -> dict[str, Any]:
     """status.dynamicMig of the dynamic partition `name`: per node its plan, and what waits."""
     result = planned.round
     waiting = [{"pod": pod, "reason": why[:512]} for pod, why in result.unserved]
     nodes: dict[str, Any] = {}
     for node in planned.facts:
-        if not any(g.partition == name for g in dynamic.get(node.name, ())):
+        if not any(g.partition == name for g in surveyed.dynamic.get(node.name, ())):
             continue
         change = result.changes.get(node.name)
         plan = change.plan if change is not None else node.plan

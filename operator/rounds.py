@@ -63,41 +63,27 @@ class DemandRounds:
         raw_nodes = self._writer.list_nodes()
         nodes = [read_node(raw, self._inventories) for raw in raw_nodes]
         self._inventories.keep({n.name for n in nodes})
-        # The pass's resolution, with its containment: a partition that breaks the core is set
-        # apart (the pass gives it InvalidSpec) and the others still get their rounds.
-        resolution = self._resolutions.resolve(
-            [p.partition for p in partitions if p.partition is not None], [n.view for n in nodes]
-        ).resolution
-        dynamic = demand.dynamic_gpus(resolution, partitions, nodes)
-        stale = demand.stale_plans(raw_nodes, dynamic)
-        if stale:  # a node no dynamic partition holds any more keeps no plan
-            self._writer.write_plans(dict.fromkeys(stale))
-        if not demand.live_dynamic(partitions):
+        surveyed = demand.survey(partitions, raw_nodes, nodes, resolve=self._resolutions.resolve)
+        if surveyed.stale:  # a node no dynamic partition holds any more keeps no plan
+            self._writer.write_plans(dict.fromkeys(surveyed.stale))
+        if not surveyed.live:
             return None
         pods = demand.read_pods(self._writer.list_pods())
         for pod, error in pods.skipped:
             log.debug("Skipped pod", extra=logs.kv(pod=pod, err=error))
-        views = [
-            demand.read_dynamic_node(raw, node, gpus)
-            for raw, node in zip(raw_nodes, nodes, strict=True)
-            if (gpus := dynamic.get(node.name))
-        ]
-        for view in views:
+        for view in surveyed.nodes:
             for annotation, error in view.ignored:
                 log.warning(
                     "Ignored annotation",
                     extra=logs.kv(node=view.name, annotation=annotation, err=error),
                 )
-        # A dynamic partition whose nodes' GPUs are unknown has nothing to plan on: its pending
-        # pods still hear why, and what to do.
         self._memory, planned = demand.plan_demand(
             self._memory,
-            views,
+            surveyed,
             pods,
             now=now,
             ttl_s=settings.reservation_ttl_seconds,
             retry_s=settings.plan_retry_seconds,
-            unknown=demand.unknown_gpus(resolution),
         )
         for answer in planned.answers:
             metrics.plans.labels(result=answer).inc()
@@ -138,7 +124,7 @@ class DemandRounds:
         for partition in partitions:
             if partition.partition is None or partition.partition.spec.dynamic is None:
                 continue
-            document = demand.dynamic_status(partition.name, planned, dynamic, self._memory)
+            document = demand.dynamic_status(partition.name, planned, surveyed, self._memory)
             old = partition.status.get("dynamicMig")
             old = old if isinstance(old, Mapping) else {}
             if old != document:
