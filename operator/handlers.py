@@ -127,7 +127,7 @@ def build_registry(
     """
     registry = kopf.OperatorRegistry()
     ours = settings  # kopf passes its own `settings` to startup handlers
-    configuration = writer.core.api_client.configuration
+    configuration = writer.configuration
     state: dict[str, Any] = {}
     seen_nodes: dict[str, tuple[Any, ...]] = {}
     seen_demand: dict[str, tuple[Any, ...]] = {}

@@ -51,6 +51,8 @@ def utc_now() -> str:
 
 
 class Writer:
+    """Lists and writes for both loops; safe to call from their worker threads."""
+
     def __init__(
         self,
         api_client: client.ApiClient,
@@ -69,6 +71,12 @@ class Writer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+    @property
+    def configuration(self) -> client.Configuration:
+        """The API client's configuration (kopf logs in with the same credentials)."""
+        configuration: client.Configuration = self.core.api_client.configuration
+        return configuration
 
     # -- reads --
 
