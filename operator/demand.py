@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gpupart.core.api.events import object_event
-from gpupart.core.api.resources import MIG_PREFIX, parse_pod_request
+from gpupart.core.api.pods import find_condition, node_constraint, parse_pod_request, pod_key
+from gpupart.core.api.records import find_time
+from gpupart.core.api.resources import MIG_PREFIX
 from gpupart.core.api.selectors import NodeConstraint
 from gpupart.core.api.spec import PartitionSpec
 from gpupart.core.api.wire import (
@@ -38,13 +40,11 @@ from gpupart.core.dynamic.live import (
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import node_constraint, pod_key
 from gpupart_operator.model import (
     Contained,
     NodeObject,
     PartitionObject,
     resolve_each,
-    timestamp_seconds,
 )
 
 T = TypeVar("T")
@@ -77,14 +77,6 @@ def requests_mig(pod: object) -> bool:
                 if isinstance(block, Mapping) and any(str(k).startswith(MIG_PREFIX) for k in block):
                     return True
     return False
-
-
-def _pod_scheduled(status: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The pod's PodScheduled condition ({} when it has none yet)."""
-    for condition in status.get("conditions") or []:
-        if isinstance(condition, Mapping) and condition.get("type") == "PodScheduled":
-            return condition
-    return {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,18 +138,19 @@ def read_pods(items: Sequence[Mapping[str, Any]]) -> PodFacts:
                 continue
             key, uid = pod_key(pod), str(meta.get("uid", ""))
             namespaces[key] = (str(meta.get("namespace") or "default"), uid)
-            created = timestamp_seconds(meta.get("creationTimestamp")) or 0.0
+            created = find_time(meta.get("creationTimestamp")) or 0.0
             node = spec.get("nodeName")
             if node:
                 held = holders.setdefault(str(node), Counter())
                 held.update(profiles)
                 for profile in set(profiles):
                     holder_pods.setdefault(str(node), {}).setdefault(profile, []).append(key)
-                scheduled = timestamp_seconds(_pod_scheduled(status).get("lastTransitionTime"))
+                transition = (find_condition(pod, "PodScheduled") or {}).get("lastTransitionTime")
+                scheduled = find_time(transition)
                 bound[uid] = (key, created, scheduled)
                 continue
             unbound[key] = uid
-            condition = _pod_scheduled(status)
+            condition = find_condition(pod, "PodScheduled") or {}
             if (condition.get("status"), condition.get("reason")) == ("False", "Unschedulable"):
                 priority = spec.get("priority") or 0
                 priority = priority if isinstance(priority, int) else 0

@@ -20,6 +20,7 @@ import kopf
 from kubernetes import client
 
 from gpupart import logs
+from gpupart.core.api.records import find_time
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -36,7 +37,6 @@ from gpupart_operator.model import (
     VERSION,
     InventoryCache,
     node_ready,
-    timestamp_seconds,
 )
 from gpupart_operator.reconciler import PassResult
 from gpupart_operator.rounds import DemandRounds
@@ -356,5 +356,5 @@ def _why(result: PassResult, name: str, nodes: list[str]) -> str:
 
 def _seconds_since(timestamp: object) -> float:
     """Seconds since an RFC 3339 timestamp from the API server; 0 when it cannot be read."""
-    since = timestamp_seconds(timestamp)
+    since = find_time(timestamp)
     return 0.0 if since is None else max(0.0, time.time() - since)

@@ -6,7 +6,6 @@ say exactly which writes a pass needs; an empty answer is what makes a resync wr
 
 from __future__ import annotations
 
-import datetime as dt
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -351,16 +350,6 @@ def partition_event(
         involved, reason=reason, message=message, kind=kind, namespace=namespace, now=now,
         component="operator", instance=instance,
     )  # fmt: skip
-
-
-def timestamp_seconds(timestamp: object) -> float | None:
-    """Unix seconds of an RFC 3339 timestamp from the API server; None when it cannot be read."""
-    if not isinstance(timestamp, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(timestamp).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from gpupart.core.mig.planning import (
     plan_counts,
     plan_layout,
 )
-from gpupart.core.node.devices import MigSlice, OfferedGpu
+from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
 from gpupart.core.node.modes import (
     MIG_MODE_STEPS,
     DisableMig,
@@ -371,7 +371,9 @@ class Actuator:
             for r in records
         ]
 
-    def _held(self, index: int, slices: Iterable[MigSlice], usage: DeviceUsage) -> frozenset[str]:
+    def _held(
+        self, index: int, slices: Iterable[OfferedMigDevice], usage: DeviceUsage
+    ) -> frozenset[str]:
         """The UUIDs among `slices` that a pod (PodResources) or a process (NVML) holds; all of
         them when PodResources did not answer."""
         slices = tuple(slices)
@@ -477,7 +479,7 @@ class Actuator:
     def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
         mode = self._observed(info).mode
-        slices: tuple[MigSlice, ...] = tuple(
+        slices: tuple[OfferedMigDevice, ...] = tuple(
             r.slice for r in self._records(info) if r.compute_instances
         )
         slots, memory, compute, pipe = 0, 0, 0, ""

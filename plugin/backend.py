@@ -9,7 +9,7 @@ from typing import Protocol
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.planning import Step
-from gpupart.core.node.devices import MigSlice, XidEvent
+from gpupart.core.node.devices import OfferedMigDevice, XidEvent
 
 
 class NvmlFailure(StrEnum):
@@ -53,7 +53,7 @@ class GpuInfo:
 class GpuInstanceRecord:
     """A GPU instance read from NVML: its compute instances and, when complete, its MIG device."""
 
-    slice: MigSlice
+    slice: OfferedMigDevice
     compute_instances: int
 
 

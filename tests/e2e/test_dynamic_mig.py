@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.wire import MIG_PLAN_ANNOTATION, decode_mig_plan
+from gpupart_testsupport.stack import Stack
 
-from .stack import Stack
 from .test_full_stack import GROUP, PLURAL, VERSION, Cluster, partition, pod, remove
 
 pytestmark = pytest.mark.e2e

@@ -2,7 +2,7 @@
 
 Real etcd, kube-apiserver, kube-scheduler (gpupart-scheduler profile), `gpupart operator`,
 `gpupart extender`, and per node a real kubelet v1.36 with the fake CRI runtime in its own mount
-namespace (tests/e2e/kubelet.py) and `gpupart node --simulate` serving it. What a container
+namespace (tests/support/kubelet.py) and `gpupart node --simulate` serving it. What a container
 got is read where the kubelet put it: the runtime's record of each CreateContainer.
 
 We test these aspects:
@@ -49,10 +49,9 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart_testsupport.kubelet import EXIT_ENV, KubeletNode
 from gpupart_testsupport.polling import wait_for
-
-from .kubelet import EXIT_ENV, KubeletNode
-from .stack import Stack
+from gpupart_testsupport.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -53,9 +53,8 @@ from gpupart_operator.main import build
 from gpupart_operator.model import GROUP, OWNED_STATUS_KEYS, PLURAL, VERSION
 from gpupart_operator.settings import OperatorSettings
 from gpupart_operator.writer import Writer
+from gpupart_testsupport.cluster import REPO, ControlPlane, create_nodes, gpu_node, mig_labels
 from gpupart_testsupport.polling import wait_for
-
-from .cluster import REPO, ControlPlane, create_nodes, gpu_node, mig_labels
 
 pytestmark = pytest.mark.e2e
 

@@ -52,8 +52,8 @@ from gpupart_operator.reconciler import Reconciler
 from gpupart_operator.rounds import DemandRounds
 from gpupart_operator.settings import OperatorSettings
 from gpupart_operator.writer import Writer
+from gpupart_testsupport.cluster import ControlPlane, create_nodes, gpu_node, wait_for
 
-from .cluster import ControlPlane, create_nodes, gpu_node, wait_for
 from .test_operator import apply_crds
 
 pytestmark = pytest.mark.e2e

@@ -16,8 +16,8 @@ import pytest
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, MIG_PLAN_ANNOTATION
+from gpupart_testsupport.stack import Stack
 
-from .stack import Stack
 from .test_full_stack import GROUP, LABEL, PLURAL, VERSION, Cluster, partition, pod, remove
 
 pytestmark = pytest.mark.e2e

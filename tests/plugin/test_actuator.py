@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plugin_fakes import Pods
 
 from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FakeKubelet
+from plugin_fakes import FakeKubelet
 
+from gpupart.core.api.pods import SharedContainer
 from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
@@ -26,7 +27,7 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.admission import SharedContainer, SharedPod
+from gpupart.core.node.admission import SharedPod
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
 from gpupart_plugin.allocator import Allocator

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import FakeKubelet, FakePodResources
+from plugin_fakes import FakeKubelet, FakePodResources
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (

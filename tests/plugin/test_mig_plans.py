@@ -7,19 +7,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plugin_fakes import Pods
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuState,
     MigPlan,
+    MigReservation,
     NodeReport,
     PlannedGpu,
     PlanReport,
-    SliceReservation,
     decode_inventory,
     decode_report,
     encode_desired,
@@ -326,7 +326,7 @@ def test_a_refused_desired_state_fails_the_plan_too(tmp_path: Path) -> None:
 def test_the_published_state_and_inventory_carry_the_plan_and_use(tmp_path: Path) -> None:
     sim, pods = SimulatedGpus([H200]), Pods()
     agent, published = node_agent(sim, pods, tmp_path)
-    reserved = SliceReservation("ml/a", "uid-a", 0, at("3g.71gb", 4), expires=1e9)
+    reserved = MigReservation("ml/a", "uid-a", 0, at("3g.71gb", 4), expires=1e9)
     text = encode_mig_plan(MigPlan("p1", (PlannedGpu(0, SMALL),), (reserved,)))
     agent.reconcile(encode_desired((dynamic(),)), text)
     assert published.report.plan == PlanReport("p1", GpuState.APPLIED)
