@@ -16,7 +16,7 @@ from gpupart.core.dra.devices import DraGpu, GpuDevices, Order, gpu_devices
 from gpupart.core.dra.order import core_choice
 from gpupart.core.dra.pool import PublishPlan, Slice, pool_slices, publish_plan
 from gpupart.core.dra.read import AllocationResult, ClaimView, DeviceView, SliceView, read_slice
-from gpupart.core.dynamic.model import Demand, Gpu, Instance, Mix, Use
+from gpupart.core.dynamic.model import Gpu, Instance, MigDemand, Mix, Use
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.errors import InfeasibleLayout
 from gpupart.core.mig.catalogue import GpuModel, catalogue
@@ -209,7 +209,7 @@ def test_with_no_mix_the_first_fit_is_the_dynamic_planners_placement(
     gpu = Gpu(
         "node-a", 0, model, tuple(Instance(i, Use.IN_USE, f"ns/p{k}") for k, i in enumerate(in_use))
     )
-    planned = plan([gpu], [Demand("ns/new", (profile,))], now=0.0, mix=Mix())
+    planned = plan([gpu], [MigDemand("ns/new", (profile,))], now=0.0, mix=Mix())
     if not planned.reservations:
         assert got is None
     else:

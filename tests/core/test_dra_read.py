@@ -26,7 +26,7 @@ from gpupart.core.dra.read import (
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.devices import MigSlice, OfferedGpu
+from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
 
 H100 = require_gpu_model("H100-SXM5-80GB")
 
@@ -220,8 +220,8 @@ def test_unknown_attributes_are_omitted_and_versions_are_semver() -> None:
 
 def test_static_mig_publishes_each_instance_and_no_whole_gpu() -> None:
     migs = (
-        MigSlice("MIG-1", MigInstance(Placement(0, 4), "3g.40gb"), 1, 0),
-        MigSlice("MIG-2", MigInstance(Placement(4, 1), "1g.10gb"), 2, 0),
+        OfferedMigDevice("MIG-1", MigInstance(Placement(0, 4), "3g.40gb"), 1, 0),
+        OfferedMigDevice("MIG-2", MigInstance(Placement(4, 1), "1g.10gb"), 2, 0),
     )
     found = gpu_devices(DraGpu(gpu(0, Mode.MIG, mig=migs), H100))
     assert found.counters is None

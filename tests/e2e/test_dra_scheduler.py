@@ -27,11 +27,10 @@ from gpupart.core.dra.pool import Slice, pool_slices, publish_plan
 from gpupart.core.dra.read import SliceView, read_claims, read_slices
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.devices import MigSlice, OfferedGpu
+from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
 from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane, condition, create_nodes, gpu_node
 from gpupart_testsupport.polling import wait_for
-
-from .cluster import REPO, ControlPlane, condition, create_nodes, gpu_node
 
 CHART = REPO / "charts" / "gpupart"
 EXAMPLES = CHART / "examples" / "dra"
@@ -233,8 +232,8 @@ def delete_and_release(api: Any, namespace: str, pod: str) -> None:
 def test_the_api_server_accepts_every_pool_document_we_build(api: Any) -> None:
     """Every mode, and more than 8 dynamic GPUs (two counters slices); read back unchanged."""
     migs = (
-        MigSlice("MIG-a", MigInstance(Placement(0, 4), "3g.40gb"), 1, 0),
-        MigSlice("MIG-b", MigInstance(Placement(4, 1), "1g.10gb"), 2, 0),
+        OfferedMigDevice("MIG-a", MigInstance(Placement(0, 4), "3g.40gb"), 1, 0),
+        OfferedMigDevice("MIG-b", MigInstance(Placement(4, 1), "1g.10gb"), 2, 0),
     )
     gpus = [DraGpu(offered(i, Mode.MIG), H100, dynamic=True, facts=FACTS) for i in range(9)]
     gpus += [
