@@ -57,10 +57,10 @@ def extender(*argv: str) -> extender_settings.ExtenderSettings:
 def test_a_flag_wins_over_its_variable_and_a_variable_over_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert operator().resync_seconds == 60
+    assert operator().drift_timer_seconds == 60
     monkeypatch.setenv("GPUPART_OPERATOR_RESYNC_SECONDS", "30")
-    assert operator().resync_seconds == 30
-    assert operator("--resync-seconds=10").resync_seconds == 10
+    assert operator().drift_timer_seconds == 30
+    assert operator("--resync-seconds=10").drift_timer_seconds == 10
 
     assert node().relist_s == 60
     monkeypatch.setenv("GPUPART_RESYNC_SECONDS", "30")
