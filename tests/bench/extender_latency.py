@@ -67,7 +67,8 @@ from gpupart.core.api.wire import (
     encode_inventory,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart_extender.app import create_app, filter_reply
+from gpupart_extender.app import create_app
+from gpupart_extender.replies import filter_reply
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc
 from gpupart_extender.metrics import Metrics
