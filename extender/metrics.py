@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -84,9 +85,15 @@ class Metrics:
         not expired by `wall` (Unix seconds, the clock they expire by)."""
         empty = Snapshot.empty()
         for kind in empty.counts():
-            self.cache.labels(kind).set_function(lambda k=kind: snapshot().counts()[k])
+            self.cache.labels(kind).set_function(partial(_count, snapshot, kind))
         for kind in empty.unreadable_counts():
-            self.unreadable.labels(kind).set_function(
-                lambda k=kind: snapshot().unreadable_counts()[k]
-            )
+            self.unreadable.labels(kind).set_function(partial(_unreadable, snapshot, kind))
         self.mig_reservations.set_function(lambda: snapshot().mig_reservations(wall()))
+
+
+def _count(snapshot: Callable[[], Snapshot], kind: str) -> float:
+    return snapshot().counts()[kind]
+
+
+def _unreadable(snapshot: Callable[[], Snapshot], kind: str) -> float:
+    return snapshot().unreadable_counts()[kind]

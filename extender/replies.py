@@ -1,4 +1,4 @@
-"""Every verb's reply as the bytes kube-scheduler (or a person, for diagnose) reads: filter, prioritize, preempt, bind, diagnose, errors.
+"""Every verb's reply as the bytes its caller reads: filter, prioritize, preempt, bind, diagnose, errors.
 
 The HTTP edge (`app.py`) parses requests and calls the service; what goes back is written here.
 Filter and prioritize join the JSON pieces the memo keeps per node (`answers.Batch`: at 5,000

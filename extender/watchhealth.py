@@ -1,4 +1,4 @@
-"""Watch health, kept by the watcher and read by /readyz: per kind, the failed lists or watches since the last fresh list.
+"""Watch health, kept by the watcher, read by /readyz: per kind, the failures since it last worked.
 
 The readiness rule (docs/extender.md, "Readiness"): the extender answers from a fresh relist.
 It is ready once every kind it answers from has been listed into the cache, and as long as no

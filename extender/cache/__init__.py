@@ -1,4 +1,4 @@
-"""The extender's cluster state: the writer (`writer`), the watched objects' index (`index`), publishing snapshots (`publish`, `changes`).
+"""The extender's cluster state: one writer, the index of watched objects, the change log, the publisher.
 
 Requests read `ClusterCache.snapshot` (`snapshot.Snapshot`, immutable); only the writer changes
 anything, under one lock. The kinds are re-exported: they name what `apply` and `replace` are fed.

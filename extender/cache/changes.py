@@ -1,4 +1,4 @@
-"""The change log of the cluster state: which nodes changed (each change numbered) and which other parts of the snapshot."""
+"""The cluster state's change log: which nodes changed (each change numbered), and which other snapshot parts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Publishing the cluster state: the change log, node rebuilds with their state ids, MIG-reservation expiry, the `Snapshot`.
+"""Publishing the cluster state: node rebuilds with their state ids, MIG-reservation expiry, the `Snapshot`.
 
 After every change the writer (`ClusterCache`) calls `Publisher.publish`: the nodes touched
 since the last publish are rebuilt (view, version, state id, the GPU shapes of their pods),
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Set
+
 from gpupart.core.scheduling.shares import Shape, demand_shape
 from gpupart.core.scheduling.views import NodeView, anonymous
 
@@ -28,6 +29,7 @@ from ..reservations import Reservations
 from ..snapshot import NodeSnapshot, Snapshot, assemble_view
 from .changes import ChangeLog
 from .index import Index
+
 
 class Publisher:
     """Rebuilds touched nodes and makes each new `Snapshot` (the writer's lock held)."""

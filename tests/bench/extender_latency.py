@@ -68,10 +68,10 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_extender.app import create_app
-from gpupart_extender.replies import filter_reply
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc
 from gpupart_extender.metrics import Metrics
+from gpupart_extender.replies import filter_reply
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 
