@@ -1,4 +1,4 @@
-"""The extender's readiness across a kube-apiserver restart: /readyz is back from a fresh relist, not a watch period later.
+"""The extender's readiness across a kube-apiserver restart: back from a fresh relist, not a watch period later.
 
 Its own control plane (etcd, kube-apiserver, kwok; restarting the session's would disturb the
 other tests): the extender's watcher follows it with the default 300 s watch period, the API
