@@ -31,6 +31,10 @@ The synthetic cluster's shared-GPU pods carry assignments signed with a bench ke
 extender writes them (the cache verifies each one), and binds re-read the pod (from the bench's
 binder, which answers at once: the API round trip a real bind adds is not in these figures).
 
+Each child writes its port file whole (a rename) and nothing is timed before it answers /readyz
+over the measurements' own kind of connection (the preempt figure once died with
+ConnectionRefused, connecting before the extender listened).
+
 Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go] [--floor]
 """
 
