@@ -7,12 +7,12 @@ more than that. No I/O and no lock here.
 
 An object that cannot be read is never fatal: a Pod is skipped, a Node kept with the problem as
 its reason, a budget not counted, a Namespace selected by no selector's labels; each is listed
-in `unreadable` (logged once per object and resourceVersion).
+in `problems` (`problems.Problems`: logged once per object and resourceVersion).
 
 Assignments (docs/extender.md, "What the watch cache trusts"): a pod's `gpupart.io/assignment`
 counts only when it verifies with the shared key for that pod's UID and node, and on the GPU
 its UUID names in the node's inventory; otherwise the pod counts on its node on no GPU in
-particular (logged once, with the reason). A verified assignment a tenant later edits stays
+particular (`Problems.tell`: logged once, with the reason). A verified assignment a tenant later edits stays
 counted as it was. Assignments that could not be checked for want of a readable key are
 checked again once one can be read (`recheck_assignments`).
 
@@ -26,12 +26,10 @@ reservations no longer count), so that a pod binding rebuilds exactly the nodes 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpupart import logs
 from gpupart.core.scheduling.preemption import Budget, parse_budget
 
 from ..objects import (
@@ -42,7 +40,6 @@ from ..objects import (
     KeySource,
     NodeEntry,
     PodEntry,
-    Unreadable,
     UnreadablePod,
     key_of,
     meta_of,
@@ -56,8 +53,7 @@ from ..objects import (
 )
 from ..reservations import Reservations
 from .changes import ChangeLog
-
-log = logging.getLogger(__name__)
+from .problems import Problems
 
 _DONE_PHASES = ("Succeeded", "Failed")
 
@@ -81,15 +77,14 @@ class Index:
         self.budgets: dict[str, Budget] = {}
         self.namespaces: dict[str, Mapping[str, str]] = {}
         """Namespace name -> its labels (each mapping new per read, never changed after)."""
-        self.unreadable: dict[tuple[str, str], Unreadable] = {}
+        self.problems = Problems(changes)
+        """Objects that could not be read, and pods whose assignment is not counted as it says."""
         self.reserving: dict[str, set[str]] = {}
         """Pod key -> the nodes whose MIG plan reserves an instance for it (live or not)."""
         self.placed: Counter[str] = Counter()
         """Keys of the pods bound or assumed: their MIG reservations no longer count."""
         self._unchecked: set[str] = set()
         """Uids of pods whose assignment awaits a readable key (`recheck_assignments`)."""
-        self._told: dict[str, str] = {}
-        """Per pod uid, the last reason logged for not counting its assignment (logged once)."""
 
     # -- events --
 
@@ -104,7 +99,7 @@ class Index:
             old = self.nodes.get(name)
             if event == "DELETED":
                 self.nodes.pop(name, None)
-                self._readable(NODE, name)
+                self.problems.readable(NODE, name)
                 self._index_plan(name, old, None)
             else:
                 entry = self._read_node(name, obj)
@@ -121,7 +116,7 @@ class Index:
             ):
                 self.drop_assumed(uid)  # it holds nothing any more
             if event == "DELETED":
-                self._readable(POD, uid)
+                self.problems.readable(POD, uid)
                 self.set_pod(uid, None)
                 self.set_nominated(uid, None)
             else:
@@ -175,9 +170,7 @@ class Index:
             for o in listed:
                 self._apply_budget("ADDED", o)
                 keys.add(key_of(o))
-        for gone in [k for k in self.unreadable if k[0] == kind and k[1] not in keys]:
-            del self.unreadable[gone]
-        self.changes.mark("unreadable")
+        self.problems.listed(kind, keys)
 
     def _apply_namespace(self, event: str, obj: Mapping[str, Any]) -> None:
         name = str(meta_of(obj).get("name") or "")
@@ -188,11 +181,11 @@ class Index:
         if event != "DELETED":
             try:
                 labels = read_namespace_labels(obj)
-                self._readable(NAMESPACE, name)
+                self.problems.readable(NAMESPACE, name)
             except Exception as error:  # noqa: BLE001 - one namespace's problem: not selected
-                self._unreadable_seen(NAMESPACE, name, name, obj, problem_of(error))
+                self.problems.seen(NAMESPACE, name, name, obj, problem_of(error))
         else:
-            self._readable(NAMESPACE, name)
+            self.problems.readable(NAMESPACE, name)
         if labels is None:
             self.namespaces.pop(name, None)
         elif labels != old:
@@ -205,14 +198,14 @@ class Index:
         self.changes.mark("budgets")
         if event == "DELETED":
             self.budgets.pop(key, None)
-            self._readable(PDB, key)
+            self.problems.readable(PDB, key)
             return
         try:
             self.budgets[key] = parse_budget(obj)
-            self._readable(PDB, key)
+            self.problems.readable(PDB, key)
         except Exception as error:  # noqa: BLE001 - one budget's problem; it is not counted
             self.budgets.pop(key, None)
-            self._unreadable_seen(PDB, key, key, obj, problem_of(error))
+            self.problems.seen(PDB, key, key, obj, problem_of(error))
 
     # -- nodes --
 
@@ -220,9 +213,9 @@ class Index:
         entry = read_node(obj, self.nodes.get(name))
         if entry.unreadable or entry.plan_problem:
             problem = entry.problem if entry.unreadable else entry.plan_problem
-            self._unreadable_seen(NODE, name, name, obj, problem)
+            self.problems.seen(NODE, name, name, obj, problem)
         else:
-            self._readable(NODE, name)
+            self.problems.readable(NODE, name)
         return entry
 
     def _index_plan(self, name: str, old: NodeEntry | None, new: NodeEntry | None) -> None:
@@ -277,11 +270,11 @@ class Index:
         try:
             entry = read_pod(obj, self.keys, kept=None if old is None else old.placed.assignment)
         except UnreadablePod as error:
-            self._unreadable_seen(POD, uid, key_of(obj), obj, str(error))
+            self.problems.seen(POD, uid, key_of(obj), obj, str(error))
             return None
-        self._readable(POD, uid)
+        self.problems.readable(POD, uid)
         if entry is not None:
-            self.tell(entry, entry.distrusted)
+            self.problems.tell(entry, entry.distrusted)
         return entry
 
     def set_pod(self, uid: str, entry: PodEntry | None) -> None:
@@ -294,7 +287,7 @@ class Index:
         else:
             self._unchecked.discard(uid)
         if entry is None:
-            self._told.pop(uid, None)
+            self.problems.forget(uid)
         if old == entry:
             return
         self.changes.mark("counts")
@@ -366,47 +359,8 @@ class Index:
             if fresh is not None:
                 checked += 1
                 self.set_pod(uid, fresh)
-                self.tell(fresh, fresh.distrusted)
+                self.problems.tell(fresh, fresh.distrusted)
         return checked
-
-    def tell(self, entry: PodEntry, reason: str, *, lost: bool = False) -> None:
-        """Log, once per pod and reason, that its assignment is not counted as it says."""
-        if not reason:
-            self._told.pop(entry.uid, None)
-            return
-        if self._told.get(entry.uid) == reason:
-            return
-        self._told[entry.uid] = reason
-        kept = None if lost else entry.placed.assignment
-        log.warning(
-            "Ignored a pod's GPU assignment",
-            extra=logs.kv(
-                pod=entry.key,
-                node=entry.node,
-                reason=reason,
-                counted="on no GPU in particular" if kept is None else f"on GPU {kept.gpu_uuid}",
-            ),
-        )
-
-    # -- unreadable objects --
-
-    def _unreadable_seen(
-        self, kind: str, key: str, name: str, obj: Mapping[str, Any], problem: str
-    ) -> None:
-        """Remember an unreadable object; logged once per object and resourceVersion."""
-        version = str(meta_of(obj).get("resourceVersion") or "")
-        found = Unreadable(kind, name, version, problem)
-        if self.unreadable.get((kind, key)) != found:
-            log.warning(
-                "Skipped unreadable object",
-                extra=logs.kv(kind=kind, name=name, rv=version, err=problem),
-            )
-            self.unreadable[kind, key] = found
-            self.changes.mark("unreadable")
-
-    def _readable(self, kind: str, key: str) -> None:
-        if self.unreadable.pop((kind, key), None) is not None:
-            self.changes.mark("unreadable")
 
     # -- what a node's view is built from --
 

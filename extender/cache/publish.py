@@ -93,7 +93,7 @@ class Publisher:
             log=changes.log,
             log_start=changes.log_start,
             unreadable=(
-                tuple(sorted(index.unreadable.values(), key=lambda u: (u.kind, u.name)))
+                tuple(sorted(index.problems.unreadable.values(), key=lambda u: (u.kind, u.name)))
                 if "unreadable" in stale
                 else old.unreadable
             ),
@@ -129,7 +129,7 @@ class Publisher:
         version = self.changes.versions.get(name, 0)
         view = assemble_view(name, entry, (*counted, *nominated), version, live, lost=lost)
         for pod, reason in lost:
-            index.tell(pod, reason, lost=True)
+            index.problems.tell(pod, reason, lost=True)
         key = anonymous(view)
         state = self._states.get(key)
         if state is None:
