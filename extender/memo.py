@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import is_not
 
+from gpupart.core.scheduling.demand import PodDemand
 from gpupart.core.scheduling.evaluate import NoFit, Verdict, evaluate
-from gpupart.core.scheduling.pods import Demand
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.terms import ScoringConfig
 from gpupart.core.scheduling.views import NodeView
@@ -60,7 +60,7 @@ class Memo:
         self.model = model
         self.scoring = scoring
         self.kept_lists = kept_lists
-        self.shapes: dict[Demand, ShapeMemo] = {}
+        self.shapes: dict[PodDemand, ShapeMemo] = {}
         self._recent: OrderedDict[Batch, ShapeMemo] = OrderedDict()
         """Every kept batch, least recently used first, with the shape memo that keeps it."""
 
@@ -68,7 +68,7 @@ class Memo:
         """Entries kept (verdicts, answers and reasons), for the service's bound."""
         return sum(len(m.states) + len(m.nodes) + len(m.reasons) for m in self.shapes.values())
 
-    def shape(self, demand: Demand) -> ShapeMemo:
+    def shape(self, demand: PodDemand) -> ShapeMemo:
         shape = dataclasses.replace(demand, pod="")
         memo = self.shapes.get(shape)
         if memo is None:
@@ -79,7 +79,7 @@ class Memo:
         self,
         snap: Snapshot,
         names: Sequence[str],
-        demand: Demand,
+        demand: PodDemand,
         given: Mapping[str, NodeView],
         *,
         survivors: bool = False,
@@ -128,7 +128,13 @@ class Memo:
         return batch, False, memo
 
     def _kept(
-        self, snap: Snapshot, names: list[str], memo: ShapeMemo, demand: Demand, *, survivors: bool
+        self,
+        snap: Snapshot,
+        names: list[str],
+        memo: ShapeMemo,
+        demand: PodDemand,
+        *,
+        survivors: bool,
     ) -> tuple[Batch, bool] | None:
         """A kept batch for `names`, patched up to the snapshot's clock; None when none fits.
 
@@ -177,7 +183,7 @@ class Memo:
             memo.batches.insert(0, batch)
         return batch
 
-    def _answer(self, snap: Snapshot, name: str, demand: Demand, memo: ShapeMemo) -> Answer:
+    def _answer(self, snap: Snapshot, name: str, demand: PodDemand, memo: ShapeMemo) -> Answer:
         """The node's memoised answer while its signature holds, else a fresh one (memoised)."""
         sig = snap.signatures.get(name)
         answer = memo.nodes.get(name)
@@ -186,7 +192,7 @@ class Memo:
         return answer
 
     def _miss(
-        self, snap: Snapshot, name: str, sig: Signature | None, demand: Demand, memo: ShapeMemo
+        self, snap: Snapshot, name: str, sig: Signature | None, demand: PodDemand, memo: ShapeMemo
     ) -> Answer:
         """The verdict of the node's state (nodes in equal states share it)."""
         if sig is None:
@@ -199,14 +205,14 @@ class Memo:
             verdict = memo.states[sig[1]] = self._evaluate(view, demand)
         return answer_of(name, sig, verdict)
 
-    def _evaluate(self, view: NodeView, demand: Demand) -> Verdict:
+    def _evaluate(self, view: NodeView, demand: PodDemand) -> Verdict:
         return evaluate(view, demand, config=self.scoring, model=self.model)
 
     def reason(
         self,
         snap: Snapshot,
         answer: Answer,
-        demand: Demand,
+        demand: PodDemand,
         memo: ShapeMemo,
         given: Mapping[str, NodeView],
     ) -> str:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli, shared_containers
 from gpupart.core.api.provenance import AssignmentKeys, forgery
-from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.resources import node_cpu_milli
 from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -30,8 +31,8 @@ from gpupart.core.api.wire import (
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     InventoryGpu,
+    MigReservation,
     PodAssignment,
-    SliceReservation,
     decode_allocation,
     decode_assignment,
     decode_desired,
@@ -39,8 +40,8 @@ from gpupart.core.api.wire import (
     decode_mig_plan,
 )
 from gpupart.core.errors import GpupartError, InvalidInput
-from gpupart.core.node.admission import admission_complete, shared_containers
-from gpupart.core.scheduling.pods import node_cpu_milli, pod_cpu_milli, tenant_of
+from gpupart.core.node.admission import admission_complete
+from gpupart.core.scheduling.demand import tenant_of
 from gpupart.core.scheduling.views import PlacedPod
 
 NODE = "Node"
@@ -69,7 +70,7 @@ class NodeEntry:
     """The node's device plugin serves one shared-GPU pod at a time (`Inventory`)."""
     unreadable: bool = False
     """The Node or its inventory could not be read (`problem` says why)."""
-    reservations: tuple[SliceReservation, ...] = ()
+    reservations: tuple[MigReservation, ...] = ()
     """The MIG reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
     plan_problem: str = ""
     """Why the MIG plan could not be read: the node then takes no MIG pod (others it may)."""
@@ -174,7 +175,7 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
         )
 
 
-def read_reservations(text: object) -> tuple[tuple[SliceReservation, ...], str]:
+def read_reservations(text: object) -> tuple[tuple[MigReservation, ...], str]:
     """The MIG reservations of a MIG plan annotation (none without one), or why it cannot be
     read. Never raises: a bad plan costs its node its MIG pods, and nothing else."""
     if text is None:

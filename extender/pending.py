@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpupart import logs
-from gpupart.core.api.resources import parse_pod_request
+from gpupart.core.api.pods import parse_pod_request
 
 from .objects import meta_of, uid_of
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpupart.core.scheduling.demand import PodDemand
 from gpupart.core.scheduling.evaluate import Fit, evaluate
-from gpupart.core.scheduling.pods import Demand
 from gpupart.core.scheduling.preemption import Budget, choose_victims, order_victims, violations
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -43,7 +43,7 @@ def victims_on(
     snap: Snapshot,
     node: str,
     offered: NodeVictims,
-    demand: Demand,
+    demand: PodDemand,
     uid: str,
     budgets: Sequence[Budget],
     scoring: ScoringConfig,

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupart.core.scheduling.pods import Demand
+from gpupart.core.scheduling.demand import PodDemand
 
 from .objects import PodEntry
 
@@ -32,7 +32,7 @@ class Hold:
     """A filter decision kept until bind: the pod as the scheduler sent it and its demand."""
 
     pod: Mapping[str, Any]
-    demand: Demand
+    demand: PodDemand
     expires: float
 
 

@@ -21,12 +21,22 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from gpupart import logs
+from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.scheduling.demand import (
+    PodDemand,
+    parse_demand,
+    tenant_of,
+)
 from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
-from gpupart.core.scheduling.pending import DynamicGpu, Making, mig_outlook, pending_message
-from gpupart.core.scheduling.pods import Demand, node_constraint, parse_demand, tenant_of
+from gpupart.core.scheduling.pending import (
+    DesiredDynamicGpu,
+    Making,
+    mig_outlook,
+    pending_message,
+)
 from gpupart.core.scheduling.scoring import FragmentationModel
 from gpupart.core.scheduling.shares import fragmentation_model, fragmentation_model_of
 from gpupart.core.scheduling.terms import ScoringConfig
@@ -168,12 +178,12 @@ class ExtenderService:
         self.cache.expire(now, wait=wait)
         self.cache.recheck_assignments(wait=wait)
 
-    def _demand(self, pod: Mapping[str, Any]) -> Demand:
+    def _demand(self, pod: Mapping[str, Any]) -> PodDemand:
         """The pod's demand, its anti-affinity terms' namespaceSelectors resolved against the
         Namespaces the watch cache holds now (a relabel makes another demand: the memo keys on it)."""
         return parse_demand(
             pod,
-            group_label=self.scoring.group_label,
+            anti_affinity_label=self.scoring.anti_affinity_label,
             namespace_labels=self.cache.snapshot.namespaces,
         )
 
@@ -577,12 +587,12 @@ class ExtenderService:
         return ""
 
 
-def _amounts(demand: Demand) -> tuple[object, ...]:
+def _amounts(demand: PodDemand) -> tuple[object, ...]:
     """What a pod asks a node for: its GPU request, CPU and priority (all from its spec)."""
     return (demand.request, demand.cpu_milli, demand.priority)
 
 
-def _amounts_text(demand: Demand) -> str:
+def _amounts_text(demand: PodDemand) -> str:
     r = demand.request
     parts = []
     if r.shared:
@@ -602,7 +612,7 @@ def _uid(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
 
 
-def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: Demand) -> dict[str, NodeView]:
+def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: PodDemand) -> dict[str, NodeView]:
     """The nodes where the pod holds a reservation, viewed as it sees them: the node it is
     nominated to without its nomination, and those whose MIG plan reserves it an instance (their
     verdict for it is its own: `evaluate` frees its reserved instances, for it only)."""
@@ -629,19 +639,19 @@ def _mig_facts(snap: Snapshot, pod: str, now: float) -> dict[str, Any]:
     planned for `pod` not made yet (live reservations only), and the dynamic-MIG GPUs."""
     offered: set[str] = set()
     making: list[Making] = []
-    dynamic: list[DynamicGpu] = []
+    dynamic: list[DesiredDynamicGpu] = []
     for name in snap.node_names():
         state = snap.nodes[name]
         inventory = state.entry.inventory or ()
         for gpu in state.view.gpus:
-            offered.update(gpu.slices)
+            offered.update(gpu.mig_profiles)
         made = {(g.index, d.instance) for g in inventory for d in g.mig_devices}
         for r in state.entry.reservations:
             if r.pod == pod and r.expires > now and (r.gpu, r.instance) not in made:
                 making.append(Making(name, r.gpu, r.instance))
         products = {g.index: g.product for g in inventory}
         for index, partition in state.entry.dynamic:
-            dynamic.append(DynamicGpu(name, index, products.get(index, ""), partition))
+            dynamic.append(DesiredDynamicGpu(name, index, products.get(index, ""), partition))
     return {"offered": offered, "making": making, "dynamic": dynamic}
 
 

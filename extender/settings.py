@@ -156,7 +156,7 @@ class ExtenderSettings(BaseModel):
             anti_affinity_scope=self.anti_affinity_scope,
             high_priority=self.high_priority,
             low_priority=self.low_priority,
-            group_label=self.anti_affinity_label,
+            anti_affinity_label=self.anti_affinity_label,
         )
 
 

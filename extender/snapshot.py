@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpupart.core.api.wire import SliceReservation
+from gpupart.core.api.wire import MigReservation
 from gpupart.core.scheduling.preemption import Budget
 from gpupart.core.scheduling.shares import Shape
 from gpupart.core.scheduling.views import NodeView, assemble_node
@@ -55,7 +55,7 @@ def assemble_view(
     entry: NodeEntry,
     entries: Iterable[PodEntry],
     version: int,
-    reservations: Iterable[SliceReservation] = (),
+    reservations: Iterable[MigReservation] = (),
     *,
     lost: list[tuple[PodEntry, str]] | None = None,
 ) -> NodeView:

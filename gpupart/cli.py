@@ -16,7 +16,7 @@ from gpupart import __version__
 # `gpupart plan` never pays for kopf, grpc or FastAPI.
 COMPONENTS: dict[str, tuple[str, str]] = {
     "plan": (
-        "gpupart.planner",
+        "gpupart.plancmd",
         "Show what a GpuPartition gives each GPU (MIG layout, MPS, time-slicing) or why it cannot",
     ),
     "simulate": (

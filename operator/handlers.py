@@ -1,7 +1,8 @@
-"""kopf wiring: watch GpuPartitions and Nodes, wake one debounced reconcile loop, hold deletion until nodes let go.
+"""kopf wiring: watch GpuPartitions, Nodes and MIG pods, wake the debounced loops, hold deletion until nodes let go.
 
 Handlers never compute or write desired state themselves; they only wake `ReconcileLoop`,
-whose single worker runs `Reconciler.reconcile_all` in a thread. kopf keeps its own
+whose single worker runs `Reconciler.reconcile_all` in a thread, and `DemandLoop`, which runs
+`DemandRounds.run_round` the same way. kopf keeps its own
 bookkeeping in annotations under gpupart.io/, never in the user-visible status, and
 handlers return None so no handler result lands there either.
 """
@@ -10,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 from kubernetes import client
 
 from gpupart import logs
+from gpupart.core.api.records import find_time
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -27,142 +28,26 @@ from gpupart.core.api.wire import (
     STATE_ANNOTATION,
 )
 from gpupart.core.cluster.partitioning import Release
-from gpupart.kubeconfig import describe_api_error
-from gpupart_operator.dynamic import DemandPlanner, requests_mig
-from gpupart_operator.model import FINALIZER, GROUP, PLURAL, VERSION, InventoryCache, node_ready
-from gpupart_operator.reconciler import PassResult, Reconciler
+from gpupart_operator.demand import requests_mig
+from gpupart_operator.loops import DemandLoop, ReconcileLoop, Reconciles
+from gpupart_operator.model import (
+    FINALIZER,
+    GROUP,
+    PLURAL,
+    VERSION,
+    InventoryCache,
+    node_ready,
+)
+from gpupart_operator.reconciler import PassResult
+from gpupart_operator.rounds import DemandRounds
 from gpupart_operator.settings import OperatorSettings
+from gpupart_operator.writer import Writer
 
 log = logging.getLogger("gpupart.operator")
 
 KOPF_PREFIX = "gpupart.io"
 """kopf's progress and diff-base annotations are gpupart.io/<handler-id> and
 gpupart.io/last-handled-configuration on each GpuPartition."""
-
-
-class Reconciles(Protocol):
-    """What the loop needs of a reconciler: one full pass, safe to call from a worker thread."""
-
-    def reconcile_all(self) -> PassResult: ...
-
-
-class ReconcileLoop:
-    """Coalesces wake-ups into reconcile passes, one at a time, each in a worker thread.
-
-    `wake()` asks for a pass that starts after the call; a burst of wakes inside the debounce
-    window becomes one pass. `settle()` wakes and waits for such a pass, returning what it saw.
-    A failed pass (API errors) is retried after `retry_seconds`.
-    """
-
-    def __init__(self, reconciler: Reconciles, *, debounce: float, retry_seconds: float) -> None:
-        self._reconciler = reconciler
-        self._debounce = debounce
-        self._retry_seconds = retry_seconds
-        self._wake = asyncio.Event()
-        self._done = asyncio.Condition()
-        self._requested = 0
-        self._completed = 0
-        self._result: PassResult | None = None
-        self._error: BaseException | None = None
-        self.passes = 0
-        """Passes completed so far (failed ones included)."""
-        self.last_success: float | None = None
-        """time.monotonic() of the last pass that succeeded."""
-
-    def wake(self) -> None:
-        self._requested += 1
-        self._wake.set()
-
-    async def settle(self) -> PassResult:
-        self.wake()
-        target = self._requested
-        async with self._done:
-            await self._done.wait_for(lambda: self._completed >= target)
-        if self._result is None or self._error is not None:
-            raise kopf.TemporaryError(
-                f"reconcile pass failed: {self._error}", delay=self._retry_seconds
-            )
-        return self._result
-
-    async def next_pass(self, seen: int, timeout: float) -> PassResult | None:
-        """The result of the first pass to end after the `seen`-th, within `timeout` seconds;
-        asks for none (node events and the drift timer bring them). None: none ended, or it
-        failed."""
-        async with self._done:
-            try:
-                await asyncio.wait_for(self._done.wait_for(lambda: self.passes > seen), timeout)
-            except TimeoutError:
-                return None
-            return self._result if self._error is None else None
-
-    async def run(self) -> None:
-        while True:
-            await self._wake.wait()
-            await asyncio.sleep(self._debounce)
-            self._wake.clear()
-            serving = self._requested
-            result: PassResult | None = None
-            error: BaseException | None = None
-            try:
-                result = await asyncio.to_thread(self._reconciler.reconcile_all)
-                self.last_success = time.monotonic()
-            except Exception as problem:  # noqa: BLE001 - any failure: log, retry the pass
-                error = problem
-                log.warning(
-                    "Failed reconcile pass; retrying",
-                    extra=logs.kv(
-                        retryAfter=f"{self._retry_seconds:g}s", err=describe_api_error(problem)
-                    ),
-                )
-                asyncio.get_running_loop().call_later(self._retry_seconds, self.wake)
-            async with self._done:
-                self._completed = serving
-                self.passes += 1
-                self._result, self._error = result, error
-                self._done.notify_all()
-
-
-class DemandLoop:
-    """Dynamic MIG rounds, debounced: a round starts once wake-ups have been quiet for `idle`
-    seconds, or `most` seconds after the first of a burst, and at least every `every` seconds
-    (reservations expire, failed plans are retried, without any event)."""
-
-    def __init__(
-        self, run_round: Callable[[], object], *, idle: float, most: float, every: float
-    ) -> None:
-        self._run_round = run_round
-        self._idle, self._most, self._every = idle, most, every
-        self._event = asyncio.Event()
-        self._first: float | None = None
-        self._last = 0.0
-
-    def wake(self) -> None:
-        self._last = time.monotonic()
-        if self._first is None:
-            self._first = self._last
-        self._event.set()
-
-    async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), timeout=self._every)
-            first = self._first if self._first is not None else time.monotonic()
-            while True:
-                due = min(self._last + self._idle, first + self._most)
-                left = due - time.monotonic()
-                if left <= 0:
-                    break
-                self._event.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._event.wait(), timeout=left)
-            self._event.clear()
-            self._first = None
-            try:
-                await asyncio.to_thread(self._run_round)
-            except Exception as problem:  # noqa: BLE001 - any failure: log, the next round retries
-                log.warning(
-                    "Failed dynamic MIG round", extra=logs.kv(err=describe_api_error(problem))
-                )
 
 
 def demand_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -231,15 +116,18 @@ def node_fingerprint(
 
 
 def build_registry(
-    reconciler: Reconciler, settings: OperatorSettings, planner: DemandPlanner | None = None
+    reconciler: Reconciles,
+    writer: Writer,
+    settings: OperatorSettings,
+    rounds: DemandRounds | None = None,
 ) -> kopf.OperatorRegistry:
     """A fresh registry with every handler of the operator (no module-level state).
 
-    With a `planner`, dynamic MIG rounds run too, woken by pods that ask for MIG slices.
+    With `rounds`, dynamic MIG rounds run too, woken by pods that ask for MIG slices.
     """
     registry = kopf.OperatorRegistry()
     ours = settings  # kopf passes its own `settings` to startup handlers
-    configuration = reconciler.core.api_client.configuration
+    configuration = writer.configuration
     state: dict[str, Any] = {}
     seen_nodes: dict[str, tuple[Any, ...]] = {}
     seen_demand: dict[str, tuple[Any, ...]] = {}
@@ -264,10 +152,10 @@ def build_registry(
         )
         state["task"] = asyncio.create_task(loop().run(), name="gpupart reconcile loop")
         # No pass here: a paused peer must not act. The first watch listing wakes the loop.
-        if planner is not None:
+        if rounds is not None:
             seen_demand.clear()
             state["demand"] = DemandLoop(
-                planner.run_round,
+                rounds.run_round,
                 idle=ours.demand_idle_seconds,
                 most=ours.demand_max_seconds,
                 every=ours.plan_retry_seconds,
@@ -303,7 +191,7 @@ def build_registry(
         loop().wake()
 
     @kopf.timer(
-        GROUP, VERSION, PLURAL, registry=registry, id="drift", interval=settings.resync_seconds
+        GROUP, VERSION, PLURAL, registry=registry, id="drift", interval=settings.drift_timer_seconds
     )
     async def drift(**_: Any) -> None:
         # A full pass re-reads every node: annotations edited by hand are put back.
@@ -338,7 +226,7 @@ def build_registry(
                 "Not waiting for unreachable nodes", extra=logs.kv(gpupartition=name, nodes=nodes)
             )
             await asyncio.to_thread(
-                reconciler.warn,
+                writer.warn,
                 name,
                 str(meta.get("uid", "")),
                 "NodesUnreachable",
@@ -356,8 +244,8 @@ def build_registry(
             # decide how long that takes, so no timeout. Each pass (a node's report changing
             # wakes one) is checked here, so the deletion ends with the last pass that finds
             # the GPUs whole; back to kopf (its retry, logged and posted as an Event) only
-            # every --resync-seconds meanwhile.
-            until = time.monotonic() + settings.resync_seconds
+            # every drift-timer period (--resync-seconds) meanwhile.
+            until = time.monotonic() + settings.drift_timer_seconds
             while restoring and (left := until - time.monotonic()) > 0:
                 later = await loop().next_pass(seen, left)
                 if later is None:
@@ -398,7 +286,7 @@ def build_registry(
             extra=logs.kv(gpupartition=name, nodes=", ".join(reachable)),
         )
         await asyncio.to_thread(
-            reconciler.warn, name, str(meta.get("uid", "")), "ReleaseTimedOut", message
+            writer.warn, name, str(meta.get("uid", "")), "ReleaseTimedOut", message
         )
 
     # -- Nodes --
@@ -425,7 +313,7 @@ def build_registry(
                 seen_demand[name] = seen
                 rounds.wake()
 
-    if planner is not None:
+    if rounds is not None:
 
         @kopf.on.event(
             "",
@@ -468,10 +356,5 @@ def _why(result: PassResult, name: str, nodes: list[str]) -> str:
 
 def _seconds_since(timestamp: object) -> float:
     """Seconds since an RFC 3339 timestamp from the API server; 0 when it cannot be read."""
-    if not isinstance(timestamp, str):
-        return 0.0
-    try:
-        since = dt.datetime.fromisoformat(timestamp)
-    except ValueError:
-        return 0.0
-    return max(0.0, (dt.datetime.now(dt.UTC) - since).total_seconds())
+    since = find_time(timestamp)
+    return 0.0 if since is None else max(0.0, time.time() - since)

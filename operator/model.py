@@ -6,8 +6,9 @@ say exactly which writes a pass needs; an empty answer is what makes a resync wr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpupart.core.api.events import object_event
@@ -28,7 +29,9 @@ from gpupart.core.cluster.partitioning import (
     LabeledNode,
     Partition,
     PartitionStatus,
+    Resolution,
     merge_conditions,
+    resolve,
 )
 from gpupart.core.errors import GpupartError
 
@@ -347,3 +350,62 @@ def partition_event(
         involved, reason=reason, message=message, kind=kind, namespace=namespace, now=now,
         component="operator", instance=instance,
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Contained:
+    """A resolution with the partitions that broke the core set apart (one bug costs only its own)."""
+
+    resolution: Resolution
+    broken: Mapping[str, str] = field(default_factory=dict)
+    """name -> why it cannot be evaluated, for its InvalidSpec status."""
+    error: Exception | None = None
+    """What resolving all together raised (for the log's traceback), or None."""
+
+
+def resolve_each(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Contained:
+    """`resolve`, with any partition that makes it fail set apart: name -> why, for InvalidSpec.
+
+    The core raises nothing for a parsed partition; this is the net under a bug in it, so one
+    partition's bug never stops the others (each is tried alone only after a failure).
+    """
+    try:
+        return Contained(resolve(list(partitions), list(nodes)))
+    except Exception as error:  # noqa: BLE001 - find the partition that breaks it, below
+        failure = error
+    broken: dict[str, str] = {}
+    for partition in partitions:
+        try:
+            resolve([partition], list(nodes))
+        except Exception as error:  # noqa: BLE001 - this one is set apart
+            broken[partition.spec.name] = (
+                f"cannot be evaluated ({type(error).__name__}: {str(error)[:300]})"
+            )
+    kept = [p for p in partitions if p.spec.name not in broken]
+    return Contained(resolve(kept, list(nodes)), broken, failure)
+
+
+class Resolutions:
+    """`resolve_each` of the last partitions and nodes, kept while they read the same.
+
+    The partition pass and the dynamic MIG round list the same change and resolve it once: the
+    second to ask gets the first's answer (the core is pure, so equal inputs give it). Safe to
+    share between their worker threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: (
+            tuple[tuple[tuple[Partition, ...], tuple[LabeledNode, ...]], Contained] | None
+        ) = None
+
+    def resolve(self, partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Contained:
+        key = (tuple(partitions), tuple(nodes))
+        with self._lock:
+            last = self._last
+        if last is not None and last[0] == key:
+            return last[1]
+        contained = resolve_each(key[0], key[1])
+        with self._lock:
+            self._last = (key, contained)
+        return contained

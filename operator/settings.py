@@ -36,8 +36,8 @@ class OperatorSettings:
     """Address of the /healthz and /metrics listeners (a Deployment sets all interfaces)."""
     liveness_port: int | None = None
     metrics_port: int | None = None
-    resync_seconds: float = 60.0
-    """Drift timer: every GpuPartition re-checks all nodes this often even without events."""
+    drift_timer_seconds: float = 60.0
+    """Every GpuPartition re-checks all nodes this often even without events (`--resync-seconds`)."""
     debounce_seconds: float = 0.2
     """A burst of watch events within this window becomes one reconcile pass."""
     release_retry_seconds: float = 5.0
@@ -62,16 +62,16 @@ class OperatorSettings:
     """A node whose agent could not apply a plan is planned again after this long."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "resync_seconds",
-            "release_retry_seconds",
-            "release_timeout_seconds",
-            "demand_max_seconds",
-            "reservation_ttl_seconds",
-            "plan_retry_seconds",
+        for name, flag in (
+            ("drift_timer_seconds", "--resync-seconds"),
+            ("release_retry_seconds", "--release-retry-seconds"),
+            ("release_timeout_seconds", "--release-timeout-seconds"),
+            ("demand_max_seconds", "--demand-max-seconds"),
+            ("reservation_ttl_seconds", "--reservation-ttl-seconds"),
+            ("plan_retry_seconds", "--plan-retry-seconds"),
         ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"{flag} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.demand_idle_seconds <= self.demand_max_seconds:
             raise ValueError(
                 f"demand_idle_seconds must be between 0 and demand_max_seconds "
@@ -148,7 +148,7 @@ METRICS_PORT = Setting(
     "serve Prometheus /metrics on this port",
     metavar="PORT",
 )
-RESYNC = Setting(
+DRIFT_TIMER = Setting(
     "--resync-seconds", number, "60", "drift timer: full re-check interval per GpuPartition"
 )
 DEBOUNCE = Setting(
@@ -213,7 +213,7 @@ PLAN_RETRY = Setting(
 SETTINGS = SettingsTable(
     "GPUPART_OPERATOR_",
     (
-        PEERING, STANDALONE, PRIORITY, KUBECONFIG, BIND_ADDRESS, LIVENESS, METRICS_PORT, RESYNC,
+        PEERING, STANDALONE, PRIORITY, KUBECONFIG, BIND_ADDRESS, LIVENESS, METRICS_PORT, DRIFT_TIMER,
         DEBOUNCE, RELEASE_RETRY, RELEASE_TIMEOUT, EVENT_NAMESPACE, WRITE_WORKERS, INSTANCE,
         VERBOSE, DEMAND_IDLE, DEMAND_MAX, RESERVATION_TTL, PLAN_RETRY,
     ),
@@ -236,7 +236,7 @@ def from_args(args: argparse.Namespace) -> OperatorSettings:
             bind_address=read(BIND_ADDRESS),
             liveness_port=read(LIVENESS),
             metrics_port=read(METRICS_PORT),
-            resync_seconds=read(RESYNC),
+            drift_timer_seconds=read(DRIFT_TIMER),
             debounce_seconds=read(DEBOUNCE),
             release_retry_seconds=read(RELEASE_RETRY),
             release_timeout_seconds=read(RELEASE_TIMEOUT),

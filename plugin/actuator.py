@@ -1,11 +1,11 @@
-"""The layout actuator: one idempotent pass that reads the GPUs, plans with the core, applies, and reports.
+"""The actuator: one idempotent pass that reads the GPUs, asks `plan_gpu`, executes, rolls back, reports.
 
-Every pass starts from what NVML says now, so a pass after a crash mid-apply finishes or undoes
-the half-built work. An instance that a pod or process uses is never destroyed. A failed step
-is followed by a rollback to the previous layout (or, failing that, to the in-use instances
-only), and the report names what is on the GPU afterwards. A dynamic MIG GPU goes to the exact
-layout the operator's MIG plan names for it, and is otherwise left as it is
-(docs/adr-013-dynamic-mig-plans.md).
+Every decision is the core's (`gpupart.core.node.gpuplan`); here the GPUs are read, the steps
+run in order, and a failed step is rolled back. Every pass starts from what NVML says now, so
+a pass after a crash mid-apply finishes or undoes the half-built work. An instance that a pod
+or process uses is never destroyed. A failed step is followed by a rollback to the previous
+layout (or, failing that, to the in-use instances only), and the report names what is on the
+GPU afterwards (docs/adr-013-dynamic-mig-plans.md).
 """
 
 from __future__ import annotations
@@ -22,32 +22,38 @@ from gpupart.core.api.wire import (
     GpuReport,
     GpuState,
     Inventory,
-    InventoryGpu,
-    MigDevice,
     MigPlan,
     NodeReport,
-    PlanReport,
 )
-from gpupart.core.errors import GpupartError, InfeasibleLayout, InvalidInput, PlanBlocked
-from gpupart.core.mig.layout import Layout, check_layout
+from gpupart.core.errors import GpupartError, InvalidInput
+from gpupart.core.mig.catalogue import GpuModel
+from gpupart.core.mig.layout import Layout
 from gpupart.core.mig.planning import (
     CreateComputeInstance,
     GpuInstanceState,
     layout_of,
-    plan_counts,
     plan_layout,
 )
-from gpupart.core.node.devices import MigSlice, OfferedGpu
+from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
+from gpupart.core.node.gpuplan import (
+    FollowedPlan,
+    GpuFacts,
+    RememberedMode,
+    answer_mig_plan,
+    follow_mig_plan,
+    layout_text,
+    observed,
+    pending_mode,
+    plan_gpu,
+    refused_report,
+)
 from gpupart.core.node.modes import (
-    MIG_MODE_STEPS,
     DisableMig,
     EnableMig,
-    GpuNow,
     GpuStep,
     ModeStep,
     StartMpsDaemon,
     StopMpsDaemon,
-    plan_mode,
 )
 from gpupart.core.node.targets import gpu_targets
 from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
@@ -58,11 +64,13 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[OfferedGpu, frozenset[str]], None]
 """Called from a GPU's thread after each instance a MIG plan creates there (GI and CI made):
-the GPU's view now and the MIG device UUIDs on it in use (as `PassResult.used`)."""
+the GPU's view now and the MIG device UUIDs on it in use (as `NodePass.used`)."""
 
 
 @dataclass(frozen=True, slots=True)
-class PassResult:
+class NodePass:
+    """What one pass left on this node's GPUs: the report, each GPU's view, and their use."""
+
     report: NodeReport
     views: tuple[OfferedGpu, ...]
     failed: int
@@ -79,15 +87,19 @@ class PassResult:
         return any(g.state in (GpuState.BLOCKED, GpuState.PENDING) for g in self.report.gpus)
 
 
+ROUNDS = 3
+"""Plans per GPU and pass: a MIG mode step ends one, and the GPU is read and planned again."""
+
+
 class Actuator:
-    """Applies desired groups to this node's GPUs through a GpuBackend."""
+    """Applies desired groups to this node's GPUs through a GpuBackend, as `plan_gpu` decides."""
 
     def __init__(self, backend: GpuBackend, usage: UsageSource, mps: MpsDaemons) -> None:
         self.backend = backend
         self.usage = usage
         self.mps = mps
         # TimeSlicing and None look the same to NVML; the agent remembers which it applied.
-        self._shared_modes: dict[int, tuple[Mode, int]] = {}
+        self._remembered: dict[int, RememberedMode] = {}
 
     def resume(self, previous: Inventory) -> None:
         """The time-sliced GPUs and their client slots from the inventory published before a restart.
@@ -106,7 +118,7 @@ class Actuator:
                     extra=logs.kv(gpu=gpu.index, mode=gpu.mode, reason="not this GPU now"),
                 )
                 continue
-            self._shared_modes[gpu.index] = (Mode.TIME_SLICING, gpu.replicas)
+            self._remembered[gpu.index] = RememberedMode(Mode.TIME_SLICING, gpu.replicas)
             log.info(
                 "Resumed mode", extra=logs.kv(gpu=gpu.index, mode=gpu.mode, slots=gpu.replicas)
             )
@@ -116,7 +128,7 @@ class Actuator:
         groups: tuple[DesiredGroup, ...] | None,
         plan: MigPlan | None = None,
         progress: Progress | None = None,
-    ) -> PassResult:
+    ) -> NodePass:
         """One pass; `groups` None (no desired annotation yet) changes nothing and reports.
 
         `plan`: the MIG plan on the node (None: none there), followed on its dynamic MIG GPUs
@@ -130,12 +142,12 @@ class Actuator:
         except InvalidInput as error:
             log.error("Refused desired layout", extra=logs.kv(err=error))
             return self.refuse(str(error), groups or (), plan)
-        planned, refusals = self._check_plan(plan, gpus, None if groups is None else targets)
+        followed = self._follow(plan, gpus, None if groups is None else targets)
 
         def one(info: GpuInfo) -> tuple[GpuReport, OfferedGpu, frozenset[str]]:
             target = None if groups is None else targets[info.index]
             try:
-                report = self._gpu(info, target, usage, planned.get(info.index), progress)
+                report = self._gpu(info, target, usage, followed.layouts.get(info.index), progress)
             except GpupartError as error:
                 # An NVML read failed outside a plan (GPU lost, no permission): say so, go on.
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
@@ -145,7 +157,7 @@ class Actuator:
 
         # One thread per GPU: each GPU's steps run in order, GPUs at the same time (a plan's
         # instances on two GPUs take one create's time, not two). Each touches only its own
-        # GPU, MPS daemon and `_shared_modes` entry; the backend is thread-safe (NVML is, and
+        # GPU, MPS daemon and `_remembered` entry; the backend is thread-safe (NVML is, and
         # so is the simulated GPU).
         with ThreadPoolExecutor(max(1, len(gpus)), thread_name_prefix="gpu") as pool:
             done = list(pool.map(one, gpus))
@@ -153,81 +165,47 @@ class Actuator:
         views = tuple(view for _, view, _ in done)
         used = frozenset[str]().union(*(held for _, _, held in done))
         failed = sum(r.state is GpuState.FAILED for r in reports)
-        observed = tuple(sorted({(g.partition, g.generation) for g in groups or ()}))
-        answer = None if plan is None else plan_report(plan.id, refusals, planned, reports)
+        answer = None if plan is None else answer_mig_plan(plan.id, followed, reports)
         if answer is not None and answer.state is not GpuState.APPLIED:
             log.info(
                 "Reported MIG plan",
                 extra=logs.kv(plan=answer.id, state=answer.state, reason=answer.message),
             )
         holders = frozenset[str]().union(*usage.pods.values())
-        report = NodeReport(observed, tuple(reports), answer)
-        return PassResult(report, views, failed, used, holders)
+        report = NodeReport(observed(groups or ()), tuple(reports), answer)
+        return NodePass(report, views, failed, used, holders)
 
     def refuse(
         self, reason: str, groups: tuple[DesiredGroup, ...] = (), plan: MigPlan | None = None
-    ) -> PassResult:
+    ) -> NodePass:
         """A desired state not to apply: nothing changes, every GPU reports Failed with the
         reason, and the groups it names count as observed so their partitions show why. A MIG
         plan on the node is not followed either, and its report says why."""
         result = self.reconcile(None)
-        reports = tuple(
-            GpuReport(g.index, GpuState.FAILED, g.mode, g.layout, reason)
-            for g in result.report.gpus
-        )
-        observed = tuple(sorted({(g.partition, g.generation) for g in groups}))
-        answer = (
-            None
-            if plan is None
-            else PlanReport(
-                plan.id, GpuState.FAILED, f"not followed: the desired state is refused ({reason})"
-            )
-        )
-        report = NodeReport(observed, reports, answer)
-        return replace(result, report=report, failed=len(reports))
+        report = refused_report(reason, result.report.gpus, groups, plan)
+        return replace(result, report=report, failed=len(report.gpus))
 
-    def _check_plan(
+    def _follow(
         self,
         plan: MigPlan | None,
         gpus: Sequence[GpuInfo],
         targets: Mapping[int, GpuConfig] | None,
-    ) -> tuple[dict[int, Layout], tuple[str, ...]]:
-        """The layouts to follow per GPU index, and why the plan is not followed where it is not.
-
-        A GPU whose target is not dynamic MIG (the desired annotation changed under the plan)
-        is left out, and the rest of the plan is followed. A GPU this node does not have, or a
-        layout its model cannot hold, refuses the whole plan before any step (the operator's
-        view of the node is wrong: none of it is followed).
-        """
+    ) -> FollowedPlan:
+        """`follow_mig_plan` with the MIG geometry of each GPU here that the plan names."""
         if plan is None:
-            return {}, ()
+            return FollowedPlan()
         here = {g.index for g in gpus}
-        planned: dict[int, Layout] = {}
-        left_out: list[str] = []
-        broken: list[str] = []
-        for gpu in plan.gpus:
-            if gpu.index not in here:
-                broken.append(f"GPU {gpu.index}: not on this node")
-                continue
-            target = None if targets is None else targets[gpu.index]
-            if target is None or target.mode is not Mode.MIG or not target.dynamic:
-                wanted = (
-                    "no desired state yet"
-                    if target is None
-                    else f"its target is {_target_text(target)}"
-                )
-                left_out.append(f"GPU {gpu.index}: not a dynamic MIG GPU ({wanted}); left as it is")
-                continue
-            try:
-                check_layout(self.backend.model(gpu.index), gpu.layout)
-            except GpupartError as error:
-                broken.append(_on_gpu(gpu.index, str(error)))
-                continue
-            planned[gpu.index] = tuple(sorted(gpu.layout))
-        if broken:
-            log.error("Refused MIG plan", extra=logs.kv(plan=plan.id, err="; ".join(broken)))
-            return {}, (*broken, *left_out)
-        return planned, tuple(left_out)
+        models = {g.index: self._model(g.index) for g in plan.gpus if g.index in here}
+        followed = follow_mig_plan(plan, models, targets)
+        if followed.refused:
+            log.error("Refused MIG plan", extra=logs.kv(plan=plan.id, err=followed.refused))
+        return followed
+
+    def _model(self, index: int) -> GpuModel | str:
+        try:
+            return self.backend.model(index)
+        except GpupartError as error:
+            return str(error)
 
     # ---- one GPU ----
 
@@ -239,123 +217,82 @@ class Actuator:
         planned: Layout | None = None,
         progress: Progress | None = None,
     ) -> GpuReport:
+        """Read, plan, execute, and again after a MIG mode step (`GpuPlan.again`); the report."""
         index = info.index
-        if index not in self._shared_modes and info.uuid in usage.shared:
-            # Not taken back from the last inventory (`resume`), yet pods hold client slots on
-            # a GPU without an MPS daemon: it is time-sliced, not whole.
-            slots = target.replicas if target is not None else usage.shared[info.uuid]
-            self._shared_modes[index] = (Mode.TIME_SLICING, slots)
-            log.warning("Assumed time-slicing after restart", extra=logs.kv(gpu=index, slots=slots))
-        if target is None:
-            return self._report(index, GpuState.APPLIED, "no desired layout on this node yet")
-        mig = target.mode is Mode.MIG
-        if mig and not info.mig_capable:
-            return self._report(index, GpuState.FAILED, f"{info.name} does not support MIG")
-        states: list[GpuInstanceState] | None = None
-        for _ in range(2):  # a MIG mode step ends a plan: plan again on the GPU as it is then
-            now = self._now(info, target, usage)
-            try:
-                steps = plan_mode(now, target)
-            except PlanBlocked as blocked:
-                return self._report(index, GpuState.BLOCKED, str(blocked), self._pods(info, usage))
-            states = list(now.instances) if not steps else None
-            problem = self._run(info, now.instances, steps, usage)
-            if problem:
-                return self._report(index, GpuState.FAILED, problem)
-            if not steps or not isinstance(steps[-1], MIG_MODE_STEPS):
-                break
-            info = self._fresh(index)
-            if info.mig_enabled is not mig:
-                break
-        if info.mig_enabled is not mig:
-            return self._report(
-                index,
-                GpuState.PENDING,
-                f"MIG mode is {'en' if mig else 'dis'}abled but takes effect after a GPU reset "
-                "or node reboot",
-            )
-        if mig:
-            return self._layout(info, target, usage, states, planned, progress)
-        self._shared_modes[index] = (target.mode, target.replicas)
-        return self._report(index, GpuState.APPLIED, "")
-
-    def _layout(
-        self,
-        info: GpuInfo,
-        target: GpuConfig,
-        usage: DeviceUsage,
-        states: list[GpuInstanceState] | None,
-        planned: Layout | None,
-        progress: Progress | None,
-    ) -> GpuReport:
-        """The MIG layout on a GPU in MIG mode: the target's counts, or on a dynamic GPU the
-        plan's exact layout (none named: its instances stay as they are)."""
-        index = info.index
-        if target.dynamic and planned is None:
-            return self._report(index, GpuState.APPLIED, "")
-        states = self._states(info, usage) if states is None else states
-        try:
-            if planned is not None:
-                layout, steps = planned, plan_layout(index, states, planned)
-            else:
-                model = self.backend.model(index)
-                layout, steps = plan_counts(model, index, states, dict(target.mig))
-        except PlanBlocked as blocked:
-            pods = self._pods(info, usage)
-            return self._report(index, GpuState.BLOCKED, str(blocked), pods)
-        except (InfeasibleLayout, GpupartError) as error:
-            return self._report(index, GpuState.FAILED, str(error))
-        if steps:
-            problem = self._run(
-                info, states, steps, usage, progress if planned is not None else None
-            )
-            if problem:
-                return self._report(index, GpuState.FAILED, problem)
-            log.info(
-                "Applied MIG plan" if planned is not None else "Applied MIG layout",
-                extra=logs.kv(gpu=index, layout=_text(layout), steps=len(steps)),
-            )
-        return self._report(index, GpuState.APPLIED, "")
+        switched = False
+        for _ in range(ROUNDS):
+            facts = self._facts(info, target, usage)
+            decided = plan_gpu(facts, target, planned=planned, switched=switched)
+            if decided.assumed is not None:
+                # Not taken back from the last inventory (`resume`), yet pods hold client slots
+                # on a GPU without an MPS daemon: it is time-sliced, not whole.
+                self._remembered[index] = decided.assumed
+                log.warning(
+                    "Assumed time-slicing after restart",
+                    extra=logs.kv(gpu=index, slots=decided.assumed.slots),
+                )
+            if decided.steps:
+                told = progress if decided.follows_plan else None
+                problem = self._run(info, facts.instances, decided.steps, usage, told)
+                if problem:
+                    return self._report(index, GpuState.FAILED, problem)
+                if decided.layout is not None:
+                    log.info(
+                        "Applied MIG plan" if decided.follows_plan else "Applied MIG layout",
+                        extra=logs.kv(
+                            gpu=index, layout=layout_text(decided.layout), steps=len(decided.steps)
+                        ),
+                    )
+            if not decided.again:
+                if decided.remember is not None:
+                    self._remembered[index] = decided.remember
+                return self._report(index, decided.state, decided.message, decided.blocking)
+            info, switched = self._fresh(index), True
+        waits = pending_mode(target is not None and target.mode is Mode.MIG)
+        return self._report(index, waits.state, waits.message)
 
     # ---- reading a GPU ----
 
-    def _now(self, info: GpuInfo, target: GpuConfig, usage: DeviceUsage) -> GpuNow:
-        """The GPU for `plan_mode`: what it serves, its instances, and, for a mode change, its use."""
-        now = self._observed(info)
-        if now.mps_started and target.mode is Mode.MPS:
-            now = replace(now, mps_serving=self.mps.serving(info.uuid))
+    def _facts(self, info: GpuInfo, target: GpuConfig | None, usage: DeviceUsage) -> GpuFacts:
+        """The GPU for `plan_gpu`: NVML, the MPS markers, PodResources and this agent's memory."""
+        records = self._records(info)
+        model: GpuModel | None = None
+        problem = ""
         if info.mig_enabled:
-            now = replace(now, instances=tuple(self._states(info, usage)))
-        # Only a change of mode asks whether the whole GPU is in use (`plan_mode`): read the
-        # pods and NVML processes then, not on every pass.
-        if now.mode is not target.mode:
-            now = replace(now, in_use=self._in_use(info, usage))
-        return now
-
-    def _observed(self, info: GpuInfo) -> GpuNow:
-        """The GPU's mode as NVML, the MPS markers and this agent's memory say (no further reads)."""
-        return GpuNow(
-            gpu=info.index,
+            found = self._model(info.index)
+            model, problem = (None, found) if isinstance(found, str) else (found, "")
+        started = info.uuid in self.mps.running()
+        serving = None
+        if started and target is not None and target.mode is Mode.MPS:
+            serving = self.mps.serving(info.uuid)
+        return GpuFacts(
+            index=info.index,
+            name=info.name,
             memory_mib=info.memory_mib,
+            mig_capable=info.mig_capable,
             mig_enabled=info.mig_enabled,
             mig_pending=info.mig_pending,
-            mps_started=info.uuid in self.mps.running(),
-            remembered=self._shared_modes.get(info.index, (Mode.NONE, 0))[0],
+            model=model,
+            model_problem=problem,
+            mps_started=started,
+            mps_serving=serving,
+            remembered=self._remembered.get(info.index),
+            instances=tuple(self._states(info, usage, records)) if info.mig_enabled else (),
+            pods=usage.of(info.uuid, *(r.device.uuid for r in records)),
+            processes=len(self.backend.processes(info.index)),
+            usage_known=usage.known,
+            usage_problem=usage.problem,
+            held_slots=usage.shared.get(info.uuid, 0),
         )
 
-    def _in_use(self, info: GpuInfo, usage: DeviceUsage) -> str:
-        """Why pods or processes use the GPU (a mode change would break them); '' when idle."""
-        pods = self._pods(info, usage)
-        if pods:
-            return f"pods {', '.join(pods)}"
-        processes = self.backend.processes(info.index)
-        if processes:
-            return f"{len(processes)} processes"
-        return "" if usage.known else f"unknown pods ({usage.problem})"
-
-    def _pods(self, info: GpuInfo, usage: DeviceUsage) -> tuple[str, ...]:
-        """Pods holding the GPU or one of its MIG devices."""
-        return usage.of(info.uuid, *(r.slice.uuid for r in self._records(info)))
+    def _mode(self, info: GpuInfo) -> Mode:
+        """The GPU's mode as NVML, the MPS markers and this agent's memory say."""
+        if info.mig_enabled:
+            return Mode.MIG
+        if info.uuid in self.mps.running():
+            return Mode.MPS
+        remembered = self._remembered.get(info.index)
+        return remembered.mode if remembered is not None else Mode.NONE
 
     def _records(self, info: GpuInfo) -> tuple[GpuInstanceRecord, ...]:
         return self.backend.instances(info.index) if info.mig_enabled else ()
@@ -363,26 +300,35 @@ class Actuator:
     def _fresh(self, index: int) -> GpuInfo:
         return next(g for g in self.backend.gpus() if g.index == index)
 
-    def _states(self, info: GpuInfo, usage: DeviceUsage) -> list[GpuInstanceState]:
-        records = self.backend.instances(info.index)
-        held = self._held(info.index, (r.slice for r in records), usage)
+    def _states(
+        self,
+        info: GpuInfo,
+        usage: DeviceUsage,
+        records: tuple[GpuInstanceRecord, ...] | None = None,
+    ) -> list[GpuInstanceState]:
+        records = self.backend.instances(info.index) if records is None else records
+        held = self._held(info.index, (r.device for r in records), usage)
         return [
-            GpuInstanceState(r.slice.instance, r.compute_instances, in_use=r.slice.uuid in held)
+            GpuInstanceState(r.device.instance, r.compute_instances, in_use=r.device.uuid in held)
             for r in records
         ]
 
-    def _held(self, index: int, slices: Iterable[MigSlice], usage: DeviceUsage) -> frozenset[str]:
-        """The UUIDs among `slices` that a pod (PodResources) or a process (NVML) holds; all of
-        them when PodResources did not answer."""
-        slices = tuple(slices)
-        if not slices:
+    def _held(
+        self, index: int, devices: Iterable[OfferedMigDevice], usage: DeviceUsage
+    ) -> frozenset[str]:
+        """The UUIDs among the MIG `devices` that a pod (PodResources) or a process (NVML)
+        holds; all of them when PodResources did not answer."""
+        devices = tuple(devices)
+        if not devices:
             return frozenset()
         busy_gis = {p.gpu_instance_id for p in self.backend.processes(index)}
         return frozenset(
-            s.uuid
-            for s in slices
-            if not usage.known or usage.of(s.uuid) or s.gpu_instance_id in busy_gis
+            d.uuid
+            for d in devices
+            if not usage.known or usage.of(d.uuid) or d.gpu_instance_id in busy_gis
         )
+
+    # ---- executing ----
 
     def _run(
         self,
@@ -426,7 +372,7 @@ class Actuator:
                 enabled = isinstance(step, EnableMig)
                 self.backend.set_mig_mode(index, enabled)
                 if enabled:
-                    self._shared_modes.pop(index, None)
+                    self._remembered.pop(index, None)
                 log.info(
                     "Enabled MIG mode" if enabled else "Disabled MIG mode", extra=logs.kv(gpu=index)
                 )
@@ -436,7 +382,7 @@ class Actuator:
             case StopMpsDaemon():
                 self.mps.stop(info.uuid)
                 self.backend.set_exclusive_process(index, False)
-                self._shared_modes.pop(index, None)
+                self._remembered.pop(index, None)
             case _:
                 self.backend.apply(step)
 
@@ -455,34 +401,36 @@ class Actuator:
                 )
                 continue
             if goal_name == "old":
-                return f"rolled back to the previous layout ({_text(old) or 'empty'})"
-            return f"cleared the GPU down to the instances in use ({_text(goal) or 'empty'})"
-        half = [str(r.slice.instance) for r in self._records(info) if not r.compute_instances]
+                return f"rolled back to the previous layout ({layout_text(old) or 'empty'})"
+            return f"cleared the GPU down to the instances in use ({layout_text(goal) or 'empty'})"
+        half = [str(r.device.instance) for r in self._records(info) if not r.compute_instances]
         return "could not roll back; the GPU holds what the report shows" + (
             f" plus half-built instances {', '.join(half)}" if half else ""
         )
+
+    # ---- reporting what NVML says ----
 
     def _report(
         self, index: int, state: GpuState, message: str, pods: tuple[str, ...] = ()
     ) -> GpuReport:
         info = self._fresh(index)
-        mode = self._observed(info).mode
         layout = layout_of(
-            GpuInstanceState(r.slice.instance, r.compute_instances) for r in self._records(info)
+            GpuInstanceState(r.device.instance, r.compute_instances) for r in self._records(info)
         )
         if message:
             log.info("Reported GPU state", extra=logs.kv(gpu=index, state=state, reason=message))
-        return GpuReport(index, state, mode, layout, message, pods)
+        return GpuReport(index, state, self._mode(info), layout, message, pods)
 
     def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
-        mode = self._observed(info).mode
-        slices: tuple[MigSlice, ...] = tuple(
-            r.slice for r in self._records(info) if r.compute_instances
+        mode = self._mode(info)
+        devices: tuple[OfferedMigDevice, ...] = tuple(
+            r.device for r in self._records(info) if r.compute_instances
         )
         slots, memory, compute, pipe = 0, 0, 0, ""
         if mode.is_shared:
-            slots = self._shared_modes.get(index, (mode, 1))[1]
+            remembered = self._remembered.get(index)
+            slots = remembered.slots if remembered is not None else 1
         if mode is Mode.MPS:
             pipe = str(self.mps.pipe_directory(info.uuid))
             limits = self.mps.limits(info.uuid)
@@ -504,74 +452,9 @@ class Actuator:
             minor=info.minor,
             numa_node=info.numa_node,
             mode=mode,
-            mig=slices,
+            mig=devices,
             replicas=slots,
             mps_pipe_directory=pipe,
             mps_memory_mib=memory,
             mps_compute_percent=compute,
         )
-
-
-def inventory(
-    views: Iterable[OfferedGpu], used: frozenset[str] = frozenset()
-) -> tuple[InventoryGpu, ...]:
-    """The inventory annotation's content (core wire format) from the pass's views; `used`:
-    the MIG device UUIDs in use (`PassResult.used`)."""
-    return tuple(
-        InventoryGpu(
-            index=v.index,
-            uuid=v.uuid,
-            product=v.product,
-            memory_mib=v.memory_mib,
-            mode=v.mode,
-            mig_devices=tuple(MigDevice(m.uuid, m.instance, m.uuid in used) for m in v.mig),
-            replicas=v.replicas,
-            client_memory_mib=v.mps_memory_mib if v.mode is Mode.MPS else 0,
-            client_compute_percent=v.mps_compute_percent if v.mode is Mode.MPS else 0,
-        )
-        for v in views
-    )
-
-
-PLAN_SEVERITY = (GpuState.APPLIED, GpuState.PENDING, GpuState.BLOCKED, GpuState.FAILED)
-"""A plan's state is its worst GPU's: Failed over Blocked over Pending."""
-
-
-def plan_report(
-    plan_id: str,
-    refusals: Iterable[str],
-    planned: Mapping[int, Layout],
-    reports: Iterable[GpuReport],
-) -> PlanReport:
-    """The answer to a plan: Applied when every GPU it names holds its layout, else the worst
-    of Failed (`refusals`: the plan not followed there) > Blocked > Pending, each GPU's reason
-    in index order (`GPU 2: ...; GPU 3: ...`)."""
-    outcomes = [(GpuState.FAILED, reason) for reason in refusals]
-    by_index = {r.index: r for r in reports}
-    for index, layout in sorted(planned.items()):
-        gpu = by_index[index]
-        if gpu.state is GpuState.APPLIED:
-            if set(gpu.layout) != set(layout):  # never expected: a step reported done was not
-                outcomes.append(
-                    (GpuState.FAILED, f"GPU {index}: holds {_text(gpu.layout) or 'nothing'}")
-                )
-            continue
-        outcomes.append((gpu.state, _on_gpu(index, gpu.message)))
-    if not outcomes:
-        return PlanReport(plan_id, GpuState.APPLIED)
-    worst = max((state for state, _ in outcomes), key=PLAN_SEVERITY.index)
-    return PlanReport(plan_id, worst, "; ".join(reason for _, reason in outcomes))
-
-
-def _on_gpu(index: int, message: str) -> str:
-    """`message` about GPU `index`, opening with `GPU <index>: ` once (core messages often do)."""
-    prefix = f"GPU {index}: "
-    return message if message.startswith(prefix) else prefix + message
-
-
-def _target_text(target: GpuConfig) -> str:
-    return "static MIG" if target.mode is Mode.MIG else str(target.mode)
-
-
-def _text(layout: Layout) -> str:
-    return ", ".join(str(i) for i in layout)

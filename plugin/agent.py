@@ -1,75 +1,86 @@
-"""One pass of the node agent: desired and MIG plan in, GPUs changed, devices re-advertised, state and inventory out."""
+"""One pass of the node agent: desired and MIG plan in, GPUs changed, the views offered to every sink in turn."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from gpupart import logs
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     GpuState,
-    Inventory,
     MigPlan,
+    NodeReport,
     PlanReport,
     decode_desired,
     decode_inventory,
     decode_mig_plan,
-    encode_inventory,
-    encode_report,
 )
 from gpupart.core.errors import WireFormatError
-from gpupart.core.node.devices import OfferedGpu, managed_capacity
-from gpupart_plugin.actuator import Actuator, PassResult, Progress, inventory
-from gpupart_plugin.advertise import EarlyStatus
-from gpupart_plugin.devices import DeviceHub
+from gpupart.core.node.devices import OfferedGpu
+from gpupart_plugin.actuator import Actuator, NodePass, Progress
 from gpupart_plugin.metrics import NodeMetrics
-from gpupart_plugin.registration import DevicePlugins
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[str, str, Mapping[str, int]], None]
-"""Writes (state annotation, inventory annotation, extender-managed capacity) on this node's Node."""
 Published = Callable[[], str | None]
 """Reads back the inventory annotation on this node's Node (None: none there)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What the node offers now: every GPU's view, the MIG devices in use, and the report that goes with them."""
+
+    views: tuple[OfferedGpu, ...]
+    used: frozenset[str]
+    """MIG device UUIDs a pod or process holds (`NodePass.used`)."""
+    report: NodeReport
+    """The pass's report; while a MIG plan's instances are offered mid-pass, the one last
+    offered at the end of a pass (the plan's answer goes out only at the end of its pass)."""
+
+
+class ViewSink(Protocol):
+    """Takes each offer of the node's views: a kubelet interface, the Node's annotations or status.
+
+    Offers come one at a time, in the sinks' order, from the pass's thread or (a MIG plan's new
+    instance) from a GPU's thread. A sink that fails raises: the later sinks are skipped and
+    the pass fails (its loop logs it); the next pass offers everything again.
+    """
+
+    def offer(self, offer: Offer) -> None: ...
+
+
 class NodeAgent:
-    """Ties the actuator, the device hub, the device plugins and the Node annotations together."""
+    """Ties the actuator to the sinks: each pass's views, and a plan's instances as made, offered in order."""
 
     def __init__(
         self,
         actuator: Actuator,
-        hub: DeviceHub,
-        plugins: DevicePlugins | None,
-        publish: Publish,
+        sinks: Sequence[ViewSink],
         metrics: NodeMetrics,
         *,
         clock: Callable[[], float] = time.monotonic,
         published: Published | None = None,
-        status: EarlyStatus | None = None,
     ) -> None:
-        """`published`: read once before the first pass, to resume what NVML cannot tell.
-        `status`: writes the MIG counts a pass changed in the Node's status (None: the kubelet's
-        node-status sync alone does)."""
+        """`sinks`: in the order they are offered to (a device must reach the kubelet before
+        the inventory names it). `published`: read once before the first pass, to resume what
+        NVML cannot tell."""
         self.actuator = actuator
-        self.hub = hub
-        self.plugins = plugins
-        self.publish = publish
+        self.sinks = tuple(sinks)
         self.metrics = metrics
         self.clock = clock
         self.last_pass: float | None = None
         self._published = published
-        self.status = status
         self._offering = threading.Lock()
         """Held by every offer: a plan's GPU threads offer their new instances concurrently."""
-        self._offered: tuple[tuple[OfferedGpu, ...], frozenset[str]] | None = None
-        """The views in the hub and the MIG device UUIDs in use, as last offered."""
-        self._state: str | None = None
-        """The state annotation last published at the end of a pass."""
+        self._offered: Offer | None = None
+        """What the sinks were last offered."""
+        self._report: NodeReport | None = None
+        """The report last offered at the end of a pass."""
 
     def resume(self, read: Published) -> None:
         """Take back the modes this agent published before it restarted (`Actuator.resume`).
@@ -86,7 +97,7 @@ class NodeAgent:
         except Exception as error:  # noqa: BLE001 - a bad annotation never stops the agent
             log.warning("Failed to read the last inventory; not resumed", extra=logs.kv(err=error))
 
-    def reconcile(self, desired: str | None, plan: str | None = None) -> PassResult:
+    def reconcile(self, desired: str | None, plan: str | None = None) -> NodePass:
         """One pass over the desired and MIG plan annotations' texts (None: not on the Node)."""
         started = self.clock()
         if self._published is not None:
@@ -113,13 +124,11 @@ class NodeAgent:
         if unreadable:
             answer = PlanReport("", GpuState.FAILED, unreadable)
             result = replace(result, report=replace(result.report, plan=answer))
-        state = encode_report(result.report)
         with self._offering:
-            self._offer(state, result.views, result.used)
-        self._state = state
+            self._offer(Offer(result.views, result.used, result.report))
+        self._report = result.report
         self.metrics.apply_seconds.observe(self.clock() - started)
         self.metrics.apply_failures.inc(result.failed)
-        self.metrics.count_devices(self.hub)
         self.last_pass = self.clock()
         log.info(
             "Reconciled node",
@@ -131,45 +140,35 @@ class NodeAgent:
         )
         return result
 
-    def _offer(self, state: str, views: Iterable[OfferedGpu], used: frozenset[str]) -> None:
-        """Devices to the hub (ListAndWatch) and plugins, state and inventory to the Node, and
-        the MIG counts that changed to the Node's status (`EarlyStatus`); under `_offering`."""
-        views = tuple(views)
-        before = self.hub.listings()
-        self.hub.set_gpus(views)
-        self._offered = (views, used)
-        if self.plugins is not None:
-            self.plugins.sync()
-        self.publish(
-            state,
-            encode_inventory(Inventory(inventory(views, used), serial_admission=True)),
-            managed_capacity(views),
-        )
-        if self.status is not None:
-            self.status.after_pass(before, self.hub.listings())
+    def _offer(self, offer: Offer) -> None:
+        """To every sink in order; under `_offering`."""
+        self._offered = offer
+        for sink in self.sinks:
+            sink.offer(offer)
 
     def _progress(self) -> Progress | None:
         """Offers each instance a plan creates as soon as it exists, before the pass ends.
 
-        The state annotation stays the last one published: the plan's answer goes out only at
-        the end of the pass, since the operator takes an answered plan's missing instances for
-        failed ones (`gpupart.core.dynamic.live`). The other GPUs stay as last offered.
-        None before the first published pass: there is no state to keep yet.
+        The report stays the last one offered: the plan's answer goes out only at the end of
+        the pass, since the operator takes an answered plan's missing instances for failed ones
+        (`gpupart.core.dynamic.live`). The other GPUs stay as last offered. None before the
+        first pass's offer: there is no report to keep yet.
         """
-        state = self._state
-        if state is None or self._offered is None:
+        report = self._report
+        if report is None or self._offered is None:
             return None
 
         def made(view: OfferedGpu, used: frozenset[str]) -> None:
             try:
                 with self._offering:
                     # On the last offer, which may be another GPU's in this pass.
-                    offered, in_use = self._offered or ((), frozenset[str]())
+                    last = self._offered
+                    offered, in_use = (last.views, last.used) if last else ((), frozenset[str]())
                     views = {v.index: v for v in offered}
                     old = views.get(view.index)
                     views[view.index] = view
                     left = in_use - {m.uuid for m in old.mig} if old is not None else in_use
-                    self._offer(state, views.values(), left | used)
+                    self._offer(Offer(tuple(views.values()), left | used, report))
             except Exception as error:  # noqa: BLE001 - the pass goes on; its end offers again
                 log.warning(
                     "Failed to offer a new MIG instance before the pass ends",

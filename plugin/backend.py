@@ -9,7 +9,7 @@ from typing import Protocol
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.planning import Step
-from gpupart.core.node.devices import MigSlice, XidEvent
+from gpupart.core.node.devices import OfferedMigDevice, XidEvent
 
 
 class NvmlFailure(StrEnum):
@@ -51,9 +51,9 @@ class GpuInfo:
 
 @dataclass(frozen=True, slots=True)
 class GpuInstanceRecord:
-    """A GPU instance read from NVML: its compute instances and, when complete, its MIG device."""
+    """A GPU instance read from NVML: its compute instances and its MIG device (usable with one)."""
 
-    slice: MigSlice
+    device: OfferedMigDevice
     compute_instances: int
 
 

@@ -6,13 +6,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from gpupart import logs
-from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS, HealthBook, affected_devices
+from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS, Device, HealthBook, affected_devices
 from gpupart_plugin.backend import GpuBackend, NvmlError
-from gpupart_plugin.devices import DeviceHub
 
 log = logging.getLogger(__name__)
+
+
+class HealthBoard(Protocol):
+    """Where the devices to watch are and their health goes (the device plugin's `DeviceHub`)."""
+
+    def all_devices(self) -> tuple[Device, ...]: ...
+    def set_unhealthy(self, ids: frozenset[str]) -> None: ...
 
 
 class HealthMonitor:
@@ -21,14 +28,14 @@ class HealthMonitor:
     def __init__(
         self,
         backend: GpuBackend,
-        hub: DeviceHub,
+        board: HealthBoard,
         *,
         ignored: frozenset[int] = DEFAULT_IGNORED_XIDS,
         quiet_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
-        self.hub = hub
+        self.board = board
         self.ignored = ignored
         self.quiet_s = quiet_s
         self.clock = clock
@@ -37,7 +44,7 @@ class HealthMonitor:
     def step(self, timeout_s: float) -> bool:
         """One wait for an event plus one recovery check; True when the unhealthy set changed."""
         before = self.book.unhealthy
-        devices = self.hub.all_devices()
+        devices = self.board.all_devices()
         now = self.clock()
         try:
             event = self.backend.wait_xid(timeout_s)
@@ -67,7 +74,7 @@ class HealthMonitor:
                 "Marked devices healthy again",
                 extra=logs.kv(devices=len(before - self.book.unhealthy)),
             )
-        self.hub.set_unhealthy(self.book.unhealthy)
+        self.board.set_unhealthy(self.book.unhealthy)
         return True
 
     def run(self, stop: threading.Event, *, timeout_s: float = 1.0) -> None:

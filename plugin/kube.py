@@ -102,12 +102,12 @@ class NodeClient:
             ) from error
         return _annotations(node).get(INVENTORY_ANNOTATION)
 
-    def watch_input(self, stop: threading.Event, *, resync_s: float) -> Iterator[PassInput]:
+    def watch_input(self, stop: threading.Event, *, relist_s: float) -> Iterator[PassInput]:
         """The desired and plan annotations now, when either changes, and at least every
-        `resync_s` (drift)."""
+        `relist_s` (drift)."""
         last: PassInput | None = None
         for start, event in self._watch(
-            stop, "node", self.core.list_node, f"metadata.name={self.node}", resync_s,
+            stop, "node", self.core.list_node, f"metadata.name={self.node}", relist_s,
             start=self.read_input,
         ):  # fmt: skip
             # Each (re)start of the watch reads the Node itself: always a pass (drift).
@@ -116,15 +116,15 @@ class NodeClient:
                 last = value
                 yield value
 
-    def watch_pods_leaving(self, stop: threading.Event, *, resync_s: float) -> Iterator[str]:
+    def watch_pods_leaving(self, stop: threading.Event, *, relist_s: float) -> Iterator[str]:
         """namespace/name of each pod on this node that finishes or is deleted, as it happens.
 
         A pod leaving frees what it held (PodResources stops listing it), so a change that was
-        Blocked by it can go ahead now rather than at the next resync.
+        Blocked by it can go ahead now rather than at the next relist.
         """
         for _, event in self._watch(
             stop, "pods", self.core.list_pod_for_all_namespaces, f"spec.nodeName={self.node}",
-            resync_s,
+            relist_s,
         ):  # fmt: skip
             if event is None:
                 continue
@@ -141,7 +141,7 @@ class NodeClient:
         what: str,
         list_fn: Callable[..., Any],
         field_selector: str,
-        resync_s: float,
+        relist_s: float,
         *,
         start: Callable[[], T] | None = None,
     ) -> Iterator[tuple[T | None, Any]]:
@@ -171,8 +171,8 @@ class NodeClient:
                 list_fn,
                 stop,
                 decode=decode,
-                timeout_s=resync_s,
-                request_timeout_s=resync_s + self.timeout_s,
+                timeout_s=relist_s,
+                request_timeout_s=relist_s + self.timeout_s,
                 field_selector=field_selector,
                 backoff=backoff,
             ):

@@ -17,18 +17,20 @@ from gpupart.core.errors import GpupartError
 from gpupart.keyfile import KeyFile
 from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
-from gpupart_plugin.actuator import Actuator, PassResult
-from gpupart_plugin.advertise import EarlyStatus
+from gpupart_plugin.actuator import Actuator, NodePass
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.allocator import Allocator
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.backend import GpuBackend
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.nodestatus import NodeStatusWriter
+from gpupart_plugin.deviceplugin.registration import DevicePlugins
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodResourcesClient
-from gpupart_plugin.registration import DevicePlugins
 from gpupart_plugin.simgpu import SimulatedGpus
 
 if TYPE_CHECKING:
@@ -57,16 +59,16 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
 
 
 class PassTrigger:
-    """When the agent runs a pass: the desired or MIG plan annotation changed (or their resync), a
+    """When the agent runs a pass: the desired or MIG plan annotation changed (or the watch relisted), a
     pod left, or a retry of a pass that left a GPU waiting is due.
 
     Triggers that come while a pass runs fold into one more pass; every pass reads the latest
     annotations, and none runs before they were read once. A pass that leaves a GPU Blocked
-    or Pending (`PassResult.waiting`) is retried after `retry`'s backoff, without any event: a
+    or Pending (`NodePass.waiting`) is retried after `retry`'s backoff, without any event: a
     pod's devices leave the kubelet's PodResources some time after the pod leaves, and a GPU
     reset comes with no event at all. For the same reason a pod that left but that the pass still
     found in PodResources is retried too, until a pass no longer finds it: its MIG devices are
-    then marked free in the inventory, not only at the next resync. A change of either
+    then marked free in the inventory, not only at the next relist. A change of either
     annotation or a pod leaving starts the backoff over; a pass that leaves nothing waiting ends
     the retries.
     """
@@ -82,7 +84,7 @@ class PassTrigger:
         """Pods that left (namespace/name) and that the last pass still found holding devices."""
 
     def read(self, value: PassInput) -> None:
-        """The annotations as the Node watch saw them now (a change, or a resync)."""
+        """The annotations as the Node watch saw them now (a change, or a relist)."""
         with self._cond:
             if value != self._latest:
                 self._retry.reset()
@@ -127,7 +129,7 @@ class PassTrigger:
 
 
 def serve(
-    passes: PassTrigger, reconcile: Callable[[PassInput], PassResult], stop: threading.Event
+    passes: PassTrigger, reconcile: Callable[[PassInput], NodePass], stop: threading.Event
 ) -> None:
     """The reconcile loop: one pass per trigger until `stop`; a failed pass waits for the next."""
     while not stop.is_set():
@@ -185,17 +187,16 @@ def run(args: argparse.Namespace) -> int:
     actuator = Actuator(
         backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
     )
-    agent = NodeAgent(
-        actuator,
-        hub,
-        plugins,
-        node.publish,
-        metrics,
-        published=node.last_inventory,
-        status=EarlyStatus(pod_resources.allocatable, node.write_status),
+    # In this order: a new device reaches the kubelet (served and registered) before the
+    # inventory names it to the extender, and the Node status only once the kubelet holds it.
+    sinks = (
+        DevicePluginSink(hub, plugins, metrics),
+        NodeAnnotations(node.publish),
+        NodeStatusWriter(hub, pod_resources.allocatable, node.write_status),
     )
+    agent = NodeAgent(actuator, sinks, metrics, published=node.last_inventory)
 
-    def reconcile(wanted: PassInput) -> PassResult:
+    def reconcile(wanted: PassInput) -> NodePass:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
             # Stands in for the admin's GPU reset that a real MIG mode change waits for.
             for index in backend.reset_idle():
@@ -233,19 +234,19 @@ def run(args: argparse.Namespace) -> int:
 
         def healthy() -> bool:
             last = agent.last_pass
-            return last is not None and time.monotonic() - last < 3 * settings.resync_s + 60
+            return last is not None and time.monotonic() - last < 3 * settings.relist_s + 60
 
         http = serve_http(
             metrics, healthy, host=settings.metrics_address, port=settings.metrics_port
         )
-    passes = PassTrigger(Backoff(min(1.0, settings.resync_s), settings.resync_s))
+    passes = PassTrigger(Backoff(min(1.0, settings.relist_s), settings.relist_s))
 
     def follow_node() -> None:
-        for wanted in node.watch_input(stop, resync_s=settings.resync_s):
+        for wanted in node.watch_input(stop, relist_s=settings.relist_s):
             passes.read(wanted)
 
     def follow_pods() -> None:
-        for pod in node.watch_pods_leaving(stop, resync_s=settings.resync_s):
+        for pod in node.watch_pods_leaving(stop, relist_s=settings.relist_s):
             log.info("Pod left node", extra=logs.kv(pod=pod))
             passes.wake(pod)
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpupart_plugin.devices import DeviceHub
+from gpupart.core.node.devices import Listing
 
 
 class NodeMetrics:
@@ -41,13 +41,12 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def count_devices(self, hub: DeviceHub) -> None:
-        unhealthy = hub.unhealthy
-        for resource in hub.resources():
-            ids = list(hub.devices(resource))
-            bad = sum(1 for i in ids if i in unhealthy)
-            self.devices.labels(resource, "Healthy").set(len(ids) - bad)
-            self.devices.labels(resource, "Unhealthy").set(bad)
+    def count_devices(self, listings: Mapping[str, Listing]) -> None:
+        """The devices per resource as ListAndWatch sends them (`DeviceHub.listings`)."""
+        for resource, listing in sorted(listings.items()):
+            healthy = len(listing.healthy)
+            self.devices.labels(resource, "Healthy").set(healthy)
+            self.devices.labels(resource, "Unhealthy").set(len(listing.ids) - healthy)
 
     def allocated(self, resource: str, ok: bool) -> None:
         self.allocations.labels(resource, "ok" if ok else "error").inc()

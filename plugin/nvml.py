@@ -29,7 +29,7 @@ from gpupart.core.mig.planning import (
     DestroyGpuInstance,
     Step,
 )
-from gpupart.core.node.devices import MigSlice, XidEvent
+from gpupart.core.node.devices import OfferedMigDevice, XidEvent
 from gpupart_plugin.backend import (
     GpuInfo,
     GpuInstanceRecord,
@@ -263,7 +263,7 @@ class NvmlGpus:
             ci_id = cis[0][1] if cis else 0
             records.append(
                 GpuInstanceRecord(
-                    MigSlice(
+                    OfferedMigDevice(
                         uuids.get((gi_id, ci_id), ""),
                         instance,
                         gi_id,
@@ -277,7 +277,7 @@ class NvmlGpus:
                     len(cis),
                 )
             )
-        return tuple(sorted(records, key=lambda r: r.slice.instance))
+        return tuple(sorted(records, key=lambda r: r.device.instance))
 
     def _cap_minors(self) -> dict[tuple[int, int, int | None], int]:
         """`gpu<G>/gi<I>[/ci<C>]/access <M>` lines of the nvidia-caps mig-minors file."""

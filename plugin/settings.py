@@ -61,7 +61,9 @@ class NodeSettings:
     the agent, as a real GPU keeps them; None: they start empty with each process."""
     ignored_xids: frozenset[int]
     recovery_s: float
-    resync_s: float
+    relist_s: float
+    """The Node and pod watches restart (relist) at least this often (`--resync-seconds`), and
+    each restart of the Node watch is a pass: drift is repaired even without a change."""
     metrics_address: str
     metrics_port: int
     cdi: bool
@@ -159,7 +161,7 @@ RECOVERY = Setting(
     "60",
     "quiet time before a recovered GPU's devices are Healthy again",
 )
-RESYNC = Setting(
+RELIST = Setting(
     "--resync-seconds", number, "60", "reconcile at least this often, even without a change"
 )
 METRICS_ADDRESS = Setting("--metrics-address", text, "0.0.0.0", "address for /metrics and /healthz")
@@ -179,7 +181,7 @@ SETTINGS = SettingsTable(
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, STATE_DIR,
         ASSIGNMENT_KEY_FILE, MPS_ROOT, MPS_CONTROL,
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE, IGNORED_XIDS, RECOVERY,
-        RESYNC, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
+        RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
     ),
 )  # fmt: skip
 """Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
@@ -249,7 +251,7 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         simulate_state=Path(state) if state else None,
         ignored_xids=read(IGNORED_XIDS),
         recovery_s=read(RECOVERY),
-        resync_s=read(RESYNC),
+        relist_s=read(RELIST),
         metrics_address=read(METRICS_ADDRESS),
         metrics_port=read(METRICS_PORT),
         cdi=read(CDI),

@@ -37,7 +37,7 @@ from gpupart.core.mig.planning import (
     apply_step,
     step_refused,
 )
-from gpupart.core.node.devices import MigSlice, XidEvent
+from gpupart.core.node.devices import OfferedMigDevice, XidEvent
 from gpupart_plugin.backend import (
     GpuInfo,
     GpuInstanceRecord,
@@ -299,7 +299,7 @@ class SimulatedGpus:
                 return ()
             return tuple(
                 GpuInstanceRecord(
-                    MigSlice(
+                    OfferedMigDevice(
                         record.uuid,
                         instance,
                         record.gpu_instance_id,

@@ -4,7 +4,7 @@
     python -P scripts/cluster.py up      # `make cluster`: starts everything in the background
     python -P scripts/cluster.py down    # `make cluster-down`: stops it and removes .cluster/
 
-The same harness as the e2e tests (tests/e2e/playground.py): etcd, kube-apiserver,
+The same harness as the e2e tests (tests/support/playground.py): etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kwok (idle), the chart's `gpupart-scheduler` profile,
 `gpupart operator`, `gpupart extender`, and two nodes, each a real kubelet with the fake CRI
 runtime in its own mount namespace served by `gpupart node --simulate`: `gpu-a100` (one
@@ -70,9 +70,8 @@ def check() -> int:
 
 def supervise() -> int:
     """Run the playground in the foreground until SIGTERM (the detached child of `up`)."""
-    sys.path.insert(0, str(REPO))
-    from tests.e2e.cluster import bin_dir_from_env, missing_binaries
-    from tests.e2e.playground import Playground
+    from gpupart_testsupport.cluster import bin_dir_from_env, missing_binaries
+    from gpupart_testsupport.playground import Playground
 
     bin_dir = bin_dir_from_env()
     missing = missing_binaries(bin_dir)

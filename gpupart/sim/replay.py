@@ -19,7 +19,7 @@ from gpupart.core.errors import GpupartError
 from gpupart.core.scheduling.scoring import (
     MILLI,
     FragmentationModel,
-    NodeState,
+    NodeLeftover,
     Policy,
     Request,
     ScoredPlacement,
@@ -65,7 +65,7 @@ class ReplayResult:
     could not place for any other reason; the replay counts them and goes on."""
     unplaceable_examples: tuple[str, ...] = ()
     """Why, for the first few distinct such pods."""
-    final_states: tuple[tuple[Node, NodeState], ...] = field(default=(), repr=False)
+    final_states: tuple[tuple[Node, NodeLeftover], ...] = field(default=(), repr=False)
     """Each node (name order) with what was left on it at the end."""
 
     @property
@@ -114,8 +114,8 @@ def arrivals(
         copy += 1
 
 
-def initial_state(node: Node) -> NodeState:
-    return NodeState(node.cpu_milli, node.memory_mib, (MILLI,) * node.gpus, node.model)
+def initial_state(node: Node) -> NodeLeftover:
+    return NodeLeftover(node.cpu_milli, node.memory_mib, (MILLI,) * node.gpus, node.model)
 
 
 def kind_of(request: Request) -> str:
@@ -135,7 +135,7 @@ class _Group:
 
     __slots__ = ("members", "lowest", "scores", "canonical")
 
-    def __init__(self, canonical: NodeState) -> None:
+    def __init__(self, canonical: NodeLeftover) -> None:
         self.members: set[int] = set()
         self.lowest = -1
         self.scores: dict[Request, ScoredPlacement | None] = {}
@@ -272,7 +272,7 @@ def replay(
     )
 
 
-def _key(state: NodeState) -> _Key:
+def _key(state: NodeLeftover) -> _Key:
     return (
         state.cpu_left,
         state.memory_left,
@@ -288,7 +288,7 @@ def _join(
 ) -> None:
     group = groups.get(key)
     if group is None:
-        group = groups[key] = _Group(NodeState(key[0], key[1], key[2], key[3]))
+        group = groups[key] = _Group(NodeLeftover(key[0], key[1], key[2], key[3]))
     group.members.add(index)
     if group.lowest < 0 or index < group.lowest:
         group.lowest = index
@@ -310,11 +310,11 @@ def _leave(
 def _place(
     policy: Policy,
     groups: dict[_Key, _Group],
-    states: list[NodeState],
+    states: list[NodeLeftover],
     request: Request,
     model: FragmentationModel,
     rng: random.Random,
-) -> tuple[int, NodeState | None]:
+) -> tuple[int, NodeLeftover | None]:
     """The node the pod goes to and that node's new state; (-1, None) when no node can host it."""
     chosen = _choose(policy, groups, request, model, rng)
     if chosen < 0:

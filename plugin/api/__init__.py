@@ -1,1 +1,1 @@
-"""Generated gRPC code for the kubelet device plugin API v1beta1 and PodResources API v1 (never edited by hand)."""
+"""Generated gRPC code for the kubelet PodResources API v1, which both kubelet interfaces' pods show in (never edited by hand)."""

@@ -57,15 +57,15 @@ def extender(*argv: str) -> extender_settings.ExtenderSettings:
 def test_a_flag_wins_over_its_variable_and_a_variable_over_the_default(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert operator().resync_seconds == 60
+    assert operator().drift_timer_seconds == 60
     monkeypatch.setenv("GPUPART_OPERATOR_RESYNC_SECONDS", "30")
-    assert operator().resync_seconds == 30
-    assert operator("--resync-seconds=10").resync_seconds == 10
+    assert operator().drift_timer_seconds == 30
+    assert operator("--resync-seconds=10").drift_timer_seconds == 10
 
-    assert node().resync_s == 60
+    assert node().relist_s == 60
     monkeypatch.setenv("GPUPART_RESYNC_SECONDS", "30")
-    assert node().resync_s == 30
-    assert node("--resync-seconds=10").resync_s == 10
+    assert node().relist_s == 30
+    assert node("--resync-seconds=10").relist_s == 10
 
     assert extender().resync_seconds == 300
     monkeypatch.setenv("GPUPART_EXTENDER_RESYNC_SECONDS", "30")

@@ -6,7 +6,7 @@ Run: python tests/bench/allocate.py [--floor] [--kubelet]  (last line: one JSON 
   500 untimed ones; like the kubelet, the client holds a ListAndWatch stream open meanwhile.
 - client: "go" when the client is tests/bench/kubeletclient, a Go program that dials and calls
   the plugin as the kubelet does, with the kubelet's own stubs (k8s.io/kubelet) and grpc-go
-  (built once, see goclients.py); "python" when Go is missing or the build fails (said on
+  (built once, see gpupart_testsupport.goclients); "python" when Go is missing or the build fails (said on
   stderr): a grpcio client, which adds its own latency.
 - floor_p50_ms / floor_p99_ms (with --floor): the same client and server setup, but a servicer
   whose Allocate returns one precomputed response: what gRPC (grpcio, the client, the kernel)
@@ -15,7 +15,7 @@ Run: python tests/bench/allocate.py [--floor] [--kubelet]  (last line: one JSON 
   per GPU) to the ListAndWatch stream showing the new device list: read NVML, plan, apply 120
   simulated NVML steps, report, re-advertise.
 - kubelet_admit_p50_s / kubelet_admit_p99_s (with --kubelet): what the real kubelet sees. A
-  control plane and one real-kubelet node (tests/e2e/kubelet.py) served by `gpupart node
+  control plane and one real-kubelet node (tests/support/kubelet.py) served by `gpupart node
   --simulate 8xH200-141GB` with 7 x 1g.18gb per GPU; 50 pods of one slice each are created at
   once, bound by their nodeName; from creation (the bind) to the pod seen Running: kubelet
   admission, GetPreferredAllocation + Allocate over the plugin's socket, the fake runtime.
@@ -35,23 +35,25 @@ import threading
 import time
 from pathlib import Path
 
-import goclients
 import grpc
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.allocator import Allocator
-from gpupart_plugin.api import deviceplugin_pb2 as api
-from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.registration import DevicePlugins, socket_name
+from gpupart_plugin.deviceplugin.server import ResourceServicer, start_server
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.registration import DevicePlugins, socket_name
-from gpupart_plugin.server import ResourceServicer, start_server
 from gpupart_plugin.simgpu import SimulatedGpus
+from gpupart_testsupport import goclients
 
 CALLS = 10_000
 WARMUP = 500
@@ -123,11 +125,10 @@ def run_client(command: list[str], socket: str, ids: list[str]) -> tuple[float, 
 
 def kubelet_admission(pods: int = 50) -> dict[str, float]:
     """Creation-to-Running percentiles of `pods` one-slice MIG pods on one real-kubelet node."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from kubernetes import client, watch
 
-    from tests.e2e.cluster import ControlPlane, bin_dir_from_env, wait_for
-    from tests.e2e.stack import Stack
+    from gpupart_testsupport.cluster import ControlPlane, bin_dir_from_env, wait_for
+    from gpupart_testsupport.stack import Stack
 
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-"))
     cp = ControlPlane(bin_dir=bin_dir_from_env(), workdir=workdir)
@@ -213,7 +214,8 @@ def main(floor: bool, kubelet: bool) -> None:
         poll_s=0.05,
     )
     actuator = Actuator(sim, lambda: (), MpsDaemons(directory / "mps", ["true"]))
-    agent = NodeAgent(actuator, hub, plugins, lambda _s, _i, _c: None, metrics)
+    publish = NodeAnnotations(lambda _s, _i, _c: None)
+    agent = NodeAgent(actuator, (DevicePluginSink(hub, plugins, metrics), publish), metrics)
     agent.reconcile(desired({"1g.18gb": 7}))
     socket = str(directory / socket_name(RESOURCE))
     channel = grpc.insecure_channel(f"unix://{socket}")

@@ -2,7 +2,7 @@
 
 Starts the full local stack of the e2e tests (etcd, kube-apiserver, kube-scheduler with the
 chart's gpupart-scheduler profile, `gpupart operator`, `gpupart extender`, and per node a real
-kubelet with the fake CRI runtime, tests/e2e/kubelet.py, served by `gpupart node --simulate
+kubelet with the fake CRI runtime, tests/support/kubelet.py, served by `gpupart node --simulate
 2xH100-SXM5-80GB` whose GPU-instance creates and destroys take the simulator's default
 latencies, gpupart/sim/dynamic/simulation.py: 1.0 s and 0.5 s). A GpuPartition with
 `spec.mig.dynamic` and no warm mix selects both nodes, so no node offers any MIG slice at the
@@ -38,23 +38,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from gpupart.core.api.wire import (  # noqa: E402
+from gpupart.core.api.wire import (
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     decode_inventory,
     decode_mig_plan,
 )
-from gpupart.sim.dynamic.simulation import DEFAULT_LATENCIES  # noqa: E402
-from tests.e2e.cluster import (  # noqa: E402
+from gpupart.sim.dynamic.simulation import DEFAULT_LATENCIES
+from gpupart_testsupport.cluster import (
     ControlPlane,
     bin_dir_from_env,
     missing_binaries,
     wait_for,
 )
-from tests.e2e.stack import Stack  # noqa: E402
+from gpupart_testsupport.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
 
 LABEL = "gpupart.io/bench"
 PROFILES = ("1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb", "1g.20gb", "2g.20gb")

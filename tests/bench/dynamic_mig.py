@@ -18,7 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from gpupart.core.dynamic.model import Demand, Gpu, Instance, Use
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Use,
+)
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import fit_layout
@@ -69,7 +74,7 @@ def planner_ms_at_1000_gpus(rounds: int = 20) -> float:
                 )
                 gpus.append(Gpu(f"node-{n:03d}", index, model, instances))
         demand = [
-            Demand(f"p-{r}-{k}", (rng.choice(profiles),), rng.randrange(2), rng.uniform(0, 100))
+            MigDemand(f"p-{r}-{k}", (rng.choice(profiles),), rng.randrange(2), rng.uniform(0, 100))
             for k in range(20)
         ]
         started = time.perf_counter()

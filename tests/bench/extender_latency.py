@@ -14,7 +14,7 @@ the server receiving a request to its last byte sent (body parsing and the HTTP 
 included, the client's JSON and the loopback not), timed around the app inside the server.
 
 --client go asks through tests/bench/schedulerclient instead: kube-scheduler's own request code
-(the extender API's Go types, encoding/json, net/http; built once, see goclients.py), so the
+(the extender API's Go types, encoding/json, net/http; built once, see gpupart_testsupport.goclients), so the
 figures include what decoding the replies costs kube-scheduler itself.
 
 Preempt: one preempt call (nodeCacheCapable form) for a high-priority shared-GPU pod with 100
@@ -55,7 +55,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import goclients
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -79,6 +78,7 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.replies import filter_reply
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport import goclients
 from gpupart_testsupport.polling import wait_for
 
 GPUS = 8

@@ -27,11 +27,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from gpupart.core.api.wire import DESIRED_ANNOTATION  # noqa: E402
-from tests.e2e.cluster import (  # noqa: E402
+from gpupart.core.api.wire import DESIRED_ANNOTATION
+from gpupart_testsupport.cluster import (
     LOOPBACK,
     ControlPlane,
     Proc,
@@ -45,6 +42,8 @@ from tests.e2e.cluster import (  # noqa: E402
     spawn,
     wait_for,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 CRD_DIR = REPO / "charts" / "gpupart" / "crds"
 RESYNC_SECONDS = 2.0

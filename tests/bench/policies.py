@@ -6,7 +6,7 @@ writes a markdown table into README.md between `<!-- policies:begin -->` and
 `<!-- policies:end -->`, and prints one JSON object on its last line.
 
 `--all-traces` also replays gpupart and FGD on every pod trace in ../shared/traces and on the
-CPU-heavier variants of the default trace that `cpu_heavy.py` generates into build/traces (the
+CPU-heavier variants of the default trace (`gpupart_testsupport.traces`) in build/traces (the
 per-trace table of docs/simulator.md); `--traces a,b` limits that to some traces;
 `--no-readme` only prints.
 """
@@ -23,9 +23,7 @@ from pathlib import Path
 from gpupart.core.scheduling.scoring import Policy
 from gpupart.sim.replay import replay
 from gpupart.sim.trace import Node, Pod, parse_nodes, parse_pods
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_heavy import FACTORS, write_variants  # noqa: E402 - the benchmark's sibling script
+from gpupart_testsupport.traces import FACTORS, write_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / ".." / "shared" / "traces"

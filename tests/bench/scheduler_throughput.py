@@ -32,20 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import goclients
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from gpupart.core.api.spec import Mode  # noqa: E402
-from gpupart.core.api.wire import (  # noqa: E402
+from gpupart.core.api.spec import Mode
+from gpupart.core.api.wire import (
     INVENTORY_ANNOTATION,
     Inventory,
     InventoryGpu,
     encode_inventory,
 )
-from tests.e2e.cluster import (  # noqa: E402
+from gpupart_testsupport import goclients
+from gpupart_testsupport.cluster import (
     LOOPBACK,
     ControlPlane,
     Proc,
@@ -61,6 +58,8 @@ from tests.e2e.cluster import (  # noqa: E402
     start_scheduler,
     wait_for,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 NULL_EXTENDER = "null-extender"

@@ -2,7 +2,7 @@
 
 Starts the full local stack of the e2e tests (etcd, kube-apiserver, kube-scheduler with the
 chart's gpupart-scheduler profile, `gpupart operator`, `gpupart extender`, and per node a real
-kubelet with the fake CRI runtime, tests/e2e/kubelet.py, served by `gpupart node --simulate
+kubelet with the fake CRI runtime, tests/support/kubelet.py, served by `gpupart node --simulate
 2xA100-SXM4-80GB:mig-off`). An MPS partition gives each GPU 16 client slots; then `--pods` pods
 (one container, two containers, or an init + an app container, every container with its own
 memory and compute limits) are created at once. The extender binds one shared pod per node at
@@ -34,17 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, decode_assignment  # noqa: E402
-from tests.e2e.cluster import (  # noqa: E402
+from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, decode_assignment
+from gpupart_testsupport.cluster import (
     ControlPlane,
     bin_dir_from_env,
     missing_binaries,
     wait_for,
 )
-from tests.e2e.stack import Stack  # noqa: E402
+from gpupart_testsupport.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
 
 SHARED, MEMORY, COMPUTE = "nvidia.com/gpu.shared", "gpupart.io/gpu-memory", "gpupart.io/gpu-compute"
 LABEL = "gpupart.io/bench"

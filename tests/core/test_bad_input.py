@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import node_constraint, parse_pod_request, pod_cpu_milli
 from gpupart.core.api.resources import (
     check_profile_name,
     find_mig_profile,
     parse_memory_mib,
-    parse_pod_request,
     parse_quantity,
 )
 from gpupart.core.api.selectors import (
@@ -35,7 +35,7 @@ from gpupart.core.api.selectors import (
 from gpupart.core.api.spec import parse_partition
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig.catalogue import parse_profile_name
-from gpupart.core.scheduling.pods import node_constraint, parse_demand, pod_cpu_milli
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.preemption import parse_budget
 
 HUGE = "9" * 100_000
@@ -255,7 +255,10 @@ PARSERS: list[tuple[str, Callable[[Any], object]]] = [
     ("parse_node_constraint", lambda v: parse_node_constraint(v) if isinstance(v, dict) else None),
     ("parse_pod_affinity_term", lambda v: parse_pod_affinity_term(v, "a", "x")),
     ("node_constraint", lambda v: node_constraint(v) if isinstance(v, dict) else None),
-    ("parse_demand", lambda v: parse_demand(v, group_label="app", namespace_labels={"a": {}})),
+    (
+        "parse_demand",
+        lambda v: parse_demand(v, anti_affinity_label="app", namespace_labels={"a": {}}),
+    ),
     ("parse_pod_request", lambda v: parse_pod_request(v) if isinstance(v, dict) else None),
     ("pod_cpu_milli", lambda v: pod_cpu_milli(v) if isinstance(v, dict) else None),
     ("parse_budget", lambda v: parse_budget(v) if isinstance(v, dict) else None),

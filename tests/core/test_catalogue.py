@@ -331,7 +331,8 @@ def test_compare_models_names_every_difference_from_nvml() -> None:
 def test_every_profile_name_flows_through_resource_names_and_pod_requests():
     import re
 
-    from gpupart.core.api.resources import find_mig_profile, mig_resource_name, parse_pod_request
+    from gpupart.core.api.pods import parse_pod_request
+    from gpupart.core.api.resources import find_mig_profile, mig_resource_name
 
     # Kubernetes: an extended resource's name after the prefix is a qualified name (no '+')
     qualified = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

@@ -12,18 +12,17 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import DynamicMig, Mode
 from gpupart.core.api.wire import (
     GpuState,
     Inventory,
     InventoryGpu,
     MigDevice,
     MigPlan,
+    MigReservation,
     PlanReport,
-    SliceReservation,
 )
 from gpupart.core.dynamic.live import DynamicGpu, NodeFacts, PendingPod, Round, plan_round
-from gpupart.core.dynamic.model import DynamicMig
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement, check_layout
 
@@ -273,7 +272,7 @@ def test_a_reservation_for_another_uid_is_not_kept() -> None:
     stale = MigPlan(
         "old",
         (),
-        (SliceReservation("a/x", "uid-old", 0, MigInstance(Placement(0, 4), "3g.40gb"), 1e9),),
+        (MigReservation("a/x", "uid-old", 0, MigInstance(Placement(0, 4), "3g.40gb"), 1e9),),
     )
     n = node(
         devices={0: (device(0, 4, "3g.40gb"),)},

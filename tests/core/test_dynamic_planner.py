@@ -14,8 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.dynamic.model import Demand, DynamicMig, Gpu, Instance, Mix, Use
-from gpupart.core.dynamic.planner import Plan, plan
+from gpupart.core.api.spec import DynamicMig
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Mix,
+    Use,
+)
+from gpupart.core.dynamic.planner import PlannerAnswer, plan
 from gpupart.core.errors import InfeasibleLayout
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
 from gpupart.core.mig.layout import (
@@ -92,13 +99,15 @@ demand_strategy = st.lists(
     max_size=6,
 ).map(
     lambda rows: [
-        Demand(f"pod-{k}", tuple(profiles), priority, since)
+        MigDemand(f"pod-{k}", tuple(profiles), priority, since)
         for k, (profiles, priority, since) in enumerate(rows)
     ]
 )
 
 
-def apply_plan(gpus: list[Gpu], result: Plan) -> dict[tuple[str, int], tuple[MigInstance, ...]]:
+def apply_plan(
+    gpus: list[Gpu], result: PlannerAnswer
+) -> dict[tuple[str, int], tuple[MigInstance, ...]]:
     """Each GPU's layout after the plan's steps, as the simulated GPU executes them."""
     layouts = {}
     steps = {(p.node, p.gpu): p for p in result.gpus}
@@ -173,7 +182,7 @@ def test_deterministic_whatever_the_input_order(gpus, demand, rng):
     assert plan(shuffled_gpus, shuffled_demand, now=100.0) == first
 
 
-def bind(gpus: list[Gpu], result: Plan, now: float) -> list[Gpu]:
+def bind(gpus: list[Gpu], result: PlannerAnswer, now: float) -> list[Gpu]:
     """The cluster once the plan is applied and its pods run on their reservations."""
     after = apply_plan(gpus, result)
     users = {(r.node, r.gpu, r.instance): r.pod for r in result.reservations}
@@ -211,7 +220,7 @@ def test_steady_demand_reaches_a_fixed_point_with_zero_operations(gpus, demand):
         assert plan(gpus, pending, now=later).operations == 0
 
 
-def lexicographic_oracle(gpus: list[Gpu], demand: list[Demand], now: float) -> set[str]:
+def lexicographic_oracle(gpus: list[Gpu], demand: list[MigDemand], now: float) -> set[str]:
     """Exhaustive: in priority-then-age order, a pod is served iff it and every pod served
     before it can all be placed at once (each GPU: some valid layout keeping its fixed instances
     whose other instances cover what it is given; idle instances of any age may be destroyed)."""
@@ -266,7 +275,7 @@ def assert_serves_what_the_oracle_serves(gpus: list[Gpu]) -> None:
     checked = 0
     for size in range(1, 5 if len(gpus) == 2 else 4):
         for multiset in itertools.combinations_with_replacement(options, size):
-            demand = [Demand(f"p{k}", (p,), pending_since=k) for k, p in enumerate(multiset)]
+            demand = [MigDemand(f"p{k}", (p,), pending_since=k) for k, p in enumerate(multiset)]
             result = plan(gpus, demand, now=100.0)
             assert result.served() == lexicographic_oracle(gpus, demand, 100.0), multiset
             checked += 1
@@ -316,7 +325,7 @@ def test_a_pod_asking_two_instances_is_served_on_one_node_or_not_at_all():
             "node-b", 0, A100, (Instance(MigInstance(Placement(4, 4), "3g.40gb"), Use.IN_USE, "y"),)
         ),
     ]
-    result = plan(gpus, [Demand("two", ("3g.40gb", "3g.40gb"))], now=0.0)
+    result = plan(gpus, [MigDemand("two", ("3g.40gb", "3g.40gb"))], now=0.0)
     assert not result.reservations and result.operations == 0
     assert "no node has room for 2 × 3g.40gb together" in dict(result.unserved)["two"]
 
@@ -324,9 +333,9 @@ def test_a_pod_asking_two_instances_is_served_on_one_node_or_not_at_all():
 def test_priority_first_then_the_longest_waiting():
     gpus = [Gpu("node", 0, A100)]
     demand = [
-        Demand("small-new", ("4g.40gb",), priority=0, pending_since=50.0),
-        Demand("large-old", ("7g.80gb",), priority=0, pending_since=10.0),
-        Demand("urgent", ("4g.40gb",), priority=5, pending_since=90.0),
+        MigDemand("small-new", ("4g.40gb",), priority=0, pending_since=50.0),
+        MigDemand("large-old", ("7g.80gb",), priority=0, pending_since=10.0),
+        MigDemand("urgent", ("4g.40gb",), priority=5, pending_since=90.0),
     ]
     assert plan(gpus, demand, now=100.0).served() == {"urgent"}
     assert plan(gpus, demand[:2], now=100.0).served() == {"large-old"}
@@ -335,7 +344,7 @@ def test_priority_first_then_the_longest_waiting():
 def test_reuse_an_idle_instance_before_creating_one():
     idle = Instance(MigInstance(Placement(4, 4), "3g.40gb"), Use.IDLE, since=0.0)
     gpus = [Gpu("node", 0, A100), Gpu("node", 1, A100, (idle,))]
-    result = plan(gpus, [Demand("p", ("3g.40gb",))], now=100.0)
+    result = plan(gpus, [MigDemand("p", ("3g.40gb",))], now=100.0)
     assert result.operations == 0
     (reservation,) = result.reservations
     assert (reservation.gpu, reservation.instance, reservation.created) == (1, idle.instance, False)
@@ -345,7 +354,7 @@ def test_a_pending_pod_reclaims_young_idle_instances_and_nothing_else_does():
     young = Instance(MigInstance(Placement(6, 1), "1g.10gb"), since=70.0)
     gpus = [Gpu("node", 0, A100, (young,))]
     # a pod that needs its slices does not wait for the hysteresis: destroy the 1g, create the 7g
-    served = plan(gpus, [Demand("whole", ("7g.80gb",))], now=100.0)
+    served = plan(gpus, [MigDemand("whole", ("7g.80gb",))], now=100.0)
     assert served.operations == 2 and served.served() == {"whole"}
     # without such a pod, the idle instance stays, young or old
     assert plan(gpus, [], now=100.0).operations == 0
@@ -367,20 +376,20 @@ def test_fragmentation_decides_between_equally_cheap_gpus():
     busy = Instance(MigInstance(Placement(0, 1), "1g.10gb"), Use.IN_USE, "x")
     gpus = [Gpu("node", 0, A100), Gpu("node", 1, A100, (busy,))]
     mix = Mix.of({"1g.10gb": 1, "7g.80gb": 1})
-    result = plan(gpus, [Demand("p", ("1g.10gb",))], now=0.0, mix=mix)
+    result = plan(gpus, [MigDemand("p", ("1g.10gb",))], now=0.0, mix=mix)
     assert [r.gpu for r in result.reservations] == [1]
 
 
 def test_profiles_outside_the_policy_are_not_created_and_the_reason_says_so():
     policy = DynamicMig(profiles=("1g.10gb",))
-    result = plan([Gpu("node", 0, A100, policy=policy)], [Demand("p", ("3g.40gb",))], now=0.0)
+    result = plan([Gpu("node", 0, A100, policy=policy)], [MigDemand("p", ("3g.40gb",))], now=0.0)
     assert not result.reservations
     assert "may not create 3g.40gb" in dict(result.unserved)["p"]
 
 
 def test_idle_gpus_are_not_carved_when_the_policy_says_so():
     policy = DynamicMig(carve_idle_gpus=False)
-    result = plan([Gpu("node", 0, A100, policy=policy)], [Demand("p", ("1g.10gb",))], now=0.0)
+    result = plan([Gpu("node", 0, A100, policy=policy)], [MigDemand("p", ("1g.10gb",))], now=0.0)
     assert not result.reservations
     assert "does not carve idle GPUs" in dict(result.unserved)["p"]
 
@@ -396,7 +405,7 @@ def test_the_reason_names_the_instances_in_the_way():
         )
         for k in range(4)
     ]
-    result = plan(gpus, [Demand("big", ("4g.40gb",))], now=0.0)
+    result = plan(gpus, [MigDemand("big", ("4g.40gb",))], now=0.0)
     why = dict(result.unserved)["big"]
     assert why.startswith("no GPU has 4 free aligned memory slices for 4g.40gb (start slot 0): ")
     assert "node-3 GPU 1 holds 1g.10gb in use at slot 2 by team-a/infer" in why
@@ -419,6 +428,6 @@ def test_creates_of_one_round_are_spread_over_gpus_that_make_them_one_at_a_time(
     # Without the queue cost all four land on GPU 0 (least fragmentation), and the last pod
     # waits for three creates before its own; with it, two GPUs make two each.
     gpus = [Gpu("n1", 0, H100), Gpu("n1", 1, H100)]
-    demand = [Demand(f"ns/p{i}", ("1g.10gb",), 0, float(i)) for i in range(4)]
+    demand = [MigDemand(f"ns/p{i}", ("1g.10gb",), 0, float(i)) for i in range(4)]
     result = plan(gpus, demand, now=0.0)
     assert sorted(Counter(r.gpu for r in result.reservations).values()) == [2, 2]

@@ -13,8 +13,8 @@ from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.allocation import exclusive_allocation
 from gpupart.core.node.devices import (
     Listing,
-    MigSlice,
     OfferedGpu,
+    OfferedMigDevice,
     XidEvent,
     affected_devices,
     node_devices,
@@ -53,7 +53,7 @@ def test_preferred_allocation_is_a_subset_of_size_with_must_include(
 
 
 def test_mig_devices_resolve_and_allocate_with_caps() -> None:
-    slice_ = MigSlice("MIG-x", MigInstance(Placement(0, 4), "3g.71gb"), 2, 0, (21, 22))
+    slice_ = OfferedMigDevice("MIG-x", MigInstance(Placement(0, 4), "3g.71gb"), 2, 0, (21, 22))
     gpu = OfferedGpu(0, "GPU-0", "H200-141GB", 143771, 3, 0, Mode.MIG, mig=(slice_,))
     devices = {d.id: d for d in node_devices([gpu])["nvidia.com/mig-3g.71gb"]}
     allocation = exclusive_allocation(resolve_devices(["MIG-x"], devices))
@@ -68,7 +68,8 @@ def test_mig_devices_resolve_and_allocate_with_caps() -> None:
 
 def test_xid_on_one_instance_hits_only_that_instance() -> None:
     slices = tuple(
-        MigSlice(f"MIG-{n}", MigInstance(Placement(n, 1), "1g.18gb"), n + 1, 0) for n in range(3)
+        OfferedMigDevice(f"MIG-{n}", MigInstance(Placement(n, 1), "1g.18gb"), n + 1, 0)
+        for n in range(3)
     )
     gpu = OfferedGpu(0, "GPU-0", "H200-141GB", 143771, 0, 0, Mode.MIG, mig=slices)
     devices = node_devices([gpu])["nvidia.com/mig-1g.18gb"]

@@ -32,12 +32,13 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.resources import MAX_QUANTITY, parse_quantity
 from gpupart.core.api.selectors import parse_label_selector
 from gpupart.core.api.spec import parse_partition
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import parse_profile_name
-from gpupart.core.scheduling.pods import node_constraint, parse_demand
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.preemption import parse_budget
 from gpupart.core.scheduling.views import Tenant
 
@@ -522,7 +523,7 @@ def test_law_anti_affinity_terms_select_the_pods_kube_scheduler_selects(
     answer = kubernetes.ask(op="podAffinity", pod=pod, existing=existing, namespaces=namespaces)
     assert not answer["error"], answer
     known = {n["metadata"]["name"]: n["metadata"]["labels"] for n in namespaces}
-    demand = parse_demand(pod, group_label="", namespace_labels=known)
+    demand = parse_demand(pod, anti_affinity_label="", namespace_labels=known)
     meta = existing["metadata"]
     tenant = Tenant("x/e", meta["namespace"], tuple(sorted(meta["labels"].items())))
     required = [t for t in demand.terms if t.required]
@@ -605,7 +606,7 @@ def test_law_the_namespaces_a_term_looks_at_are_kube_schedulers(
             for n in where
         ]
     )
-    (ours,) = parse_demand(pod, group_label="", namespace_labels=known).terms
+    (ours,) = parse_demand(pod, anti_affinity_label="", namespace_labels=known).terms
     for namespace, answer in zip(where, answers, strict=True):
         event(f"a pod in the namespace is selected: {answer['filtered']}")
         assert ours.matches(_tenant_in(namespace)) == answer["filtered"], (term, known, namespace)

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli
 from gpupart.core.api.resources import (
     GpuRequest,
     find_mig_profile,
     mig_resource_name,
     parse_memory_mib,
-    parse_pod_request,
     parse_quantity,
 )
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.pods import parse_demand, pod_cpu_milli
+from gpupart.core.scheduling.demand import parse_demand
 
 NANO = Fraction(1, 10**9)
 MAX = 2**63 - 1
@@ -388,7 +388,11 @@ _POD = st.fixed_dictionaries(
 
 @given(_POD)
 def test_law_any_pod_shaped_input_is_read_or_refused_with_invalid_input(raw):
-    for read in (parse_pod_request, pod_cpu_milli, lambda p: parse_demand(p, group_label="g")):
+    for read in (
+        parse_pod_request,
+        pod_cpu_milli,
+        lambda p: parse_demand(p, anti_affinity_label="g"),
+    ):
         with contextlib.suppress(InvalidInput):
             read(raw)
 
@@ -418,7 +422,7 @@ def test_pod_request_counts_sidecars_beside_the_app_as_kube_scheduler_does(
 
 
 def test_node_constraint_reads_node_selector_and_required_node_affinity() -> None:
-    from gpupart.core.scheduling.pods import node_constraint
+    from gpupart.core.api.pods import node_constraint
 
     pod = {
         "spec": {
@@ -467,8 +471,8 @@ def test_node_constraint_reads_node_selector_and_required_node_affinity() -> Non
     ],
 )
 def test_node_constraint_refuses_bad_affinity_naming_the_field(affinity, words) -> None:
+    from gpupart.core.api.pods import node_constraint
     from gpupart.core.errors import InvalidInput
-    from gpupart.core.scheduling.pods import node_constraint
 
     pod = {
         "spec": {

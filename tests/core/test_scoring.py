@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpupart.core.scheduling.scoring import (
     FragmentationModel,
-    NodeState,
+    NodeLeftover,
     Policy,
     Request,
     TypicalPod,
@@ -25,7 +25,7 @@ from gpupart.sim.trace import Pod
 MODELS = ("T4", "G2")
 
 
-def naive_fragmentation(state: NodeState, typical: tuple[TypicalPod, ...]) -> float:
+def naive_fragmentation(state: NodeLeftover, typical: tuple[TypicalPod, ...]) -> float:
     """FGD's F(n) exactly as the authors' NodeGpuShareFragAmount computes it (the oracle)."""
     left = sum(state.gpu_left)
     total = 0.0
@@ -66,7 +66,7 @@ mixes = st.lists(st.tuples(requests, st.integers(1, 20)), min_size=1, max_size=6
     )
 )
 states = st.builds(
-    NodeState,
+    NodeLeftover,
     cpu_left=st.integers(0, 20).map(lambda c: c * 1000),
     memory_left=st.just(10**6),
     gpu_left=st.lists(st.sampled_from([0, 60, 190, 530, 1000]), min_size=0, max_size=8).map(tuple),
@@ -77,7 +77,7 @@ states = st.builds(
 @given(mix=mixes, state=states)
 @settings(max_examples=200, deadline=None)
 def test_law_fast_fragmentation_equals_the_papers_definition(
-    mix: tuple[TypicalPod, ...], state: NodeState
+    mix: tuple[TypicalPod, ...], state: NodeLeftover
 ) -> None:
     model = FragmentationModel.of(mix)
     assert abs(model.fragmentation(state) - naive_fragmentation(state, mix)) < 1e-6
@@ -87,7 +87,7 @@ def test_law_fast_fragmentation_equals_the_papers_definition(
 @given(state=states, request=requests, policy=st.sampled_from(list(Policy)))
 @settings(max_examples=200, deadline=None)
 def test_law_a_placement_only_uses_gpus_that_fit(
-    state: NodeState, request: Request, policy: Policy
+    state: NodeLeftover, request: Request, policy: Policy
 ) -> None:
     model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 500)]))
     placement = score_node(policy, state, request, model=model, rng=random.Random(0))
@@ -115,8 +115,8 @@ def test_typical_pods_cover_95_percent_most_popular_first() -> None:
 
 def test_bestfit_prefers_the_fuller_node() -> None:
     request = Request(4000, 0, 1, 500)
-    empty = NodeState(64000, 1, (1000,) * 4, "T4")
-    busy = NodeState(16000, 1, (1000, 600, 0, 0), "T4")
+    empty = NodeLeftover(64000, 1, (1000,) * 4, "T4")
+    busy = NodeLeftover(16000, 1, (1000, 600, 0, 0), "T4")
     assert bestfit_score(busy, request) > bestfit_score(empty, request)
     placement = score_node(Policy.BESTFIT, busy, request, model=FragmentationModel.of(()))
     assert placement is not None and placement.gpus == (1,)  # the tightest GPU that fits
@@ -124,14 +124,14 @@ def test_bestfit_prefers_the_fuller_node() -> None:
 
 def test_fgd_fills_the_hole_that_no_typical_pod_could_use() -> None:
     model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 500)]))
-    state = NodeState(64000, 1, (1000, 300), "T4")
+    state = NodeLeftover(64000, 1, (1000, 300), "T4")
     placement = score_node(Policy.FGD, state, Request(1000, 0, 1, 300), model=model)
     assert placement is not None and placement.gpus == (1,)
 
 
 def test_whole_gpu_pods_take_the_lowest_free_indices() -> None:
     model = FragmentationModel.of(())
-    state = NodeState(64000, 1, (500, 1000, 1000, 1000), "T4")
+    state = NodeLeftover(64000, 1, (500, 1000, 1000, 1000), "T4")
     for policy in Policy:
         placement = score_node(
             policy, state, Request(1000, 0, 2, 1000), model=model, rng=random.Random(1)
@@ -140,7 +140,7 @@ def test_whole_gpu_pods_take_the_lowest_free_indices() -> None:
 
 
 def test_nothing_fits_a_node_of_the_wrong_model() -> None:
-    state = NodeState(64000, 1, (1000,), "T4")
+    state = NodeLeftover(64000, 1, (1000,), "T4")
     assert not fits(state, Request(1000, 0, 1, 500, ("G2",)))
     assert fits(state, Request(1000, 0, 0, 0, ("G2",)))  # CPU-only pods ignore GPU models
 
@@ -161,7 +161,7 @@ def test_mig_requests_take_the_smallest_profile_that_fits() -> None:
 @given(mix=mixes, state=states)
 @settings(max_examples=200, deadline=None)
 def test_law_stranded_share_is_the_free_gpu_share_the_free_cpu_cannot_feed(
-    mix: tuple[TypicalPod, ...], state: NodeState
+    mix: tuple[TypicalPod, ...], state: NodeLeftover
 ) -> None:
     model = FragmentationModel.of(mix)
     stranded = model.stranded(state)
@@ -187,10 +187,10 @@ def test_cpu_per_gpu_is_the_mixs_weighted_cpu_over_gpu_share_of_gpu_pods() -> No
 @given(mix=mixes, state=states, request=requests)
 @settings(max_examples=200, deadline=None)
 def test_law_gpupart_is_fgd_on_nodes_with_cpu_to_spare(
-    mix: tuple[TypicalPod, ...], state: NodeState, request: Request
+    mix: tuple[TypicalPod, ...], state: NodeLeftover, request: Request
 ) -> None:
     model = FragmentationModel.of(mix)
-    rich = NodeState(10**9, state.memory_left, state.gpu_left, state.model)
+    rich = NodeLeftover(10**9, state.memory_left, state.gpu_left, state.model)
     ours = score_node(Policy.GPUPART, rich, request, model=model)
     fgd = score_node(Policy.FGD, rich, request, model=model)
     assert (ours is None) == (fgd is None)
@@ -202,7 +202,7 @@ def test_law_gpupart_is_fgd_on_nodes_with_cpu_to_spare(
 @given(mix=mixes, state=states, request=requests)
 @settings(max_examples=100, deadline=None)
 def test_law_gpupart_is_deterministic(
-    mix: tuple[TypicalPod, ...], state: NodeState, request: Request
+    mix: tuple[TypicalPod, ...], state: NodeLeftover, request: Request
 ) -> None:
     first = score_node(Policy.GPUPART, state, request, model=FragmentationModel.of(mix))
     again = score_node(Policy.GPUPART, state, request, model=FragmentationModel.of(mix))
@@ -215,8 +215,8 @@ def test_gpupart_keeps_cpu_for_free_gpus_where_fgd_sees_a_tie() -> None:
         (TypicalPod(Request(4000, 0, 1, 1000), 0.5), TypicalPod(Request(16000, 0, 1, 1000), 0.5))
     )
     hungry = Request(20000, 0, 1, 1000)
-    lean = NodeState(36000, 1, (1000,) * 3, "T4")  # leaves 16 cores for 2 GPUs: 0.4 GPU idle
-    rich = NodeState(104000, 1, (1000,) * 3, "T4")
+    lean = NodeLeftover(36000, 1, (1000,) * 3, "T4")  # leaves 16 cores for 2 GPUs: 0.4 GPU idle
+    rich = NodeLeftover(104000, 1, (1000,) * 3, "T4")
     fgd_lean = score_node(Policy.FGD, lean, hungry, model=model)
     fgd_rich = score_node(Policy.FGD, rich, hungry, model=model)
     assert fgd_lean is not None and fgd_rich is not None and fgd_lean.score == fgd_rich.score
@@ -228,7 +228,7 @@ def test_gpupart_keeps_cpu_for_free_gpus_where_fgd_sees_a_tie() -> None:
 
 def test_gpupart_puts_a_shared_pod_in_the_tightest_of_equal_holes() -> None:
     model = FragmentationModel.of(typical_pods([Pod("p", 1000, 0, 1, 1000)]))
-    state = NodeState(64000, 1, (1000, 700, 400), "T4")
+    state = NodeLeftover(64000, 1, (1000, 700, 400), "T4")
     placement = score_node(Policy.GPUPART, state, Request(1000, 0, 1, 300), model=model)
     assert placement is not None and placement.gpus == (2,)
 
@@ -237,8 +237,8 @@ def test_gpupart_sends_a_cpu_only_pod_to_gpu_share_already_lost_to_fragmentation
     # the mix asks 10 cores per whole GPU; a 1-core CPU-only pod
     model = FragmentationModel.of((TypicalPod(Request(10000, 0, 1, 1000), 1.0),))
     cpu_only = Request(1000, 0, 0, 0)
-    slivers = NodeState(2000, 1, (150, 150), "T4")  # no typical pod fits: all 300 already lost
-    whole = NodeState(20000, 1, (1000, 1000), "T4")  # after the pod, 19 cores for 2 GPUs
+    slivers = NodeLeftover(2000, 1, (150, 150), "T4")  # no typical pod fits: all 300 already lost
+    whole = NodeLeftover(20000, 1, (1000, 1000), "T4")  # after the pod, 19 cores for 2 GPUs
     fgd = [score_node(Policy.FGD, s, cpu_only, model=model) for s in (slivers, whole)]
     assert fgd[0] is not None and fgd[1] is not None and fgd[0].score == fgd[1].score
     ours = [score_node(Policy.GPUPART, s, cpu_only, model=model) for s in (slivers, whole)]
@@ -264,7 +264,7 @@ def test_score_placement_is_what_score_node_scores(
 ) -> None:
     """The per-GPU helper the extender calls agrees with score_node on every state: it is the
     score of score_node's own pick and no candidate GPU scores higher."""
-    state = NodeState(cpu_left, 1 << 20, tuple(gpus), "H100")
+    state = NodeLeftover(cpu_left, 1 << 20, tuple(gpus), "H100")
     request = Request(cpu, 0, 1, milli) if milli < 1000 else Request(cpu, 0, num, 1000)
     for policy in (Policy.GPUPART, Policy.FGD):
         placement = score_node(policy, state, request, model=_CPU_MODEL)

@@ -23,6 +23,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.selectors import (
     EVERYTHING,
     NOTHING,
@@ -31,7 +32,7 @@ from gpupart.core.api.selectors import (
 from gpupart.core.api.spec import parse_partition
 from gpupart.core.cluster.partitioning import LabeledNode
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.pods import node_constraint, parse_demand
+from gpupart.core.scheduling.demand import parse_demand
 from gpupart.core.scheduling.preemption import parse_budget, violations
 from gpupart.core.scheduling.views import Tenant
 
@@ -223,7 +224,7 @@ def _demand(
             "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}],
         },
     }
-    return parse_demand(pod, group_label="", namespace_labels=known)
+    return parse_demand(pod, anti_affinity_label="", namespace_labels=known)
 
 
 def _tenant(namespace: str, **labels: str) -> Tenant:

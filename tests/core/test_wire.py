@@ -16,11 +16,11 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     MigDevice,
     MigPlan,
+    MigReservation,
     NodeReport,
     PlannedGpu,
     PlanReport,
     PodAssignment,
-    SliceReservation,
     decode_allocation,
     decode_assignment,
     decode_desired,
@@ -122,7 +122,7 @@ plans = st.builds(
     ),
     st.lists(
         st.builds(
-            SliceReservation,
+            MigReservation,
             names,
             names,
             st.integers(0, 15),

@@ -9,9 +9,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart_testsupport.cluster import ControlPlane
 from gpupart_testsupport.polling import wait_for
-
-from .cluster import ControlPlane
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # Header names cannot hold "/": the API server lowercases the part after the prefix and

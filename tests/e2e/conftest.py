@@ -14,8 +14,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from .cluster import BUILD_SCRIPT, REPO, ControlPlane, bin_dir_from_env, missing_binaries
-from .stack import Stack
+from gpupart_testsupport.cluster import (
+    BUILD_SCRIPT,
+    REPO,
+    ControlPlane,
+    bin_dir_from_env,
+    missing_binaries,
+)
+from gpupart_testsupport.stack import Stack
 
 # The control plane of this session, once started, so the report hook can reach its logs.
 _ACTIVE: list[ControlPlane] = []

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupart_extender.kube import ApiBinder
 from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane
 
 from .admission import (
     NODE_NAME_EXTRA,
@@ -33,7 +34,6 @@ from .admission import (
     wait_lifted,
     with_token,
 )
-from .cluster import REPO, ControlPlane
 
 pytestmark = pytest.mark.e2e
 

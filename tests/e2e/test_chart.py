@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane
 
 from .admission import admin_probes, service_account, wait_lifted
-from .cluster import REPO, ControlPlane
 
 pytestmark = pytest.mark.e2e
 

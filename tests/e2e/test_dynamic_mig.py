@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.wire import MIG_PLAN_ANNOTATION, decode_mig_plan
+from gpupart_testsupport.stack import Stack
 
-from .stack import Stack
 from .test_full_stack import GROUP, PLURAL, VERSION, Cluster, partition, pod, remove
 
 pytestmark = pytest.mark.e2e
@@ -148,17 +148,25 @@ def test_a_pod_asking_for_a_profile_no_node_offers_becomes_bound(
     assert all(c.capacity(n, "nvidia.com/mig-3g.40gb") == 0 for n in NODES)
     c.core.create_namespaced_pod(namespace, mig_pod("big", "3g.40gb"))
     c.until(lambda: "big" in c.running(namespace), 60, "big Running")
-    events = c.events(namespace, "big")
-    planned = [e for e in events if e.startswith("MigSlicePlanned")]
-    assert planned and "creating 3g.40gb on stack-dyn-" in planned[0], events
+    # The round that wrote the plan posted the Event and then the status: wait for each.
+    planned = c.until(
+        lambda: [e for e in c.events(namespace, "big") if e.startswith("MigSlicePlanned")],
+        30,
+        "a MigSlicePlanned Event on big",
+    )
+    assert "creating 3g.40gb on stack-dyn-" in planned[0], planned
     assert "for this pod" in planned[0]
     node = bound(c, namespace)["big"]
     assert c.capacity(node, "nvidia.com/mig-3g.40gb") >= 1
     env = c.env(namespace, "big")
     assert env.get("NVIDIA_VISIBLE_DEVICES", "").startswith("MIG-"), env
-    status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
-    entry = status["dynamicMig"]["nodes"][node]
-    assert any(text.startswith("3g.40gb") for text in entry["created"]), status
+
+    def created() -> list[str]:
+        status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
+        entry = status.get("dynamicMig", {}).get("nodes", {}).get(node, {})
+        return [text for text in entry.get("created", []) if text.startswith("3g.40gb")]
+
+    c.until(created, 30, f"3g.40gb in {node}'s dynamicMig status")
     # Bound: its reservation ends (the instance is in use now).
     c.until(
         lambda: not (plan_of(c, node) and plan_of(c, node).reservations), 30, "reservation ended"
@@ -213,8 +221,13 @@ def test_a_pod_no_gpu_can_serve_waits_with_the_reason_then_is_served(
     c.until(refused, 30, "MigSliceUnavailable event on the 7g pod")
     assert "GPU" in refused()[0], refused()
     assert "whole" not in bound(c, namespace)
-    status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
-    assert any(w["pod"].endswith("/whole") for w in status["dynamicMig"]["waiting"]), status
+
+    def waiting() -> list[str]:
+        status = c.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "stack-dyn")["status"]
+        return [w["pod"] for w in status.get("dynamicMig", {}).get("waiting", [])]
+
+    # The round posts its Events, then writes the status: wait for the status too.
+    c.until(lambda: any(p.endswith("/whole") for p in waiting()), 30, "whole in status waiting")
     # Capacity frees up: one GPU's filler leaves, the 7g pod is served there.
     victim = fillers[0]
     c.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)

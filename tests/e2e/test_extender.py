@@ -30,8 +30,8 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     MigDevice,
     MigPlan,
+    MigReservation,
     PodAssignment,
-    SliceReservation,
     decode_assignment,
     encode_assignment,
     encode_inventory,
@@ -46,8 +46,7 @@ from gpupart_extender.main import listen
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
-
-from .cluster import (
+from gpupart_testsupport.cluster import (
     LOOPBACK,
     REPO,
     ControlPlane,
@@ -296,7 +295,7 @@ def _one_slice_node(name: str, group: str, reserved_for: str | None) -> dict[str
     manifest = _node(name, [gpu], {"nvidia.com/mig-3g.40gb": 1})
     manifest["metadata"]["labels"]["gpupart.io/e2e-group"] = group
     if reserved_for is not None:
-        reservation = SliceReservation(reserved_for, "", 0, instance, time.time() + 600)
+        reservation = MigReservation(reserved_for, "", 0, instance, time.time() + 600)
         manifest["metadata"]["annotations"][MIG_PLAN_ANNOTATION] = encode_mig_plan(
             MigPlan("plan-1", (), (reservation,))
         )

@@ -24,8 +24,7 @@ from gpupart_extender.kube import Watcher
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
-
-from .cluster import ControlPlane, wait_for
+from gpupart_testsupport.cluster import ControlPlane, wait_for
 
 pytestmark = pytest.mark.e2e
 

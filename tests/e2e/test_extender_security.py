@@ -49,11 +49,10 @@ from gpupart.core.api.wire import (
 )
 from gpupart_extender.limits import memory_allowance
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.cluster import ControlPlane, create_nodes, gpu_node
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK, free_port
 from gpupart_testsupport.processes import Proc, spawn
-
-from .cluster import ControlPlane, create_nodes, gpu_node
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """Full stack on a real control plane: GpuPartition -> node agents -> plugins -> gpupart-scheduler -> running pods.
 
 Real etcd, kube-apiserver, kube-scheduler (the chart's gpupart-scheduler configuration), and
-nodes served by real kubelets with the fake CRI runtime (tests/e2e/kubelet.py); `gpupart
+nodes served by real kubelets with the fake CRI runtime (tests/support/kubelet.py); `gpupart
 operator`, `gpupart node --simulate` (one per node) and `gpupart extender` as processes. What a
 container got is what the kubelet handed the runtime. Every wait has a deadline.
 """
@@ -25,10 +25,9 @@ from gpupart.core.api.wire import (
     decode_inventory,
     decode_report,
 )
+from gpupart_testsupport.kubelet import EXIT_ENV
 from gpupart_testsupport.polling import wait_for
-
-from .kubelet import EXIT_ENV
-from .stack import Stack
+from gpupart_testsupport.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +42,7 @@ SCHEDULER = "gpupart-scheduler"
 def nodes_for(
     stack: Stack, scenario: str, product: str, gpus: str, count: int, *, auto_reset: bool = False
 ) -> list[str]:
-    """Nodes served by real kubelets (tests/e2e/kubelet.py), each with its node agent."""
+    """Nodes served by real kubelets (tests/support/kubelet.py), each with its node agent."""
     names = [f"stack-{scenario}-{i}" for i in range(count)]
     labels = {LABEL: scenario, "nvidia.com/gpu.product": product, "nvidia.com/gpu.count": "1"}
     for name in names:

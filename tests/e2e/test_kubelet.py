@@ -2,7 +2,7 @@
 
 Real etcd, kube-apiserver, kube-scheduler (gpupart-scheduler profile), `gpupart operator`,
 `gpupart extender`, and per node a real kubelet v1.36 with the fake CRI runtime in its own mount
-namespace (tests/e2e/kubelet.py) and `gpupart node --simulate` serving it. What a container
+namespace (tests/support/kubelet.py) and `gpupart node --simulate` serving it. What a container
 got is read where the kubelet put it: the runtime's record of each CreateContainer.
 
 We test these aspects:
@@ -13,7 +13,7 @@ We test these aspects:
 - GetPreferredAllocation honoured: shared slots come from the GPU the extender assigned;
 - an over-request refused by the kubelet itself;
 - a kubelet restart: running pods keep their devices, no second Allocate, resources back;
-- PodResources from the real kubelet blocks a repartition while a pod holds a slice, and the
+- PodResources from the real kubelet blocks a repartition while a pod holds a MIG device, and the
   change goes ahead soon after the pod is deleted (the agent's pod watch, not its 60 s resync);
 - a MIG plan written on the Node of a dynamic partition: its instance is created and registered
   at run time, a pod runs on it, the inventory marks it used, and free again once the pod left;
@@ -49,10 +49,9 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart_testsupport.kubelet import EXIT_ENV, KubeletNode
 from gpupart_testsupport.polling import wait_for
-
-from .kubelet import EXIT_ENV, KubeletNode
-from .stack import Stack
+from gpupart_testsupport.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -392,7 +391,7 @@ def test_pod_resources_block_a_repartition_until_the_pod_leaves(
         blocked = node.until(
             lambda: (r := report()) is not None and r.gpus[0].state.value == "Blocked" and r,
             60,
-            "the repartition Blocked by the pod holding a slice",
+            "the repartition Blocked by the pod holding a MIG device",
         )
         assert blocked.gpus[0].blocking_pods == (f"{namespace}/holder",), blocked
         node.core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)

@@ -28,14 +28,21 @@ from gpupart.core.api.wire import (
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.keyfile import KeyFile
 from gpupart_plugin.actuator import Actuator
-from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.agent import NodeAgent, ViewSink
+from gpupart_plugin.annotations import NodeAnnotations, Publish
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.kube import NodeClient, PassInput
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.simgpu import SimulatedGpus
 
 pytestmark = pytest.mark.e2e
+
+
+def sinks(publish: Publish) -> tuple[ViewSink, ...]:
+    """The device hub without gRPC servers, and the Node's annotations through the real client."""
+    return (DevicePluginSink(DeviceHub(), None, NodeMetrics()), NodeAnnotations(publish))
 
 
 def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path: Path) -> None:
@@ -49,7 +56,7 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
         node = NodeClient(k8s_api, name, KeyFile(tmp_path / "assignment-keys"))
         sim = SimulatedGpus(["H200-141GB"] * 2, node=name)
         actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", ["true"]))
-        agent = NodeAgent(actuator, DeviceHub(), None, node.publish, NodeMetrics())
+        agent = NodeAgent(actuator, sinks(node.publish), NodeMetrics())
         wanted = node.read_input()
         agent.reconcile(wanted.desired, wanted.plan)
         annotations = core.read_node(name).metadata.annotations
@@ -74,7 +81,7 @@ def test_the_plan_annotation_starts_a_pass_and_gets_its_answer(
     core.create_node({"metadata": {"name": name, "annotations": {DESIRED_ANNOTATION: desired}}})
     stop = threading.Event()
     node = NodeClient(k8s_api, name, KeyFile(tmp_path / "assignment-keys"))
-    seen = node.watch_input(stop, resync_s=30)
+    seen = node.watch_input(stop, relist_s=30)
     try:
         assert next(seen) == PassInput(desired, None)
         layout = (MigInstance(Placement(0, 4), "3g.71gb"), MigInstance(Placement(6, 1), "1g.18gb"))
@@ -84,7 +91,7 @@ def test_the_plan_annotation_starts_a_pass_and_gets_its_answer(
         assert wanted == PassInput(desired, plan)
         sim = SimulatedGpus(["H200-141GB"], node=name)
         actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", ["true"]))
-        agent = NodeAgent(actuator, DeviceHub(), None, node.publish, NodeMetrics())
+        agent = NodeAgent(actuator, sinks(node.publish), NodeMetrics())
         agent.reconcile(wanted.desired, wanted.plan)
         annotations = core.read_node(name).metadata.annotations
         assert decode_report(annotations[STATE_ANNOTATION]).plan == PlanReport(

@@ -1,7 +1,7 @@
 """The operator's guards on the real API server: dynamic MIG rounds on the test's clock, passes that contain a refusal.
 
-The operator's own classes (`Reconciler`, `DemandPlanner`) run in this process against the
-session's kube-apiserver, without kopf: the test calls `run_round` and `reconcile_all` itself
+The operator's own classes (`Reconciler` and `DemandRounds` on one `Writer`) run in this
+process against the session's kube-apiserver, without kopf: the test calls `run_round` and `reconcile_all` itself
 and plays the node agent by writing the Node's inventory and state annotations. Nodes are kwok
 Nodes no agent serves; pods name a scheduler no one runs, and their Unschedulable condition is
 written as kube-scheduler would.
@@ -46,13 +46,14 @@ from gpupart.core.api.wire import (
     encode_report,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart_operator.dynamic import DemandPlanner
 from gpupart_operator.metrics import Metrics
-from gpupart_operator.model import GROUP, PLURAL, VERSION
+from gpupart_operator.model import GROUP, PLURAL, VERSION, Resolutions
 from gpupart_operator.reconciler import Reconciler
+from gpupart_operator.rounds import DemandRounds
 from gpupart_operator.settings import OperatorSettings
+from gpupart_operator.writer import Writer
+from gpupart_testsupport.cluster import ControlPlane, create_nodes, gpu_node, wait_for
 
-from .cluster import ControlPlane, create_nodes, gpu_node, wait_for
 from .test_operator import apply_crds
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +74,7 @@ class Clock:
 
 
 class Rounds:
-    """One run's namespace, label, partition and nodes, with the operator's planner on `clock`."""
+    """One run's namespace, label, partition and nodes, with the operator's rounds on `clock`."""
 
     def __init__(self, cp: ControlPlane, run: str) -> None:
         self.cp, self.run = cp, run
@@ -84,9 +85,13 @@ class Rounds:
             kubeconfig=str(cp.kubeconfig), plan_retry_seconds=RETRY_S, write_workers=2
         )
         self.metrics = Metrics()
-        self.reconciler = Reconciler(self.api, self.settings, self.metrics)
+        self.writer = Writer(self.api, self.settings, self.metrics)
+        resolutions = Resolutions()
+        self.reconciler = Reconciler(self.writer, self.metrics, resolutions)
         self.clock = Clock()
-        self.planner = DemandPlanner(self.reconciler, self.settings, self.metrics, clock=self.clock)
+        self.rounds = DemandRounds(
+            self.writer, self.settings, self.metrics, resolutions, clock=self.clock
+        )
         self.ns = f"e2e-{run}"
         self.core.create_namespace({"metadata": {"name": self.ns}})
         self.nodes: list[str] = []
@@ -96,8 +101,7 @@ class Rounds:
         self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, self.run)
         for name in self.nodes:
             self.core.delete_node(name)
-        self.planner.close()
-        self.reconciler.close()
+        self.writer.close()
         self.api.close()
 
     def partition(self, spec: dict[str, Any]) -> None:
@@ -197,7 +201,7 @@ def test_a_failed_plan_is_planned_again_only_after_the_retry_time(rounds: Rounds
 
     def round_at(now: float) -> None:
         r.clock.now = now
-        r.planner.run_round()
+        r.rounds.run_round()
         plan = r.plan(n)
         if plan is None or plan.id in answered:
             return
@@ -227,7 +231,7 @@ def test_the_disruption_counter_counts_each_used_instance_a_written_plan_leaves_
     r.node(n, (small,))
     r.pending("big", "7g.80gb")  # needs the whole GPU: the idle 1g.10gb goes
     r.pending("other", "7g.80gb")  # served later; keeps a reservation to end
-    r.planner.run_round()
+    r.rounds.run_round()
     first = r.plan(n)
     assert first is not None and first.reservations, first
     assert all(small.instance not in g.layout for g in first.gpus), first
@@ -243,7 +247,7 @@ def test_the_disruption_counter_counts_each_used_instance_a_written_plan_leaves_
         f"pod {reserved} deleted",
     )
     r.clock.now += 1
-    r.planner.run_round()
+    r.rounds.run_round()
     written = r.plan(n)
     assert written is not None and written.id != first.id, written
     # The reference: the used instance the agent reports, against the layout read back.

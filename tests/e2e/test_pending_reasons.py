@@ -37,8 +37,8 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     MigDevice,
     MigPlan,
+    MigReservation,
     PodAssignment,
-    SliceReservation,
     encode_assignment,
     encode_desired,
     encode_inventory,
@@ -53,9 +53,17 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.pending import PendingPods, Reporter
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.cluster import (
+    LOOPBACK,
+    REPO,
+    ControlPlane,
+    create_nodes,
+    gpu_node,
+    http_ok,
+    start_scheduler,
+)
+from gpupart_testsupport.cluster import wait_for as wait
 
-from .cluster import LOOPBACK, REPO, ControlPlane, create_nodes, gpu_node, http_ok, start_scheduler
-from .cluster import wait_for as wait
 from .test_extender import _serve
 
 pytestmark = pytest.mark.e2e
@@ -172,9 +180,7 @@ def _nodes() -> list[dict[str, Any]]:
     mps = InventoryGpu(0, f"GPU-{RUN}-mps-0", H100, 81559, Mode.MPS, replicas=2)
     dynamic = InventoryGpu(0, f"GPU-{RUN}-dyn-0", H100, 81559, Mode.MIG)
     planned = MigInstance(Placement(4, 4), "3g.40gb")
-    plan = MigPlan(
-        "plan-1", (), (SliceReservation(f"{NS}/dyn", "", 0, planned, time.time() + 3600),)
-    )
+    plan = MigPlan("plan-1", (), (MigReservation(f"{NS}/dyn", "", 0, planned, time.time() + 3600),))
     desired = (DesiredGroup("dyn-h100", 1, None, GpuConfig(Mode.MIG, dynamic=True)),)
     return [
         _node(f"{RUN}-mig", [a100], {"nvidia.com/mig-1g.10gb": 2}),

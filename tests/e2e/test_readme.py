@@ -1,6 +1,6 @@
 """README.md's playground section, walked as a newcomer would: its own commands, its promised outputs.
 
-The playground is the one `make cluster` starts (tests/e2e/playground.py). Every `$ kubectl`
+The playground is the one `make cluster` starts (tests/support/playground.py). Every `$ kubectl`
 and `$ helm` line of the section's console blocks runs as written (real kubectl and helm, from
 the repository root, with the playground's kubeconfig); the lines the README shows under a
 command are what it must print: a `kubectl get` table column by column (only AGE, RESTARTS and
@@ -27,10 +27,9 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION
+from gpupart_testsupport.cluster import REPO, ControlPlane
+from gpupart_testsupport.playground import NODES, Playground
 from gpupart_testsupport.polling import wait_for
-
-from .cluster import REPO, ControlPlane
-from .playground import NODES, Playground
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ import pytest
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, MIG_PLAN_ANNOTATION
+from gpupart_testsupport.stack import Stack
 
-from .stack import Stack
 from .test_full_stack import GROUP, LABEL, PLURAL, VERSION, Cluster, partition, pod, remove
 
 pytestmark = pytest.mark.e2e
@@ -81,8 +81,14 @@ def _steps(c: Cluster, namespace: str) -> None:
     # Dynamic MIG makes the slice for the pod: the operator counted the GPU from the inventory.
     c.core.create_namespaced_pod(namespace, pod("train", SCENARIO, {MIG_3G: "1"}))
     c.until(lambda: "train" in c.running(namespace), 90, "train Running on a new 3g.40gb")
-    events = c.events(namespace, "train")
-    assert any(e.startswith("MigSlicePlanned: creating 3g.40gb on " + NODE) for e in events)
+    c.until(
+        lambda: any(
+            e.startswith("MigSlicePlanned: creating 3g.40gb on " + NODE)
+            for e in c.events(namespace, "train")
+        ),
+        30,
+        "a MigSlicePlanned Event on train",
+    )
     held = c.env(namespace, "train")["NVIDIA_VISIBLE_DEVICES"]
     assert held.startswith("MIG-")
 

@@ -24,10 +24,10 @@ import pytest
 from kubernetes import client
 
 from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane
+from gpupart_testsupport.cluster import wait_for as wait
 
 from .admission import admin_probes, impersonating, refused_by, wait_enforced, wait_lifted
-from .cluster import REPO, ControlPlane
-from .cluster import wait_for as wait
 
 pytestmark = pytest.mark.e2e
 

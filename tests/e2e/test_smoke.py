@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .cluster import (
+from gpupart_testsupport.cluster import (
     MIG_1G,
     REPO,
     ControlPlane,

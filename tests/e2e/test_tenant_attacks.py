@@ -37,9 +37,9 @@ from gpupart.core.api.wire import (
     encode_assignment,
 )
 from gpupart_plugin.kube import ALLOCATE_REFUSED
+from gpupart_testsupport.cluster import ControlPlane
+from gpupart_testsupport.stack import Stack
 
-from .cluster import ControlPlane
-from .stack import Stack
 from .test_kubelet import MEMORY, SHARED, Node
 
 pytestmark = pytest.mark.e2e

@@ -6,17 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from extender_objects import (
-    FakeBinder,
-    keys,
-    mig_gpu,
-    namespace,
-    node,
-    pod,
-    shared_gpu,
-    whole_gpu,
-    write_key_file,
-)
+from extender_objects import FakeBinder
 from fastapi.testclient import TestClient
 
 from gpupart.core.api.wire import PodAssignment
@@ -26,6 +16,16 @@ from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import (
+    keys,
+    mig_gpu,
+    namespace,
+    node,
+    pod,
+    shared_gpu,
+    whole_gpu,
+    write_key_file,
+)
 
 
 class Clock:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder
 
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -25,6 +25,7 @@ from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, node, pod, shared, shared_gpu
 
 
 def service(binder: FakeBinder, *, wait: float = 0.05) -> tuple[ExtenderService, ClusterCache]:

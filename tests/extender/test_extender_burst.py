@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
-from extender_objects import FakeBinder, args, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args
 from extender_server import served
 
 from gpupart.core.api.wire import PodAssignment
@@ -26,6 +26,7 @@ from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, node, pod, shared, shared_gpu
 
 NODES = [f"n{k:03d}" for k in range(300)]
 PODS = 3000

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from extender_objects import FakeBinder, keys, namespace, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.wire import PodAssignment
@@ -19,6 +19,7 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import PodEntry, uid_of
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, namespace, node, pod, shared, shared_gpu
 
 
 def test_events_build_node_views_with_versions() -> None:

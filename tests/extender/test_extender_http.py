@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, args, keys, mig_gpu, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args
 from extender_server import served
 from fastapi.testclient import TestClient
 
@@ -25,6 +25,7 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.models import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, mig_gpu, node, pod, shared, shared_gpu
 
 ALL = ["node-mig", "node-mps", "node-whole", "node-bare"]
 

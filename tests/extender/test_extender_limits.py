@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, args, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args
 from extender_server import served
 from fastapi.testclient import TestClient
 
@@ -31,6 +31,7 @@ from gpupart_extender.limits import MAX_HEAD_BYTES
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, node, pod, shared, shared_gpu
 
 
 class HeldBinder(FakeBinder):

@@ -15,8 +15,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from extender_objects import (
-    FakeBinder,
+from extender_objects import FakeBinder
+from hypothesis import HealthCheck, given, settings
+from hypothesis import event as note
+from hypothesis import strategies as st
+
+from gpupart.core.api.wire import PodAssignment
+from gpupart.core.scheduling.demand import parse_demand
+from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
+from gpupart.core.scheduling.terms import Weights
+from gpupart.core.scheduling.views import anonymous
+from gpupart_extender.answers import DETAILED_NODES
+from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.metrics import Metrics
+from gpupart_extender.objects import PodEntry, read_pod
+from gpupart_extender.service import ExtenderService
+from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import (
     keys,
     mig_gpu,
     node,
@@ -26,21 +41,6 @@ from extender_objects import (
     shared_gpu,
     whole_gpu,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import event as note
-from hypothesis import strategies as st
-
-from gpupart.core.api.wire import PodAssignment
-from gpupart.core.scheduling.evaluate import Fit, NoFit, evaluate
-from gpupart.core.scheduling.pods import parse_demand
-from gpupart.core.scheduling.terms import Weights
-from gpupart.core.scheduling.views import anonymous
-from gpupart_extender.answers import DETAILED_NODES
-from gpupart_extender.cache import NODE, POD, ClusterCache
-from gpupart_extender.metrics import Metrics
-from gpupart_extender.objects import PodEntry, read_pod
-from gpupart_extender.service import ExtenderService
-from gpupart_extender.settings import ExtenderSettings
 
 NODES = ["n0", "n1", "n2", "n3"]
 MEMORY = 40000
@@ -159,7 +159,7 @@ def _fresh_score(
 ) -> int:
     view = cache.snapshot.view(name)
     assert view is not None
-    demand = parse_demand(p, group_label="app")
+    demand = parse_demand(p, anti_affinity_label="app")
     fresh = evaluate(view, demand, config=service.scoring, model=service.model(clock()))
     return fresh.score if isinstance(fresh, Fit) else 0
 
@@ -230,7 +230,7 @@ def _ask(
     outcome = service.filter(p, names)
     scores = dict(service.prioritize(p, names))
     model = service.model(clock())
-    demand = parse_demand(p, group_label="app")
+    demand = parse_demand(p, anti_affinity_label="app")
     verdicts = {}
     for name in NODES:
         view = cache.snapshot.view(name)

@@ -15,17 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender_objects import (
-    FakeBinder,
-    keys,
-    mig_gpu,
-    node,
-    pod,
-    reserve,
-    shared,
-    shared_gpu,
-    whole_gpu,
-)
+from extender_objects import FakeBinder
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -35,6 +25,16 @@ from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import (
+    keys,
+    mig_gpu,
+    node,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 
 NODES = ["n0", "n1", "n2"]
 PODS = [f"p{k}" for k in range(6)]

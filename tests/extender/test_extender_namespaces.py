@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, keys, namespace, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder
 
 from gpupart.core.api.wire import PodAssignment
 from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, namespace, node, pod, shared, shared_gpu
 
 GOLD = {"matchLabels": {"tier": "gold"}}
 

@@ -10,7 +10,7 @@ happen to name it; most generated node names are unknown and dropped).
 from __future__ import annotations
 
 import schemathesis
-from extender_objects import FakeBinder, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from poison import ABSURD_QUANTITIES
@@ -21,6 +21,7 @@ from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, node, pod, shared, shared_gpu
 
 
 def _app() -> object:

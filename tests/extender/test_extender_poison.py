@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 import pytest
-from extender_objects import FakeBinder, args, keys, node, pod, shared, shared_gpu
+from extender_objects import FakeBinder, args
 from fastapi.testclient import TestClient
 from kubernetes import client as kube
 from poison import ABSURD_QUANTITIES, HUGE, LONG
@@ -29,6 +29,7 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import read_pod
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, node, pod, shared, shared_gpu
 from gpupart_testsupport.ports import free_port
 
 GPU_MIB = 81920

@@ -24,19 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_objects import (
-    KEY,
-    KEYS,
-    FakeBinder,
-    keys,
-    node,
-    pod,
-    shared,
-    shared_gpu,
-    signed,
-    whole_gpu,
-    write_key_file,
-)
+from extender_objects import FakeBinder
 
 from gpupart.core.api.provenance import forgery
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_assignment
@@ -46,6 +34,18 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.objects import KeySource
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import (
+    KEY,
+    KEYS,
+    keys,
+    node,
+    pod,
+    shared,
+    shared_gpu,
+    signed,
+    whole_gpu,
+    write_key_file,
+)
 
 GPUS = [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]
 

@@ -16,28 +16,19 @@ import logging
 from typing import Any
 
 import pytest
-from extender_objects import (
-    FakeBinder,
-    args,
-    keys,
-    mig_gpu,
-    node,
-    pod,
-    reserve,
-    shared,
-    shared_gpu,
-)
+from extender_objects import FakeBinder, args
 from extender_server import served
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.wire import SliceReservation
+from gpupart.core.api.wire import MigReservation
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
+from gpupart_testsupport.objects import keys, mig_gpu, node, pod, reserve, shared, shared_gpu
 
 MIG3 = {"nvidia.com/mig-3g.40gb": 1}
 NOW = 1_700_000_000.0
@@ -332,7 +323,7 @@ class Reference:
         self,
         gpus: list[list[tuple[str, int]]],
         bound: dict[str, tuple[str, int]],
-        reservations: list[SliceReservation],
+        reservations: list[MigReservation],
     ) -> None:
         self.devices = {(g, profile, start) for g, gpu in enumerate(gpus) for profile, start in gpu}
         self.bound = dict(bound)
@@ -341,8 +332,8 @@ class Reference:
         where = [(r.gpu, r.instance) for r in reservations]
         self.bad = len(set(where)) != len(where)
 
-    def live(self, now: float) -> list[SliceReservation]:
-        kept: dict[Any, SliceReservation] = {}
+    def live(self, now: float) -> list[MigReservation]:
+        kept: dict[Any, MigReservation] = {}
         for r in self.reservations:
             device = (r.gpu, r.instance.profile, r.instance.placement.start)
             if device in self.devices and r.expires > now and r.pod not in self.bound:

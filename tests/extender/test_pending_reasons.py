@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from extender_objects import mig_gpu, node, pod, reserve, whole_gpu
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup, encode_desired
@@ -26,6 +25,7 @@ from gpupart.core.scheduling.pending import pending_message
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.pending import REASON, PendingPods, Reporter, unschedulable
 from gpupart_extender.service import ExtenderService
+from gpupart_testsupport.objects import mig_gpu, node, pod, reserve, whole_gpu
 
 OURS = ("gpupart-scheduler",)
 

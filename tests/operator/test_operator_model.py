@@ -36,6 +36,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.cluster.partitioning import Condition, resolve
 from gpupart_operator.model import (
     InventoryCache,
+    Resolutions,
     condition_events,
     desired_patches,
     event_manifest,
@@ -46,10 +47,10 @@ from gpupart_operator.model import (
     old_conditions,
     read_node,
     read_partition,
+    resolve_each,
     status_document,
     status_patch,
 )
-from gpupart_operator.reconciler import _resolve_each
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -446,7 +447,20 @@ def test_a_partition_that_breaks_the_core_is_set_apart_and_the_others_resolve():
     spec = dataclasses.replace(good.spec, name="broken", priority="high")  # type: ignore[arg-type]
     broken = dataclasses.replace(good, spec=spec)
     nodes = [read_node(node_raw("n1")).view]
-    resolution, set_apart = _resolve_each([broken, good], nodes)
+    contained = resolve_each([broken, good], nodes)
+    resolution, set_apart = contained.resolution, contained.broken
+    assert isinstance(contained.error, TypeError)
     assert set(set_apart) == {"broken"} and "TypeError" in set_apart["broken"]
     assert "good" in resolution.statuses and "broken" not in resolution.statuses
     assert [g.partition for g in resolution.desired["n1"]] == ["good"]
+
+
+def test_one_change_is_resolved_once_for_the_pass_and_the_round():
+    """Both loops list the same change: the second to resolve it gets the first's answer."""
+    resolutions = Resolutions()
+    parsed = [p for p in [read_partition(partition_raw("a")).partition] if p is not None]
+    first = resolutions.resolve(parsed, [read_node(node_raw("n1")).view])
+    again = resolutions.resolve(list(parsed), [read_node(node_raw("n1")).view])
+    assert again is first
+    other = resolutions.resolve(parsed, [read_node(node_raw("n2")).view])
+    assert other is not first and set(other.resolution.desired) == {"n2"}

@@ -28,7 +28,8 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart_operator.handlers import ReconcileLoop, configure_kopf, node_fingerprint
+from gpupart_operator.handlers import configure_kopf, node_fingerprint
+from gpupart_operator.loops import ReconcileLoop
 from gpupart_operator.reconciler import PassResult
 from gpupart_operator.settings import OperatorSettings, add_arguments, from_args
 
@@ -220,7 +221,7 @@ def test_auto_priority_makes_equal_replicas_differ():
 def test_bad_settings_are_refused_at_start():
     with pytest.raises(InvalidInput, match="--priority: expected an integer or 'auto'"):
         parse("--priority", "high")
-    with pytest.raises(InvalidInput, match="resync_seconds must be > 0"):
+    with pytest.raises(InvalidInput, match="--resync-seconds must be > 0"):
         parse("--resync-seconds", "0")
     with pytest.raises(ValueError, match="TCP port"):
         OperatorSettings(metrics_port=70000)
@@ -231,19 +232,23 @@ def test_the_registry_is_built_fresh_and_kopfs_global_one_stays_empty():
 
     from gpupart_operator.handlers import build_registry
     from gpupart_operator.metrics import Metrics
+    from gpupart_operator.model import Resolutions
     from gpupart_operator.reconciler import Reconciler
+    from gpupart_operator.writer import Writer
 
     before = len(list(kopf.get_default_registry()._changing.get_all_handlers()))
     api = client.ApiClient(client.Configuration(host="https://127.0.0.1:9"))
-    reconciler = Reconciler(api, OperatorSettings(), Metrics())
+    metrics = Metrics()
+    writer = Writer(api, OperatorSettings(), metrics)
+    reconciler = Reconciler(writer, metrics, Resolutions())
     try:
-        registry = build_registry(reconciler, OperatorSettings())
+        registry = build_registry(reconciler, writer, OperatorSettings())
         changing = {h.id for h in registry._changing.get_all_handlers()}
         assert {"create", "update", "resume", "release"} <= changing
         assert {h.id for h in registry._spawning.get_all_handlers()} == {"drift"}
         assert {h.id for h in registry._watching.get_all_handlers()} == {"gone", "node"}
-        assert build_registry(reconciler, OperatorSettings()) is not registry
+        assert build_registry(reconciler, writer, OperatorSettings()) is not registry
     finally:
-        reconciler.close()
+        writer.close()
         api.close()
     assert len(list(kopf.get_default_registry()._changing.get_all_handlers())) == before

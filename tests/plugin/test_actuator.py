@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plugin_fakes import Pods
 
 from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
@@ -23,10 +23,12 @@ from gpupart.core.api.wire import (
 from gpupart.core.mig.layout import MigInstance, Placement, layout_counts
 from gpupart.core.mig.planning import GpuInstanceState, plan_counts
 from gpupart.logs import KlogFormatter
-from gpupart_plugin.actuator import Actuator, inventory
+from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
+from gpupart_plugin.annotations import NodeAnnotations, inventory
 from gpupart_plugin.backend import NvmlFailure
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.kube import KubeUnavailable
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
@@ -47,7 +49,7 @@ def agent(sim: SimulatedGpus, pods: Pods, tmp_path: Path, command: list[str]) ->
 
 
 def instances(sim: SimulatedGpus, index: int = 0) -> dict[MigInstance, int]:
-    return {r.slice.instance: r.compute_instances for r in sim.instances(index)}
+    return {r.device.instance: r.compute_instances for r in sim.instances(index)}
 
 
 def test_applies_a_layout_and_reports_it(tmp_path: Path) -> None:
@@ -193,9 +195,9 @@ def test_random_repartitions_with_faults_and_busy_instances(
         before = instances(sim)
         held = [i for i, n in before.items() if n][:1] if busy else []
         pods.held = [
-            PodDevices("ns/p", "x", (r.slice.uuid,))
+            PodDevices("ns/p", "x", (r.device.uuid,))
             for r in sim.instances(0)
-            if r.slice.instance in held
+            if r.device.instance in held
         ]
         sim.inject(Fault(NvmlFailure.OTHER, after=fault_at))
         report = actuator.reconcile((mig(counts),)).report.gpus[0]
@@ -349,11 +351,10 @@ def node_agent(
 ) -> tuple[NodeAgent, list[str]]:
     """An agent without device plugins; the list collects the inventories it publishes."""
     inventories: list[str] = []
+    publish = NodeAnnotations(lambda _state, inventory, _capacity: inventories.append(inventory))
     agent = NodeAgent(
         Actuator(sim, pods, MpsDaemons(tmp_path / "mps", command)),
-        DeviceHub(),
-        None,
-        lambda _state, inventory, _capacity: inventories.append(inventory),
+        (DevicePluginSink(DeviceHub(), None, NodeMetrics()), publish),
         NodeMetrics(),
         published=published,
     )

@@ -29,8 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.pods import SharedContainer, parse_pod_request, shared_containers
 from gpupart.core.api.provenance import AssignmentKeys, sign
-from gpupart.core.api.resources import GPU_SHARED, parse_pod_request
+from gpupart.core.api.resources import GPU_SHARED
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
@@ -45,17 +46,15 @@ from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.node.admission import (
     AdmissionRecord,
     AdmissionRefused,
-    SharedContainer,
     SharedPod,
     admission_complete,
     admit_shared,
     read_shared_pod,
-    shared_containers,
 )
 from gpupart.core.node.devices import OfferedGpu
-from gpupart_plugin.allocator import Allocator
 from gpupart_plugin.checkpoint import CHECKPOINT_NAME, Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 
 NODE = "node-a"
 GPU_MIB = 81920

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FakeKubelet
+from plugin_fakes import FakeKubelet
 
+from gpupart.core.api.pods import SharedContainer
 from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
@@ -26,18 +27,20 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.admission import SharedContainer, SharedPod
+from gpupart.core.node.admission import SharedPod
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.allocator import Allocator
-from gpupart_plugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.registration import DevicePlugins, socket_name
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.health import HealthMonitor
 from gpupart_plugin.kube import KubeUnavailable
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
-from gpupart_plugin.registration import DevicePlugins, socket_name
 from gpupart_plugin.simgpu import SimulatedGpus
 
 H200 = "H200-141GB"
@@ -84,7 +87,8 @@ def node(kubelet: FakeKubelet, tmp_path: Path, mps_command: list[str]) -> Iterat
     )
     published: list[tuple[str, str]] = []
     actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", mps_command))
-    agent = NodeAgent(actuator, hub, plugins, lambda s, i, _c: published.append((s, i)), metrics)
+    publish = NodeAnnotations(lambda s, i, _c: published.append((s, i)))
+    agent = NodeAgent(actuator, (DevicePluginSink(hub, plugins, metrics), publish), metrics)
     yield Node(sim, hub, plugins, agent, kubelet, pods, recorded, published)
     plugins.stop()
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import FakeKubelet, FakePodResources
+from plugin_fakes import FakeKubelet, FakePodResources
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
@@ -35,15 +35,17 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_plugin.actuator import Actuator
-from gpupart_plugin.advertise import EarlyStatus
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.allocator import Allocator
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.nodestatus import NodeStatusWriter
+from gpupart_plugin.deviceplugin.registration import DevicePlugins
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodResourcesClient
-from gpupart_plugin.registration import DevicePlugins
 from gpupart_plugin.simgpu import SimulatedGpus
 
 MIG_3G = "nvidia.com/mig-3g.71gb"
@@ -109,10 +111,13 @@ def make_node(
         held = answers[-1] if answers else None
         node.writes.append(Written(dict(capacity), dict(allocatable), held, made))
 
-    status = EarlyStatus(client.allocatable, write, timeout_s=timeout_s, poll_s=0.02)
-    agent = NodeAgent(
-        actuator, hub, plugins, lambda s, _i, _c: node.states.append(s), metrics, status=status
+    status = NodeStatusWriter(hub, client.allocatable, write, timeout_s=timeout_s, poll_s=0.02)
+    sinks = (
+        DevicePluginSink(hub, plugins, metrics),
+        NodeAnnotations(lambda s, _i, _c: node.states.append(s)),
+        status,
     )
+    agent = NodeAgent(actuator, sinks, metrics)
     node = Node(agent, kubelet, pod_resources, sim)
     yield node
     plugins.stop()
@@ -178,7 +183,7 @@ def test_each_instance_of_a_plan_is_written_before_the_next_one_exists(node: Nod
 def test_nothing_is_written_when_the_kubelet_never_lists_the_device(
     kubelet: FakeKubelet, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gpupart_plugin.advertise")
+    caplog.set_level(logging.WARNING, logger="gpupart_plugin.deviceplugin.nodestatus")
     for node in make_node(kubelet, tmp_path, timeout_s=0.5):
         node.pod_resources.pause()
         node.agent.reconcile(DESIRED, plan("p1", ONE))
@@ -186,7 +191,9 @@ def test_nothing_is_written_when_the_kubelet_never_lists_the_device(
         assert node.writes == []
         assert decode_report(node.states[-1]).plan == PlanReport("p1", GpuState.APPLIED)
         assert len(node.pod_resources.answers) >= 2, "it polled until the bound"
-        (record,) = [r for r in caplog.records if r.name == "gpupart_plugin.advertise"]
+        (record,) = [
+            r for r in caplog.records if r.name == "gpupart_plugin.deviceplugin.nodestatus"
+        ]
         fields = record.__dict__["kv"]
         assert fields["resources"] == MIG_3G and fields["timeout"] == "0.5s", fields
 
@@ -194,7 +201,7 @@ def test_nothing_is_written_when_the_kubelet_never_lists_the_device(
 def test_a_kubelet_without_get_allocatable_resources_gets_no_early_write_and_one_log(
     kubelet: FakeKubelet, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gpupart_plugin.advertise")
+    caplog.set_level(logging.WARNING, logger="gpupart_plugin.deviceplugin.nodestatus")
     for node in make_node(kubelet, tmp_path, implements_allocatable=False, timeout_s=30):
         node.agent.reconcile(DESIRED, plan("p1", ONE))
         node.device()
@@ -202,5 +209,5 @@ def test_a_kubelet_without_get_allocatable_resources_gets_no_early_write_and_one
         node.kubelet.wait_for(MIG_3G, lambda listed: len(listed) == 2)
         assert node.writes == []
         assert decode_report(node.states[-1]).plan == PlanReport("p2", GpuState.APPLIED)
-        logged = [r for r in caplog.records if r.name == "gpupart_plugin.advertise"]
+        logged = [r for r in caplog.records if r.name == "gpupart_plugin.deviceplugin.nodestatus"]
         assert len(logged) == 1 and "UNIMPLEMENTED" in str(logged[0].__dict__["kv"]["err"])

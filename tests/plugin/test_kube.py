@@ -46,7 +46,7 @@ def test_watch_retries_with_backoff_while_the_api_server_is_unreachable(
 
     def consume() -> None:
         try:
-            yielded.extend(node.watch_input(stop, resync_s=1))
+            yielded.extend(node.watch_input(stop, relist_s=1))
         except BaseException as error:  # noqa: BLE001 - the test reports it
             raised.append(error)
 

@@ -7,19 +7,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Pods
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plugin_fakes import Pods
 
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuState,
     MigPlan,
+    MigReservation,
     NodeReport,
     PlannedGpu,
     PlanReport,
-    SliceReservation,
     decode_inventory,
     decode_report,
     encode_desired,
@@ -30,8 +30,10 @@ from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import Layout, MigInstance, Placement, check_layout, layout_counts
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
+from gpupart_plugin.annotations import NodeAnnotations
 from gpupart_plugin.backend import NvmlFailure
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.metrics import NodeMetrics
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodDevices
@@ -75,7 +77,7 @@ def actuator(sim: SimulatedGpus, pods: Pods, tmp_path: Path) -> Actuator:
 
 def uuids(sim: SimulatedGpus, index: int = 0) -> dict[MigInstance, str]:
     """The complete instances on a GPU and their MIG UUIDs, as the backend reports them."""
-    return {r.slice.instance: r.slice.uuid for r in sim.instances(index) if r.compute_instances}
+    return {r.device.instance: r.device.uuid for r in sim.instances(index) if r.compute_instances}
 
 
 def test_a_plan_creates_instances_at_the_exact_placements_it_names(tmp_path: Path) -> None:
@@ -178,18 +180,11 @@ def test_a_plan_before_any_desired_state_changes_nothing(tmp_path: Path) -> None
     )
 
 
+# Every reason a plan is refused: tests/core/test_gpu_plan.py; here that no step runs for one.
 @pytest.mark.parametrize(
     ("layouts", "words"),
     [
         ({1: (at("3g.71gb", 0), at("2g.35gb", 2))}, "GPU 1: 2g.35gb at slots 2-3 overlaps 3g.71gb"),
-        (
-            {1: (MigInstance(Placement(1, 4), "3g.71gb"),)},
-            "GPU 1: 3g.71gb at slots 1-4 is not a placement of 3g.71gb on H200-141GB",
-        ),
-        (
-            {1: (at("1g.18gb", 0), MigInstance(Placement(2, 1), "9g.1tb"))},
-            "GPU 1: MIG profile '9g.1tb'",
-        ),
         ({7: SMALL}, "GPU 7: not on this node"),
     ],
 )
@@ -283,7 +278,8 @@ class Published:
 
 def node_agent(sim: SimulatedGpus, pods: Pods, tmp_path: Path) -> tuple[NodeAgent, Published]:
     published = Published()
-    agent = NodeAgent(actuator(sim, pods, tmp_path), DeviceHub(), None, published, NodeMetrics())
+    sinks = (DevicePluginSink(DeviceHub(), None, NodeMetrics()), NodeAnnotations(published))
+    agent = NodeAgent(actuator(sim, pods, tmp_path), sinks, NodeMetrics())
     return agent, published
 
 
@@ -326,7 +322,7 @@ def test_a_refused_desired_state_fails_the_plan_too(tmp_path: Path) -> None:
 def test_the_published_state_and_inventory_carry_the_plan_and_use(tmp_path: Path) -> None:
     sim, pods = SimulatedGpus([H200]), Pods()
     agent, published = node_agent(sim, pods, tmp_path)
-    reserved = SliceReservation("ml/a", "uid-a", 0, at("3g.71gb", 4), expires=1e9)
+    reserved = MigReservation("ml/a", "uid-a", 0, at("3g.71gb", 4), expires=1e9)
     text = encode_mig_plan(MigPlan("p1", (PlannedGpu(0, SMALL),), (reserved,)))
     agent.reconcile(encode_desired((dynamic(),)), text)
     assert published.report.plan == PlanReport("p1", GpuState.APPLIED)
@@ -439,7 +435,8 @@ def test_each_instance_a_plan_creates_is_offered_at_once_without_the_plan_answer
             )
         )
 
-    agent = NodeAgent(actuator(sim, Pods(), tmp_path), hub, None, publish, NodeMetrics())
+    sinks = (DevicePluginSink(hub, None, NodeMetrics()), NodeAnnotations(publish))
+    agent = NodeAgent(actuator(sim, Pods(), tmp_path), sinks, NodeMetrics())
     desired = encode_desired((dynamic(),))
     agent.reconcile(desired, encode_mig_plan(plan("p0", {0: ()})))
     assert [o.plan for o in offers] == [PlanReport("p0", GpuState.APPLIED)]

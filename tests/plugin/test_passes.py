@@ -20,9 +20,11 @@ from gpupart.core.api.wire import (
     encode_desired,
 )
 from gpupart.watch import Backoff
-from gpupart_plugin.actuator import Actuator, PassResult
+from gpupart_plugin.actuator import Actuator, NodePass
 from gpupart_plugin.agent import NodeAgent
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.annotations import NodeAnnotations
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.kube import PassInput
 from gpupart_plugin.main import PassTrigger, serve
 from gpupart_plugin.metrics import NodeMetrics
@@ -44,22 +46,21 @@ class Loop:
         actuator = Actuator(
             self.sim, lambda: tuple(self.held), MpsDaemons(tmp_path / "mps", ["true"])
         )
-        self.agent = NodeAgent(
-            actuator,
-            DeviceHub(),
-            None,
+        publish = NodeAnnotations(
             lambda state, inventory, _capacity: self.reports.put(
                 (decode_report(state), decode_inventory(inventory))
-            ),
-            NodeMetrics(),
+            )
         )
+        metrics = NodeMetrics()
+        sinks = (DevicePluginSink(DeviceHub(), None, metrics), publish)
+        self.agent = NodeAgent(actuator, sinks, metrics)
         self.passes = PassTrigger(retry)
         self.stop = threading.Event()
         self.thread = threading.Thread(
             target=serve, args=(self.passes, self.reconcile, self.stop), daemon=True
         )
 
-    def reconcile(self, wanted: PassInput) -> PassResult:
+    def reconcile(self, wanted: PassInput) -> NodePass:
         return self.agent.reconcile(wanted.desired, wanted.plan)
 
     def report(self) -> NodeReport:
@@ -85,7 +86,7 @@ def test_a_blocked_pass_is_retried_once_the_pods_usage_disappears_without_a_pod_
 ) -> None:
     loop.passes.read(PassInput(SEVEN))
     assert loop.report().gpus[0].state is GpuState.APPLIED
-    busy = loop.sim.instances(0)[0].slice
+    busy = loop.sim.instances(0)[0].device
     loop.held.append(PodDevices("ml/train-0", "nvidia.com/mig-1g.18gb", (busy.uuid,)))
     loop.passes.read(PassInput(ONE))
     blocked = loop.report().gpus[0]
@@ -96,7 +97,7 @@ def test_a_blocked_pass_is_retried_once_the_pods_usage_disappears_without_a_pod_
     while (gpu := loop.report().gpus[0]).state is GpuState.BLOCKED:
         pass
     assert gpu.state is GpuState.APPLIED
-    assert [r.slice.instance.profile for r in loop.sim.instances(0)] == ["7g.141gb"]
+    assert [r.device.instance.profile for r in loop.sim.instances(0)] == ["7g.141gb"]
     # Applied: the retries end (five longest backoffs go by without a pass).
     with pytest.raises(queue.Empty):
         loop.reports.get(timeout=1.0)
@@ -107,7 +108,7 @@ def test_a_pod_that_left_but_is_still_listed_is_retried_until_its_device_shows_f
 ) -> None:
     loop.passes.read(PassInput(SEVEN))
     loop.report()
-    held = loop.sim.instances(0)[0].slice.uuid
+    held = loop.sim.instances(0)[0].device.uuid
     loop.held.append(PodDevices("ml/a", "nvidia.com/mig-1g.18gb", (held,)))
     loop.passes.wake()  # a pass (another pod left): ml/a is now used
     assert loop.used() == [held]
@@ -131,7 +132,7 @@ def test_retries_back_off_doubling_and_start_over_on_an_event() -> None:
     passes.read(PassInput("a"))  # a new desired annotation is a new wait
     assert passes.passed(True) == 1.0
     passes.passed(True)
-    passes.read(PassInput("a"))  # its resync is not
+    passes.read(PassInput("a"))  # its relist is not
     assert passes.passed(True) == 4.0
     assert passes.passed(False) is None  # nothing waits: no retry, and the next wait starts short
     assert passes.passed(True) == 1.0

@@ -69,7 +69,7 @@ def expected_kind(step: Step, before: dict[MigInstance, int]) -> NvmlFailure:
 
 
 def simulated(sim: SimulatedGpus) -> dict[MigInstance, int]:
-    return {r.slice.instance: r.compute_instances for r in sim.instances(0)}
+    return {r.device.instance: r.compute_instances for r in sim.instances(0)}
 
 
 @settings(max_examples=150, deadline=None)
@@ -127,7 +127,7 @@ def test_a_slow_create_holds_only_its_own_gpu() -> None:
         sim.apply(DestroyComputeInstance(1, whole))  # GPU 1's step is answered now
     assert sim.instances(0) == (), "the read did not wait for GPU 0's create"
     worker.join(10)
-    assert [r.slice.instance for r in sim.instances(0)] == [whole]
+    assert [r.device.instance for r in sim.instances(0)] == [whole]
 
 
 def test_a_state_file_keeps_mig_modes_and_instances_across_restarts(tmp_path) -> None:
@@ -146,7 +146,7 @@ def test_a_state_file_keeps_mig_modes_and_instances_across_restarts(tmp_path) ->
     # A new instance after the restart gets a UUID never used before.
     other = MigInstance(Placement(0, 4), "3g.40gb")
     again.apply(CreateGpuInstance(1, other))
-    uuids = [r.slice.uuid for r in again.instances(1)]
+    uuids = [r.device.uuid for r in again.instances(1)]
     assert len(set(uuids)) == 2
     with pytest.raises(InvalidInput, match="gpus.json: cannot be read"):
         SimulatedGpus(["A100-SXM4-80GB"], node="n", state_path=path)  # other GPUs

@@ -1,7 +1,8 @@
-"""Strict reading of untrusted JSON-like records (specs, annotations), with the field path in every error."""
+"""Strict reading of untrusted JSON-like records (specs, annotations) with the field path in errors; API timestamps."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -154,3 +155,14 @@ def _kind(value: object) -> str:
     if isinstance(value, str):
         return f"str {shown(value)}"
     return f"{type(value).__name__} {shown(repr(value))[1:-1]}"
+
+
+def find_time(timestamp: object) -> float | None:
+    """An RFC 3339 timestamp of the API server (`creationTimestamp`, a condition's
+    `lastTransitionTime`) as Unix seconds; None when absent or unreadable."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(timestamp).timestamp()
+    except ValueError:
+        return None

@@ -1,11 +1,14 @@
-"""Resource names that pods request, Kubernetes quantities, and a pod's GPU request as one typed value."""
+"""Resource names that pods request, Kubernetes quantities (memory, CPU), and a pod's GPU request as one typed value.
+
+A pod's request is read from the pod in `gpupart.core.api.pods`.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -231,133 +234,29 @@ class GpuRequest:
         return not (self.whole_gpus or self.mig or self.shared)
 
 
-def parse_pod_request(pod: Mapping[str, Any], *, where: str = "pod") -> GpuRequest:
-    """One typed request from a pod object (or its spec); malformed quantities raise InvalidInput.
-
-    Effective amount per resource, kube-scheduler's rule (`resource.PodRequests`): app
-    containers and sidecars (init containers with `restartPolicy: Always`, which keep running
-    beside the app) add up; an ordinary init container counts with the sidecars started before
-    it; the larger of the two wins. Extended resources use limits, falling back to requests.
-    """
-    spec = pod.get("spec", pod)
-    if not isinstance(spec, Mapping):
-        raise InvalidInput(f"{where}.spec", "must be a mapping")
-    totals = _sum_containers(spec.get("containers") or [], f"{where}.spec.containers")
-    init_where = f"{where}.spec.initContainers"
-    init_containers = spec.get("initContainers") or []
-    sidecars: dict[str, Fraction] = {}
-    init: dict[str, tuple[Fraction, str]] = {}
-    for position, (name, (amount, place)) in _each_of(init_containers, init_where):
-        container = init_containers[position]
-        if container.get("restartPolicy") == "Always":
-            sidecars[name] = sidecars.get(name, Fraction(0)) + amount
-            totals[name] = totals.get(name, (Fraction(0), place))[0] + amount, place
-            running = sidecars[name]
-        else:
-            running = sidecars.get(name, Fraction(0)) + amount
-        if running > init.get(name, (Fraction(-1), ""))[0]:
-            init[name] = running, place
-    for name, (amount, place) in init.items():
-        if amount > totals.get(name, (Fraction(0), ""))[0]:
-            totals[name] = amount, place
-    return _request_from_totals(totals, where)
+MAX_CPU_CORES = 1_000_000
+"""More CPU than any node has: a larger figure is refused, never counted."""
 
 
-def _sum_containers(containers: object, where: str) -> dict[str, tuple[Fraction, str]]:
-    totals: dict[str, tuple[Fraction, str]] = {}
-    for _, (name, (amount, place)) in _each_of(containers, where):
-        before = totals.get(name, (Fraction(0), place))[0]
-        totals[name] = before + amount, place
-    return totals
+def parse_cpu_quantity(text: object, where: str) -> Fraction:
+    """A CPU quantity in cores, 0 to `MAX_CPU_CORES`; InvalidInput names `where` otherwise."""
+    value = parse_quantity(text, where=where)
+    if value < 0:
+        raise InvalidInput(where, f"must not be negative, got {str(text)[:40]!r}")
+    if value > MAX_CPU_CORES:
+        raise InvalidInput(where, f"{str(text)[:40]!r} is more CPU than any node has")
+    return value
 
 
-def _each_of(
-    containers: object, where: str
-) -> Iterable[tuple[int, tuple[str, tuple[Fraction, str]]]]:
-    """(container position, (resource, (amount, field path))) for each GPU resource asked."""
-    if not isinstance(containers, list):
-        raise InvalidInput(where, "must be a list")
-    for position, container in enumerate(containers):
-        for item in container_amounts(container, f"{where}[{position}].resources"):
-            yield position, item
-
-
-def container_amounts(container: object, place: str) -> Iterable[tuple[str, tuple[Fraction, str]]]:
-    """(resource, (amount, field path)) for each GPU resource one container asks for.
-
-    Limits, falling back to requests; the two must agree where both are given.
-    """
-    resources = (container.get("resources") or {}) if isinstance(container, Mapping) else None
-    if not isinstance(resources, Mapping):
-        raise InvalidInput(place, "must be a mapping")
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
-    for part, amounts in (("limits", limits), ("requests", requests)):
-        if not isinstance(amounts, Mapping) or not all(isinstance(k, str) for k in amounts):
-            raise InvalidInput(f"{place}.{part}", "must map resource names to quantities")
-    for name in sorted({*limits, *requests}):
-        if not _is_gpu_resource(name):
-            continue
-        limit, request = limits.get(name), requests.get(name)
-        field = name if len(name) <= 80 else f"{name[:80]}…"  # a path, never 100 KB
-        if (
-            limit is not None
-            and request is not None
-            and parse_quantity(limit, where=f"{place}.limits.{field}")
-            != parse_quantity(request, where=f"{place}.requests.{field}")
-        ):
-            raise InvalidInput(
-                place,
-                f"{field}: requests ({str(request):.40}) and limits ({str(limit):.40}) differ",
-            )
-        text = limit if limit is not None else request
-        part = "limits" if limit is not None else "requests"
-        yield (
-            name,
-            (parse_quantity(text, where=f"{place}.{part}.{field}"), f"{place}.{part}.{field}"),
+def node_cpu_milli(node: Mapping[str, Any]) -> int | None:
+    """A Node's allocatable CPU in millicores (rounded down); None when absent or unreadable."""
+    status = node.get("status")
+    allocatable = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(allocatable, Mapping) or allocatable.get("cpu") is None:
+        return None
+    try:
+        return math.floor(
+            parse_cpu_quantity(allocatable["cpu"], "Node.status.allocatable.cpu") * 1000
         )
-
-
-def _is_gpu_resource(name: str) -> bool:
-    return name in (GPU, GPU_SHARED, GPU_MEMORY, GPU_COMPUTE) or name.startswith(MIG_PREFIX)
-
-
-def _request_from_totals(totals: Mapping[str, tuple[Fraction, str]], where: str) -> GpuRequest:
-    counts = {name: whole(amount, place, amount) for name, (amount, place) in totals.items()}
-    mig = []
-    for name, count in sorted(counts.items()):
-        profile = find_mig_profile(name)
-        if profile is not None and count:
-            check_profile_name(profile, where=totals[name][1])
-            mig.append((profile, count))
-    request = GpuRequest(
-        whole_gpus=counts.get(GPU, 0),
-        mig=tuple(mig),
-        shared=counts.get(GPU_SHARED, 0),
-        memory_mib=counts.get(GPU_MEMORY, 0),
-        compute_percent=counts.get(GPU_COMPUTE, 0),
-    )
-    kinds = [
-        k
-        for k, n in (
-            ("nvidia.com/gpu", request.whole_gpus),
-            ("MIG", len(mig)),
-            (GPU_SHARED, request.shared),
-        )
-        if n
-    ]
-    if len(kinds) > 1:
-        raise InvalidInput(
-            where, f"asks for {' and '.join(kinds)} at once; a pod takes one kind of GPU"
-        )
-    if (request.memory_mib or request.compute_percent) and not request.shared:
-        raise InvalidInput(where, f"{GPU_MEMORY} and {GPU_COMPUTE} need {GPU_SHARED}")
-    if request.memory_mib > MAX_SANE_MIB:
-        raise InvalidInput(
-            totals[GPU_MEMORY][1],
-            f"{GPU_MEMORY} is in MiB; {request.memory_mib} MiB is more than any GPU has "
-            "(write 10240 for 10 GiB, not 10Gi)",
-        )
-    if request.compute_percent > 100:
-        raise InvalidInput(totals[GPU_COMPUTE][1], f"{GPU_COMPUTE} is a percentage, at most 100")
-    return request
+    except InvalidInput:
+        return None

@@ -20,7 +20,6 @@ from gpupart.core.api.selectors import (
     requirement,
     selector_of,
 )
-from gpupart.core.dynamic.model import DEFAULT_MIN_IDLE_S, MAX_MIN_IDLE_S, DynamicMig
 from gpupart.core.errors import InvalidInput, shown
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import Layout, require_counts, solve_layout
@@ -57,6 +56,36 @@ class Disruption(StrEnum):
 
 
 _MODE_BLOCKS = {Mode.MIG: "mig", Mode.MPS: "mps", Mode.TIME_SLICING: "timeSlicing", Mode.NONE: ""}
+
+DEFAULT_MIN_IDLE_S = 60
+"""An idle instance younger than this is not merged into the warm mix (hysteresis); a pending
+pod that needs its memory slices may reclaim it at once."""
+MAX_MIN_IDLE_S = 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicMig:
+    """A GpuPartition's dynamic MIG policy (`spec.mig.dynamic`)."""
+
+    profiles: tuple[str, ...] | None = None
+    """Profiles the planner may create; None: all of the GPU model's."""
+    warm: tuple[tuple[str, int], ...] = ()
+    """Instances kept ready on GPUs that hold nothing in use or reserved."""
+    min_idle_s: int = DEFAULT_MIN_IDLE_S
+    """Seconds idle before an instance may be merged back to restore the warm mix (the
+    hysteresis); a pending pod whose creation needs its memory slices reclaims it at any age."""
+    carve_idle_gpus: bool = True
+    """Whether a GPU with no instance at all may be carved."""
+
+    def allows(self, profile: str) -> bool:
+        return self.profiles is None or profile in self.profiles
+
+    @property
+    def warm_counts(self) -> dict[str, int]:
+        return {name: count for name, count in self.warm if count}
+
+
+DEFAULT_DYNAMIC = DynamicMig()
 
 
 @dataclass(frozen=True, slots=True)

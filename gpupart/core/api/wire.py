@@ -21,7 +21,7 @@ DESIRED_ANNOTATION = "gpupart.io/desired"
 STATE_ANNOTATION = "gpupart.io/state"
 """On a Node, written by the node agent: what it applied, per GPU, and why not when it could not."""
 INVENTORY_ANNOTATION = "gpupart.io/inventory"
-"""On a Node, written by the node agent: GPUs and slices as the extender needs them."""
+"""On a Node, written by the node agent: GPUs and MIG devices as the extender needs them."""
 ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
 """On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
 ALLOCATION_ANNOTATION = "gpupart.io/allocation"
@@ -95,7 +95,7 @@ class PlannedGpu:
 
 
 @dataclass(frozen=True, slots=True)
-class SliceReservation:
+class MigReservation:
     """An instance of a plan (created by it, or idle and reused) held for one pending pod."""
 
     pod: str
@@ -113,7 +113,7 @@ class MigPlan:
 
     id: str
     gpus: tuple[PlannedGpu, ...] = ()
-    reservations: tuple[SliceReservation, ...] = ()
+    reservations: tuple[MigReservation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,8 +525,8 @@ def decode_mig_plan(text: str) -> MigPlan:
             raise InvalidInput(g.path("layout"), "is required (an empty list empties the GPU)")
         return PlannedGpu(g.integer("index", minimum=0), _read_layout(g, "layout"))
 
-    def reservation(r: Record) -> SliceReservation:
-        return SliceReservation(
+    def reservation(r: Record) -> MigReservation:
+        return MigReservation(
             pod=r.string("pod"),
             uid=r.string("uid", ""),
             gpu=r.integer("gpu", minimum=0),

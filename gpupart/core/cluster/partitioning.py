@@ -218,7 +218,7 @@ def released(partition_name: str, nodes: Sequence[LabeledNode]) -> list[str]:
 def _unknown_gpus(node: str) -> str:
     return (
         f"{node}: GPUs unknown: no gpupart.io/inventory from gpupart's node agent and no "
-        f"{COUNT_LABEL} label, so dynamic MIG makes no slice there; run the node agent there "
+        f"{COUNT_LABEL} label, so dynamic MIG makes no MIG device there; run the node agent there "
         f"(the chart's DaemonSet selects node.nodeSelector, nvidia.com/gpu.present=true), or "
         f"label the node {COUNT_LABEL}=<GPUs>"
     )

@@ -1,1 +1,1 @@
-"""Dynamic MIG: a demand-driven repartitioning planner, its fragmentation measure, and its simulator."""
+"""Dynamic MIG: a demand-driven repartitioning planner, its fragmentation measure, and one live round."""

@@ -20,18 +20,24 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import DynamicMig, Mode
 from gpupart.core.api.wire import (
     GpuState,
     Inventory,
     MigPlan,
+    MigReservation,
     PlannedGpu,
     PlanReport,
-    SliceReservation,
     encode_mig_plan,
 )
-from gpupart.core.dynamic.model import Demand, DynamicMig, Gpu, Instance, Mix, Use
-from gpupart.core.dynamic.planner import Plan, plan
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Mix,
+    Use,
+)
+from gpupart.core.dynamic.planner import PlannerAnswer, plan
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.mig.planning import CreateGpuInstance, DestroyGpuInstance
@@ -90,7 +96,7 @@ class PendingPod:
 class Planned:
     """A reservation this round made: the pod's Event says it."""
 
-    reservation: SliceReservation
+    reservation: MigReservation
     node: str
     created: bool
 
@@ -111,9 +117,9 @@ class Round:
     planned: tuple[Planned, ...]
     unserved: tuple[tuple[str, str], ...]
     """(pod, the planner's reason) for pending pods no GPU can serve now."""
-    expired: tuple[SliceReservation, ...]
+    expired: tuple[MigReservation, ...]
     """Reservations dropped because their pod was not bound within the TTL."""
-    failed: tuple[tuple[str, SliceReservation, str], ...]
+    failed: tuple[tuple[str, MigReservation, str], ...]
     """(node, reservation, why) for reservations of a plan the node agent could not apply."""
     in_flight: tuple[str, ...]
     """Nodes with a plan the node agent has not answered yet."""
@@ -141,9 +147,9 @@ def plan_round(
     if unbound is None:
         unbound = {p.key: p.uid for p in pending}
     idle_since = idle_since or {}
-    kept: dict[str, list[SliceReservation]] = {}
-    expired: list[SliceReservation] = []
-    failed: list[tuple[str, SliceReservation, str]] = []
+    kept: dict[str, list[MigReservation]] = {}
+    expired: list[MigReservation] = []
+    failed: list[tuple[str, MigReservation, str]] = []
     gpus: list[Gpu] = []
     served: set[str] = set()
     for node in nodes:
@@ -161,7 +167,7 @@ def plan_round(
         if not node.in_flight and not node.hold:
             gpus.extend(_planner_gpus(node, live, now, idle_since))
     demand = [
-        Demand(p.key, p.profiles, p.priority, p.pending_since, p.nodes)
+        MigDemand(p.key, p.profiles, p.priority, p.pending_since, p.nodes)
         for p in pending
         if p.key not in served and p.profiles
     ]
@@ -169,7 +175,7 @@ def plan_round(
         Counter(p for d in demand for p in d.profiles)
         + Counter({p: n for node in nodes for p, n in node.holders.items() if n > 0})
     )
-    answer = plan(gpus, demand, now=now, mix=mix) if gpus else Plan((), (), ())
+    answer = plan(gpus, demand, now=now, mix=mix) if gpus else PlannerAnswer((), (), ())
     unserved = answer.unserved
     if not gpus:
         unserved = tuple(
@@ -189,7 +195,7 @@ def plan_round(
 
 def _live_reservations(
     node: NodeFacts, unbound: Mapping[str, str], now: float
-) -> tuple[list[SliceReservation], list[SliceReservation]]:
+) -> tuple[list[MigReservation], list[MigReservation]]:
     """(kept, expired): a reservation lives while its pod is unbound (same uid) and its TTL runs.
 
     A pod bound or gone ends it without counting as expired: bound, the instance is in use.
@@ -216,7 +222,7 @@ def _existing(inventory: Inventory | None) -> set[tuple[int, MigInstance]]:
 
 def _planner_gpus(
     node: NodeFacts,
-    reservations: Sequence[SliceReservation],
+    reservations: Sequence[MigReservation],
     now: float,
     idle_since: Mapping[tuple[str, int, MigInstance], float],
 ) -> list[Gpu]:
@@ -278,8 +284,8 @@ def _holder(node: NodeFacts, profile: str, uuid: str) -> str:
 
 def _changes(
     nodes: Sequence[NodeFacts],
-    kept: Mapping[str, list[SliceReservation]],
-    answer: Plan,
+    kept: Mapping[str, list[MigReservation]],
+    answer: PlannerAnswer,
     waiting: Mapping[str, PendingPod],
     now: float,
     ttl_s: float,
@@ -296,9 +302,9 @@ def _changes(
             elif isinstance(step, DestroyGpuInstance):
                 destroyed.setdefault(gpu_plan.node, []).append((step.gpu, step.instance))
     planned: list[Planned] = []
-    fresh: dict[str, list[SliceReservation]] = {}
+    fresh: dict[str, list[MigReservation]] = {}
     for r in answer.reservations:
-        reservation = SliceReservation(
+        reservation = MigReservation(
             r.pod, waiting[r.pod].uid, r.gpu, r.instance, round(now + ttl_s, 3)
         )
         fresh.setdefault(r.node, []).append(reservation)
@@ -330,7 +336,7 @@ def _changes(
     return changes, tuple(planned)
 
 
-def _order(r: SliceReservation) -> tuple[int, MigInstance, str]:
+def _order(r: MigReservation) -> tuple[int, MigInstance, str]:
     return (r.gpu, r.instance, r.pod)
 
 

@@ -6,13 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gpupart.core.api.spec import DEFAULT_DYNAMIC, DynamicMig
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance
-
-DEFAULT_MIN_IDLE_S = 60
-"""An idle instance younger than this is not merged into the warm mix (hysteresis); a pending
-pod that needs its slices may reclaim it at once."""
-MAX_MIN_IDLE_S = 86_400
 
 
 class Use(StrEnum):
@@ -52,31 +48,6 @@ class Instance:
 
 
 @dataclass(frozen=True, slots=True)
-class DynamicMig:
-    """A GpuPartition's dynamic MIG policy (`spec.mig.dynamic`)."""
-
-    profiles: tuple[str, ...] | None = None
-    """Profiles the planner may create; None: all of the GPU model's."""
-    warm: tuple[tuple[str, int], ...] = ()
-    """Instances kept ready on GPUs that hold nothing in use or reserved."""
-    min_idle_s: int = DEFAULT_MIN_IDLE_S
-    """Seconds idle before an instance may be merged back to restore the warm mix (the
-    hysteresis); a pending pod whose creation needs its slices reclaims it at any age."""
-    carve_idle_gpus: bool = True
-    """Whether a GPU with no instance at all may be carved."""
-
-    def allows(self, profile: str) -> bool:
-        return self.profiles is None or profile in self.profiles
-
-    @property
-    def warm_counts(self) -> dict[str, int]:
-        return {name: count for name, count in self.warm if count}
-
-
-DEFAULT_DYNAMIC = DynamicMig()
-
-
-@dataclass(frozen=True, slots=True)
 class Gpu:
     """One MIG GPU of the cluster: where it is, its model, its instances, the policy it follows."""
 
@@ -92,7 +63,7 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
-class Demand:
+class MigDemand:
     """A pending pod's MIG request: one profile per instance (all on one node), priority, age."""
 
     pod: str

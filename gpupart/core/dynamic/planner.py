@@ -12,7 +12,7 @@ Rules, in order:
   against the observed mix (`fragmentation`) + `QUEUE_WEIGHT` x operations already planned on
   the GPU this round when it needs one (a GPU makes instances one at a time: spreading a
   burst's creates over GPUs binds its pods sooner), then fewest operations, node name, GPU index.
-- An idle instance is destroyed only when a pending pod's creation needs its slices, or, once
+- An idle instance is destroyed only when a pending pod's creation needs its memory slices, or, once
   older than the policy's `min_idle_s` (the hysteresis), to restore the warm mix on a GPU that
   holds nothing in use or reserved. The hysteresis never makes a pending pod wait: measured on
   the saturated W2 workload it did (ADR 004). Nothing else changes, so a steady demand reaches
@@ -37,7 +37,13 @@ from itertools import combinations
 from math import inf
 
 from gpupart.core.dynamic.fragmentation import stranded
-from gpupart.core.dynamic.model import Demand, Gpu, Instance, Mix, Use
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Mix,
+    Use,
+)
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import NO_MEDIA, GpuModel, MediaEngines, parse_profile_name
 from gpupart.core.mig.layout import (
@@ -60,7 +66,7 @@ REPACK_BUDGET = 2_000
 """Most GPU evaluations one node's repack search may make before it gives up."""
 OPS_WEIGHT = 1.0
 """What one instance operation costs against one memory slice of expected fragmentation: an
-idle instance is reused as is only when that does not strand more than a slice elsewhere."""
+idle instance is reused as is only when that does not strand more than a memory slice elsewhere."""
 QUEUE_WEIGHT = 1.0
 """What one operation already planned on a GPU in the same round costs a new one there, against
 one memory slice of expected fragmentation (NVML changes one GPU's instances one at a time)."""
@@ -80,7 +86,7 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuPlan:
+class GpuSteps:
     """The ordered NVML steps for one GPU, and the layout they lead to."""
 
     node: str
@@ -98,10 +104,10 @@ class GpuPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class PlannerAnswer:
     """The planner's answer: steps per GPU (only GPUs that change), reservations, reasons."""
 
-    gpus: tuple[GpuPlan, ...]
+    gpus: tuple[GpuSteps, ...]
     reservations: tuple[Reservation, ...]
     unserved: tuple[tuple[str, str], ...]
     """(pod, why) for every pending pod this plan does not serve."""
@@ -422,7 +428,7 @@ class _Solver:
 def _room(
     geometry: _Geometry, fixed: Sequence[_Spot], fixed_mask: int, items: Sequence[_Profile]
 ) -> bool:
-    """A necessary condition for `items` beside the fixed instances: slices and compute left,
+    """A necessary condition for `items` beside the fixed instances: memory slices and compute left,
     and for each profile a legal start clear of them (cheap; the exact search decides)."""
     compute = sum(geometry.by_name[name].compute for _, _, name in fixed)
     memory = sum(p.memory for p in items)
@@ -436,11 +442,11 @@ def _room(
 
 def plan(
     gpus: Sequence[Gpu],
-    demand: Sequence[Demand],
+    demand: Sequence[MigDemand],
     *,
     now: float,
     mix: Mix | None = None,
-) -> Plan:
+) -> PlannerAnswer:
     """Plan the MIG changes that serve `demand` on `gpus`; see the module docstring for the rules.
 
     `mix` is the observed demand mix the fragmentation is measured against; by default the mix
@@ -515,7 +521,9 @@ class _Nodes:
         self.versions[name] = self.versions.get(name, 0) + 1
 
 
-def _serve(solver: _Solver, nodes: _Nodes, request: Demand, allowed: dict[str, Demand]) -> bool:
+def _serve(
+    solver: _Solver, nodes: _Nodes, request: MigDemand, allowed: dict[str, MigDemand]
+) -> bool:
     """Claim GPUs for every instance of `request` on the best node it may use; False when none
     can. `allowed`: every pending pod by name, whose nodes a repack of its claims respects."""
     profiles = tuple(sorted(request.profiles, key=_size))
@@ -606,7 +614,7 @@ def _repack(
     works: list[_Work],
     pod: str,
     profiles: tuple[str, ...],
-    allowed: dict[str, Demand],
+    allowed: dict[str, MigDemand],
 ) -> bool:
     """Redistribute this round's claims on `works` plus `pod`'s over them, each pod's instances
     on one node it may use; exact within `REPACK_BUDGET` GPU evaluations."""
@@ -695,8 +703,8 @@ def _warm(solver: _Solver, works: list[_Work]) -> None:
         work.warm = _Option(spots, created, destroyed, solver.frag(geometry, spots))
 
 
-def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]) -> Plan:
-    plans: list[GpuPlan] = []
+def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]) -> PlannerAnswer:
+    plans: list[GpuSteps] = []
     reservations: list[Reservation] = []
     for work in works:
         option = work.warm or _current(solver, work)
@@ -705,7 +713,7 @@ def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]
             layout = tuple(sorted(_instance(spot) for spot in option.layout))
             actual = [GpuInstanceState(i.instance, in_use=i.fixed) for i in gpu.instances]
             steps = plan_layout(gpu.index, actual, layout)
-            plans.append(GpuPlan(gpu.node, gpu.index, steps, layout))
+            plans.append(GpuSteps(gpu.node, gpu.index, steps, layout))
         kept = frozenset(option.layout)
         reusable = [i.instance for i in work.idle if _spot(i.instance) in kept]
         created = [_instance(spot) for spot in option.created]
@@ -718,10 +726,10 @@ def _result(solver: _Solver, works: list[_Work], unserved: list[tuple[str, str]]
             pick = next(i for i in created if i.profile == profile)
             created.remove(pick)
             reservations.append(Reservation(pod, gpu.node, gpu.index, pick, True))
-    return Plan(tuple(plans), tuple(reservations), tuple(unserved))
+    return PlannerAnswer(tuple(plans), tuple(reservations), tuple(unserved))
 
 
-def _reason(works: list[_Work], request: Demand, now: float) -> str:
+def _reason(works: list[_Work], request: MigDemand, now: float) -> str:
     """Why `request` is not served, for a person: the profile, then the GPUs closest to taking it."""
     asked = ", ".join(f"{n} × {p}" for p, n in Counter(request.profiles).items())
     if not any(request.may_use(w.gpu.node) for w in works):
@@ -752,7 +760,7 @@ def _free_slices(work: _Work) -> int:
     return (~used & ((1 << work.gpu.model.memory_slices) - 1)).bit_count()
 
 
-def _holds(work: _Work, request: Demand, now: float) -> str:
+def _holds(work: _Work, request: MigDemand, now: float) -> str:
     disallowed = [p for p in request.profiles if not work.gpu.policy.allows(p)]
     if disallowed:
         return f"may not create {disallowed[0]} (not in its partition's profiles)"

@@ -22,15 +22,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpupart.core.api.pods import (
+    TERMINAL_PHASES,
+    SharedContainer,
+    mentions_shared,
+    pod_annotations,
+    pod_deleting,
+    pod_node_name,
+    pod_phase,
+    pod_uid,
+    shared_containers,
+)
 from gpupart.core.api.provenance import AssignmentKeys, forgery
 from gpupart.core.api.records import Record
-from gpupart.core.api.resources import (
-    GPU_COMPUTE,
-    GPU_MEMORY,
-    GPU_SHARED,
-    container_amounts,
-    whole,
-)
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
     WIRE_VERSION,
@@ -43,8 +47,6 @@ from gpupart.core.api.wire import (
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.node.devices import Device, OfferedGpu
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-"""Pod phases after which the kubelet never allocates again."""
 MAX_RECORDS = 4096
 """Pods one checkpoint holds at most: more than any node's shared slots (64 GPUs x 48 clients)."""
 
@@ -55,17 +57,6 @@ class AdmissionRefused(InvalidInput):
     def __init__(self, problem: str, pods: Iterable[str] = ()) -> None:
         super().__init__("Allocate", problem)
         self.pods = tuple(pods)
-
-
-@dataclass(frozen=True, slots=True)
-class SharedContainer:
-    """One container that asks for shared-GPU replicas (client slots), with its own limits (0 = the GPU's default)."""
-
-    name: str
-    replicas: int
-    memory_mib: int = 0
-    compute_percent: int = 0
-    init: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,43 +124,6 @@ def admission_complete(
     return all(c.name in served for c in containers)
 
 
-def shared_containers(pod: Mapping[str, Any], *, where: str = "pod") -> tuple[SharedContainer, ...]:
-    """The containers of a pod that ask for `nvidia.com/gpu.shared`, init containers first.
-
-    That is the kubelet's Allocate order. A container's `gpupart.io/gpu-memory` and
-    `gpupart.io/gpu-compute` are its own limits; on a container that asks for no slot they
-    would reach no GPU, so they are refused.
-    """
-    spec = pod.get("spec", pod)
-    if not isinstance(spec, Mapping):
-        raise InvalidInput(f"{where}.spec", "must be a mapping")
-    found = []
-    for key, init in (("initContainers", True), ("containers", False)):
-        containers = spec.get(key) or []
-        if not isinstance(containers, list):
-            raise InvalidInput(f"{where}.spec.{key}", "must be a list")
-        for position, container in enumerate(containers):
-            place = f"{where}.spec.{key}[{position}].resources"
-            amounts = {
-                name: whole(amount, path, amount)
-                for name, (amount, path) in container_amounts(container, place)
-            }
-            slots, memory, compute = (
-                amounts.get(n, 0) for n in (GPU_SHARED, GPU_MEMORY, GPU_COMPUTE)
-            )
-            if not slots:
-                if memory or compute:
-                    raise InvalidInput(
-                        f"{place}.limits",
-                        f"{GPU_MEMORY} and {GPU_COMPUTE} need {GPU_SHARED} in the same container",
-                    )
-                continue
-            found.append(
-                SharedContainer(str(container.get("name") or ""), slots, memory, compute, init)
-            )
-    return tuple(found)
-
-
 def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> SharedPod | None:
     """The pod (the API's plain dict form) as the allocator sees it; None when it asks for no slot.
 
@@ -183,18 +137,16 @@ def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> Share
     meta = raw.get("metadata")
     if not isinstance(meta, Mapping):
         raise InvalidInput("pod.metadata", "must be a mapping")
-    annotations = meta.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        raise InvalidInput("pod.metadata.annotations", "must be a mapping")
+    annotations = pod_annotations(raw, where="pod")
     spec = raw.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidInput("pod.spec", "must be a mapping")
-    uid, node = str(meta.get("uid") or ""), str(spec.get("nodeName") or "")
+    uid, node = pod_uid(raw), pod_node_name(raw)
     assignment, problem = PodAssignment("", 0, ""), ""
     try:
         containers = shared_containers(raw)
     except InvalidInput as error:
-        if not _mentions_shared(spec):
+        if not mentions_shared(spec):
             raise
         # It may be the pod the kubelet is admitting: a candidate that is never served.
         containers, problem = (SharedContainer("", 0),), f"its spec is unreadable: {error}"
@@ -202,7 +154,6 @@ def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> Share
         return None
     if not problem:
         assignment, problem = _verified(annotations.get(ASSIGNMENT_ANNOTATION), keys, uid, node)
-    status = raw.get("status")
     return SharedPod(
         uid=uid,
         namespace=str(meta.get("namespace") or ""),
@@ -210,8 +161,8 @@ def read_shared_pod(raw: Mapping[str, Any], keys: AssignmentKeys | str) -> Share
         node=node,
         assignment=assignment,
         containers=containers,
-        phase=str(status.get("phase") or "") if isinstance(status, Mapping) else "",
-        deleting=meta.get("deletionTimestamp") is not None,
+        phase=pod_phase(raw),
+        deleting=pod_deleting(raw),
         problem=problem,
     )
 
@@ -234,19 +185,6 @@ def _verified(
     if problem:
         return assignment, f"its {ASSIGNMENT_ANNOTATION} is not the extender's: {problem}"
     return assignment, ""
-
-
-def _mentions_shared(spec: Mapping[str, Any]) -> bool:
-    """Whether any container's resources name `nvidia.com/gpu.shared`, however malformed the rest."""
-    for key in ("initContainers", "containers"):
-        containers = spec.get(key)
-        for container in containers if isinstance(containers, list) else ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
-            for part in ("limits", "requests"):
-                amounts = resources.get(part) if isinstance(resources, Mapping) else None
-                if isinstance(amounts, Mapping) and GPU_SHARED in amounts:
-                    return True
-    return False
 
 
 def slot_gpu(devices: Sequence[Device]) -> OfferedGpu:

@@ -30,7 +30,7 @@ DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 @dataclass(frozen=True, slots=True)
-class MigSlice:
+class OfferedMigDevice:
     """A MIG device (GPU instance with its full compute instance) as read from the GPU."""
 
     uuid: str
@@ -52,7 +52,7 @@ class OfferedGpu:
     minor: int
     numa_node: int | None
     mode: Mode
-    mig: tuple[MigSlice, ...] = ()
+    mig: tuple[OfferedMigDevice, ...] = ()
     replicas: int = 0
     """Client slots when shared (MPS clients or time-slicing replicas); 0 unless shared."""
     mps_pipe_directory: str = ""
@@ -68,7 +68,7 @@ class Device:
     id: str
     resource: str
     gpu: OfferedGpu
-    mig: MigSlice | None = None
+    mig: OfferedMigDevice | None = None
 
 
 def slot_id(gpu_uuid: str, n: int) -> str:

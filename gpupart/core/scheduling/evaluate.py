@@ -21,9 +21,17 @@ from enum import StrEnum
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import MIG_PLAN_ANNOTATION
-from gpupart.core.scheduling.pods import Demand, matches, node_conflict
+from gpupart.core.scheduling.demand import (
+    PodDemand,
+    matches,
+    node_conflict,
+)
 from gpupart.core.scheduling.scoring import MILLI, FragmentationModel, Request
-from gpupart.core.scheduling.shares import fragmentation_term, node_state, share_milli
+from gpupart.core.scheduling.shares import (
+    fragmentation_term,
+    node_leftover,
+    share_milli,
+)
 from gpupart.core.scheduling.terms import (
     MAX_SCORE,
     Conflict,
@@ -75,7 +83,7 @@ class NoFit:
     """True when preemption cannot help (FailedAndUnresolvableNodes)."""
     shortfall: int = 0
     """How far from fitting, in thousandths of the request (the closest GPU's missing memory,
-    slots or compute; the missing slices or whole GPUs): the extender shows the nodes closest
+    slots or compute; the missing MIG devices or whole GPUs): the extender shows the nodes closest
     to fitting in full. 0 when only anti-affinity is in the way."""
 
 
@@ -83,7 +91,7 @@ Verdict = Fit | NoFit
 
 
 def evaluate(
-    node: NodeView, demand: Demand, *, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, *, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     """Whether `node` can take `demand`, and how well; reasons name the node and the blockers."""
     if node.problem:
@@ -129,7 +137,7 @@ def _names_text(pods: Iterable[str]) -> str:
 PLAN_SUMMARY = f"node(s) had an unreadable MIG plan ({MIG_PLAN_ANNOTATION})"
 
 
-def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verdict:
+def _evaluate_mig(node: NodeView, demand: PodDemand, config: ScoringConfig) -> Verdict:
     if node.plan_problem:
         return NoFit(
             f"{node.name}: {node.plan_problem}",
@@ -140,11 +148,11 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
     offered: Counter[str] = Counter()
     for gpu in node.gpus:
         if gpu.mode is Mode.MIG:
-            offered.update(gpu.slices)
+            offered.update(gpu.mig_profiles)
     used: Counter[str] = Counter()
     for t in node.mig_tenants:
         used[t.profile] += t.count
-    # A slice reserved for another pod is taken; the pod's own reservations are free for it.
+    # A MIG device reserved for another pod is taken; the pod's own reservations are free for it.
     reserved: Counter[str] = Counter()
     reserved_for: dict[str, list[str]] = {}
     own = False
@@ -191,32 +199,34 @@ def _evaluate_mig(node: NodeView, demand: Demand, config: ScoringConfig) -> Verd
                 f"{node.name}: {_gpus_text(node)}, {what}",
                 f"node(s) had {short}",
                 FailureKind.IN_USE,
-                # No eviction frees a reserved slice: only its pod or its expiry does.
+                # No eviction frees a reserved MIG device: only its pod or its expiry does.
                 total - reserved[profile] < count,
                 _thousandths(count - max(free, 0), count),
             )
         left_after += free - count
         capacity += total
-    all_slices = sum(offered.values())
+    all_devices = sum(offered.values())
     taken = sum(used.values()) + sum(reserved.values())
-    contention = min(1.0, taken / all_slices) if all_slices else 0.0
+    contention = min(1.0, taken / all_devices) if all_devices else 0.0
     mine = node.mig_tenants
-    # The device plugin picks the slice, so a same-group pod on the node may share our GPU.
+    # The device plugin picks the MIG device, so a same-group pod on the node may share our GPU.
     conflict = (
-        Conflict.MAYBE_GPU if node_conflict(mine, demand, config.group_label) else Conflict.NONE
+        Conflict.MAYBE_GPU
+        if node_conflict(mine, demand, config.anti_affinity_label)
+        else Conflict.NONE
     )
     if conflict is Conflict.NONE and node_conflict(
-        (*node.whole_tenants, *_shared_tenants(node)), demand, config.group_label
+        (*node.whole_tenants, *_shared_tenants(node)), demand, config.anti_affinity_label
     ):
         conflict = Conflict.NODE
     terms = Terms(
         headroom=headroom_term(left_after, capacity, config.strategy),
         priority=priority_term(demand.priority, contention, config),
         anti_affinity=anti_affinity_term(conflict, config.anti_affinity_scope),
-        fragmentation=0.5,  # the policy's model is about GPU shares; MIG slices are fixed
+        fragmentation=0.5,  # the policy's model is about GPU shares; MIG devices are fixed
     )
-    # Its slice is being made (or kept) here for it: this node first, so that kube-scheduler
-    # binds it where the operator planned, not to another node with a free slice.
+    # Its MIG device is being made (or kept) here for it: this node first, so that kube-scheduler
+    # binds it where the operator planned, not to another node with a free MIG device.
     score = MAX_SCORE if own else combine(terms, config.weights)
     return Fit(score, None, terms)
 
@@ -230,7 +240,7 @@ def _mig_taken_text(
     used: int,
     reserved_for: list[str],
 ) -> str:
-    """Why too few slices of `profile` are free: the pods holding them, those reserved for."""
+    """Why too few MIG devices of `profile` are free: the pods holding them, those reserved for."""
     if not reserved_for:
         # The texts from before reservations, unchanged.
         if free <= 0:
@@ -256,7 +266,7 @@ def _shared_tenants(node: NodeView) -> tuple[Tenant, ...]:
 
 
 def _evaluate_whole(
-    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     count = demand.request.whole_gpus
     total = sum(1 for gpu in node.gpus if gpu.mode is Mode.NONE)
@@ -289,10 +299,12 @@ def _evaluate_whole(
         )
     conflict = Conflict.NONE
     if node_conflict(
-        (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)), demand, config.group_label
+        (*node.whole_tenants, *node.mig_tenants, *_shared_tenants(node)),
+        demand,
+        config.anti_affinity_label,
     ):
         conflict = Conflict.NODE
-    state = node_state(node)
+    state = node_leftover(node)
     gpus = tuple(i for i, share in enumerate(state.gpu_left) if share == MILLI)[:count]
     terms = Terms(
         headroom=headroom_term(free - count, total, config.strategy),
@@ -324,7 +336,9 @@ def _gpu_shortfall(gpu: GpuView, request: GpuRequest) -> int:
     return max(lacks)
 
 
-def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, bool] | None:
+def _gpu_blocker(
+    gpu: GpuView, demand: PodDemand, anti_affinity_label: str
+) -> tuple[str, bool] | None:
     """Why this shared GPU cannot take the pod (text, unresolvable), or None if it can."""
     request = demand.request
     if gpu.replicas and request.shared > gpu.replicas:
@@ -359,7 +373,9 @@ def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, b
         )
     if not demand.terms:
         return None
-    blockers = [t for t in gpu.tenants if matches(t, demand, group_label, required_only=True)]
+    blockers = [
+        t for t in gpu.tenants if matches(t, demand, anti_affinity_label, required_only=True)
+    ]
     if blockers:
         return (
             f"GPU {gpu.index}: required podAntiAffinity with {_pods_text(blockers)}",
@@ -369,7 +385,7 @@ def _gpu_blocker(gpu: GpuView, demand: Demand, group_label: str) -> tuple[str, b
 
 
 def _evaluate_shared(
-    node: NodeView, demand: Demand, config: ScoringConfig, model: FragmentationModel
+    node: NodeView, demand: PodDemand, config: ScoringConfig, model: FragmentationModel
 ) -> Verdict:
     request = demand.request
     shared = [gpu for gpu in node.gpus if gpu.mode.is_shared]
@@ -386,7 +402,7 @@ def _evaluate_shared(
     all_unresolvable = True
     anti_affinity_only = True
     for gpu in shared:
-        blocker = _gpu_blocker(gpu, demand, config.group_label)
+        blocker = _gpu_blocker(gpu, demand, config.anti_affinity_label)
         if blocker is None:
             fitting.append(gpu)
         else:
@@ -423,12 +439,12 @@ def _evaluate_shared(
     reserve = math.ceil(config.reserve_fraction * request.memory_mib)
     comfortable = [g for g in fitting if g.free_memory_mib - request.memory_mib >= reserve]
     eats_reserve = not comfortable
-    state = node_state(node)
+    state = node_leftover(node)
     positions = {
         gpu.index: n for n, gpu in enumerate(g for g in node.gpus if g.mode is not Mode.MIG)
     }
     # Which GPUs hold a pod the new one should avoid, computed once per GPU (not per pair).
-    label = config.group_label
+    label = config.anti_affinity_label
     aware = bool(demand.terms) or bool(demand.group and label)
     near = {g.index for g in shared if aware and node_conflict(g.tenants, demand, label)}
     elsewhere = aware and node_conflict(

@@ -3,7 +3,7 @@
 The extender posts this text as an Event on pods kube-scheduler left Unschedulable
 (docs/adr-019-pending-reasons.md): kube-scheduler asks the extender only about nodes its own
 resource counts passed, so for a MIG or whole-GPU pod that fits nowhere it never sees the
-extender's reasons. Pure: the extender passes the verdicts, the slices being made and the
+extender's reasons. Pure: the extender passes the verdicts, the MIG devices being made and the
 dynamic GPUs it read from the Nodes.
 """
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from gpupart.core.api.events import MAX_MESSAGE
 from gpupart.core.mig.catalogue import find_gpu_model
 from gpupart.core.mig.layout import MigInstance
-from gpupart.core.scheduling.pods import Demand
+from gpupart.core.scheduling.demand import PodDemand
 
 _NODES_IN_MESSAGE = 3
 """Nodes named in a lead sentence before "and N more"."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class DynamicGpu:
+class DesiredDynamicGpu:
     """A GPU that a GpuPartition with dynamic MIG selects (the Node's `gpupart.io/desired`)."""
 
     node: str
@@ -42,11 +42,11 @@ class Making:
 
 
 def mig_outlook(
-    demand: Demand,
+    demand: PodDemand,
     *,
     offered: Iterable[str],
     making: Sequence[Making],
-    dynamic: Sequence[DynamicGpu],
+    dynamic: Sequence[DesiredDynamicGpu],
 ) -> str:
     """What dynamic MIG does for a MIG pod, as a sentence ("" when the node reasons say it all).
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpupart.core.api.selectors import LabelSelector, parse_label_selector
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.pods import Demand, must_avoid
+from gpupart.core.scheduling.demand import PodDemand, must_avoid
 from gpupart.core.scheduling.terms import ScoringConfig
 from gpupart.core.scheduling.views import GpuView, NodeView, Tenant
 
@@ -126,7 +126,7 @@ def order_victims(pods: Iterable[Tenant]) -> tuple[Tenant, ...]:
 
 def choose_victims(
     node: NodeView,
-    demand: Demand,
+    demand: PodDemand,
     *,
     evictable: frozenset[str],
     budgets: Sequence[Budget],
@@ -154,7 +154,7 @@ def choose_victims(
 
 def _on_gpu(
     gpu: GpuView,
-    demand: Demand,
+    demand: PodDemand,
     evictable: frozenset[str],
     budgets: Sequence[Budget],
     config: ScoringConfig,
@@ -189,7 +189,7 @@ def _on_gpu(
     candidates: list[Tenant] = []
     for tenant in gpu.tenants:
         lower = tenant.priority < demand.priority and tenant.pod in evictable
-        if demand.terms and must_avoid(tenant, demand, config.group_label):
+        if demand.terms and must_avoid(tenant, demand, config.anti_affinity_label):
             if not lower:
                 return None  # a pod the new one must not share with, and it may not go
             forced.append(tenant)

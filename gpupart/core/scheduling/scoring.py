@@ -98,7 +98,7 @@ def request_of(pod: GpuShape) -> Request:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeLeftover:
     """What is left on one node; `gpu_left[i]` is GPU i's free share in thousandths."""
 
     cpu_left: int
@@ -213,7 +213,7 @@ class FragmentationModel:
         gpu = sum(p.weight * p.request.total_gpu_milli for p in typical if p.request.num_gpu)
         return FragmentationModel(typical, tuple(classes), cpu / gpu if gpu > 0 else 0.0)
 
-    def stranded(self, state: NodeState) -> float:
+    def stranded(self, state: NodeLeftover) -> float:
         """Free GPU share the node's free CPU cannot feed at the mix's CPU per GPU (thousandths).
 
         A node with 2 free GPUs and 8 free cores, in a mix that asks about 11 cores per GPU, can
@@ -223,7 +223,7 @@ class FragmentationModel:
             return 0.0
         return max(0.0, state.gpu_left_total - state.cpu_left / self.cpu_per_gpu)
 
-    def fragmentation(self, state: NodeState) -> float:
+    def fragmentation(self, state: NodeLeftover) -> float:
         """F(n) in GPU thousandths; states with the same free shares in any order share the memo."""
         key = (state.cpu_left, tuple(sorted(state.gpu_left, reverse=True)), state.model)
         value = self._frag.get(key)
@@ -269,7 +269,7 @@ class FragmentationModel:
         return tuple(gains)
 
 
-def fits(state: NodeState, request: Request) -> bool:
+def fits(state: NodeLeftover, request: Request) -> bool:
     """The filter: CPU, memory, GPU model, and enough GPUs with enough free share."""
     if state.cpu_left < request.cpu_milli or state.memory_left < request.memory_mib:
         return False
@@ -281,12 +281,12 @@ def fits(state: NodeState, request: Request) -> bool:
     return sum(1 for share in state.gpu_left if share >= need) >= request.num_gpu
 
 
-def take(state: NodeState, request: Request, gpus: tuple[int, ...]) -> NodeState:
+def take(state: NodeLeftover, request: Request, gpus: tuple[int, ...]) -> NodeLeftover:
     """The node state after placing `request` on GPU indices `gpus` (assumed feasible)."""
     left = list(state.gpu_left)
     for index in gpus:
         left[index] -= request.gpu_milli
-    return NodeState(
+    return NodeLeftover(
         state.cpu_left - request.cpu_milli,
         state.memory_left - request.memory_mib,
         tuple(left),
@@ -296,7 +296,7 @@ def take(state: NodeState, request: Request, gpus: tuple[int, ...]) -> NodeState
 
 def score_node(
     policy: Policy,
-    state: NodeState,
+    state: NodeLeftover,
     request: Request,
     *,
     model: FragmentationModel,
@@ -320,19 +320,19 @@ def score_node(
     return score_gpupart(state, request, model)
 
 
-def bestfit_score(state: NodeState, request: Request) -> int:
+def bestfit_score(state: NodeLeftover, request: Request) -> int:
     """The authors' BestFit: 100 * (1 - mean of CPU and GPU left after placement, normalised)."""
     cpu = (state.cpu_left - request.cpu_milli) / BESTFIT_MAX_CPU
     gpu = (state.gpu_left_total - request.total_gpu_milli) / BESTFIT_MAX_GPU
     return int((1.0 - (0.5 * cpu + 0.5 * gpu)) * 100)
 
 
-def _lowest_free(state: NodeState, count: int) -> tuple[int, ...]:
+def _lowest_free(state: NodeLeftover, count: int) -> tuple[int, ...]:
     free = [i for i, share in enumerate(state.gpu_left) if share == MILLI]
     return tuple(free[:count])
 
 
-def _candidates(state: NodeState, request: Request) -> list[int]:
+def _candidates(state: NodeLeftover, request: Request) -> list[int]:
     """For a shared pod: one GPU index per distinct free share that fits (lowest index first)."""
     seen: set[int] = set()
     out = []
@@ -343,7 +343,7 @@ def _candidates(state: NodeState, request: Request) -> list[int]:
     return out
 
 
-def _tightest_gpus(state: NodeState, request: Request) -> tuple[int, ...]:
+def _tightest_gpus(state: NodeLeftover, request: Request) -> tuple[int, ...]:
     if not request.is_shared:
         return _lowest_free(state, request.num_gpu)
     best = -1
@@ -353,7 +353,7 @@ def _tightest_gpus(state: NodeState, request: Request) -> tuple[int, ...]:
     return (best,)
 
 
-def _random_gpu(state: NodeState, request: Request, rng: random.Random) -> tuple[int, ...]:
+def _random_gpu(state: NodeLeftover, request: Request, rng: random.Random) -> tuple[int, ...]:
     if not request.is_shared:
         return _lowest_free(state, request.num_gpu)
     fitting = [i for i, share in enumerate(state.gpu_left) if share >= request.gpu_milli]
@@ -367,9 +367,9 @@ def _sigmoid_score(delta: float) -> int:
 
 
 def _gradient(
-    state: NodeState,
+    state: NodeLeftover,
     request: Request,
-    cost: Callable[[NodeState], float],
+    cost: Callable[[NodeLeftover], float],
     *,
     tightest_on_ties: bool,
 ) -> ScoredPlacement:
@@ -395,7 +395,9 @@ def _gradient(
     return ScoredPlacement(float(best_score), (best_gpu,))
 
 
-def gpupart_cost(state: NodeState, model: FragmentationModel, *, takes_gpu: bool = True) -> float:
+def gpupart_cost(
+    state: NodeLeftover, model: FragmentationModel, *, takes_gpu: bool = True
+) -> float:
     """Our node cost: expected fragmentation F plus CPU-stranded GPU share S.
 
     For a pod that takes GPU share, C(n) = F(n) + S(n). A CPU-only pod takes no GPU share: the
@@ -409,7 +411,9 @@ def gpupart_cost(state: NodeState, model: FragmentationModel, *, takes_gpu: bool
     return fragmentation + stranded if takes_gpu else max(fragmentation, stranded)
 
 
-def score_gpupart(state: NodeState, request: Request, model: FragmentationModel) -> ScoredPlacement:
+def score_gpupart(
+    state: NodeLeftover, request: Request, model: FragmentationModel
+) -> ScoredPlacement:
     """Ours: FGD's gradient over fragmentation plus GPU share stranded without CPU.
 
     Node cost C(n) = F(n) + S(n): FGD's expected fragmentation F against the typical-pod mix,
@@ -428,7 +432,7 @@ def score_gpupart(state: NodeState, request: Request, model: FragmentationModel)
 
 def score_placement(
     policy: Policy,
-    state: NodeState,
+    state: NodeLeftover,
     request: Request,
     gpus: tuple[int, ...],
     *,
@@ -447,7 +451,7 @@ def score_placement(
 
 def _cost(
     policy: Policy, model: FragmentationModel, request: Request
-) -> Callable[[NodeState], float]:
+) -> Callable[[NodeLeftover], float]:
     """The node cost whose gradient `policy` scores for `request`: F for ``fgd``, `gpupart_cost`
     for ``gpupart``."""
     if policy is Policy.FGD:

@@ -1,4 +1,4 @@
-"""GPU shares, the simulator's unit: a node view as the scoring policy's NodeState, and the fragmentation term.
+"""GPU shares, the simulator's unit: a node view as the scoring policy's NodeLeftover, and the fragmentation term.
 
 The bridge from scheduling's node views to `scoring` (the same policy code the simulator
 replays): share of a shared pod in thousandths of a GPU, a node's free shares and CPU, the
@@ -18,7 +18,7 @@ from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     MILLI,
     FragmentationModel,
-    NodeState,
+    NodeLeftover,
     Policy,
     Request,
     score_placement,
@@ -32,7 +32,7 @@ UNLIMITED = 1 << 62
 
 def fragmentation_term(
     model: FragmentationModel,
-    state: NodeState,
+    state: NodeLeftover,
     request: Request,
     gpus: tuple[int, ...],
     *,
@@ -60,7 +60,7 @@ def share_milli(memory_mib: int, compute_percent: int, gpu: GpuView, slots: int 
     return min(MILLI, milli)
 
 
-def node_state(node: NodeView) -> NodeState:
+def node_leftover(node: NodeView) -> NodeLeftover:
     """The node as the simulator's policy sees it: free CPU and free thousandths of each non-MIG GPU.
 
     Free CPU is allocatable minus the pods' requests (millicores), as in the simulator; a node
@@ -87,7 +87,7 @@ def node_state(node: NodeView) -> NodeState:
         else:
             left.append(MILLI)
     cpu_left = UNLIMITED if node.cpu_milli is None else max(0, node.cpu_milli - node.cpu_used_milli)
-    return NodeState(cpu_left, UNLIMITED, tuple(left), product)
+    return NodeLeftover(cpu_left, UNLIMITED, tuple(left), product)
 
 
 Shape = tuple[int, int, int]

@@ -54,7 +54,7 @@ class ScoringConfig:
     """`spec.priority` at and above which a pod gets the least contended GPU."""
     low_priority: int = 0
     """`spec.priority` at and below which a pod packs tightest."""
-    group_label: str = "app"
+    anti_affinity_label: str = "app"
     """Pods with the same value of this label avoid sharing a GPU ("" turns the term off)."""
 
 

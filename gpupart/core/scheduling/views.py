@@ -2,7 +2,7 @@
 
 `assemble_node` builds a `NodeView` from the node agent's inventory and the node's pods;
 `anonymous` blanks its identity so nodes in the same state share verdicts (memo keys).
-A view also carries the operator's live slice reservations (docs/adr-013-dynamic-mig-plans.md)
+A view also carries the operator's live MIG reservations (docs/adr-013-dynamic-mig-plans.md)
 that name a MIG device of its inventory: `evaluate` counts them as taken for every other pod.
 """
 
@@ -13,7 +13,11 @@ from dataclasses import dataclass, field, replace
 
 from gpupart.core.api.resources import GpuRequest
 from gpupart.core.api.spec import Mode
-from gpupart.core.api.wire import InventoryGpu, PodAssignment, SliceReservation
+from gpupart.core.api.wire import (
+    InventoryGpu,
+    MigReservation,
+    PodAssignment,
+)
 from gpupart.core.mig.layout import MigInstance
 
 
@@ -27,7 +31,7 @@ class Tenant:
     labels: tuple[tuple[str, str], ...] = ()
     priority: int = 0
     count: int = 1
-    """Whole GPUs or MIG slices held; shared pods: client slots."""
+    """Whole GPUs or MIG devices held; shared pods: client slots."""
     profile: str = ""
     """MIG profile, for MIG tenants."""
     memory_mib: int = 0
@@ -50,7 +54,7 @@ class GpuView:
     memory_mib: int
     mode: Mode
     replicas: int = 0
-    slices: tuple[str, ...] = ()
+    mig_profiles: tuple[str, ...] = ()
     """MIG profiles of the GPU's MIG devices."""
     tenants: tuple[Tenant, ...] = ()
     used_memory_mib: int = 0
@@ -99,8 +103,8 @@ class NodeView:
     """CPU requests of the pods on the node (bound or assumed), GPU pods or not."""
     problem: str = ""
     """Set when the inventory is missing or unreadable: the node can take no GPU pod."""
-    reserved: tuple[SliceReservation, ...] = ()
-    """Live slice reservations, each naming a distinct MIG device of the inventory (one whose
+    reserved: tuple[MigReservation, ...] = ()
+    """Live MIG reservations, each naming a distinct MIG device of the inventory (one whose
     instance does not exist yet is not here: it takes nothing), by GPU and instance."""
     plan_problem: str = ""
     """Set when the node's MIG plan is unreadable: the node takes no MIG pod (others it may)."""
@@ -128,7 +132,7 @@ def assemble_node(
     cpu_milli: int | None = None,
     problem: str = "",
     version: int = 0,
-    reservations: Iterable[SliceReservation] = (),
+    reservations: Iterable[MigReservation] = (),
     plan_problem: str = "",
 ) -> NodeView:
     """A node view from the node agent's inventory, the node's allocatable CPU and its pods.
@@ -170,7 +174,7 @@ def assemble_node(
                 memory_mib=g.memory_mib,
                 mode=g.mode,
                 replicas=g.replicas,
-                slices=tuple(d.instance.profile for d in g.mig_devices),
+                mig_profiles=tuple(d.instance.profile for d in g.mig_devices),
                 tenants=tenants,
                 used_memory_mib=sum(t.memory_mib for t in tenants),
                 used_compute_percent=sum(t.compute_percent for t in tenants),
@@ -195,13 +199,13 @@ def assemble_node(
 
 
 def _matching(
-    inventory: tuple[InventoryGpu, ...], reservations: Iterable[SliceReservation]
-) -> tuple[SliceReservation, ...]:
+    inventory: tuple[InventoryGpu, ...], reservations: Iterable[MigReservation]
+) -> tuple[MigReservation, ...]:
     """The reservations that name a MIG device of the inventory, one per device, in order."""
     devices = {
         (g.index, d.instance) for g in inventory if g.mode is Mode.MIG for d in g.mig_devices
     }
-    kept: dict[tuple[int, MigInstance], SliceReservation] = {}
+    kept: dict[tuple[int, MigInstance], MigReservation] = {}
     for r in reservations:
         where = (r.gpu, r.instance)
         if where in devices and where not in kept:
@@ -231,7 +235,7 @@ def anonymous(node: NodeView) -> NodeView:
                 g.memory_mib,
                 g.mode,
                 g.replicas,
-                g.slices,
+                g.mig_profiles,
                 _anonymous_tenants(g.tenants),
                 g.used_memory_mib,
                 g.used_compute_percent,
@@ -247,7 +251,7 @@ def anonymous(node: NodeView) -> NodeView:
         cpu_milli=node.cpu_milli,
         cpu_used_milli=node.cpu_used_milli,
         problem=node.problem,
-        reserved=tuple(SliceReservation("", "", r.gpu, r.instance, 0.0) for r in node.reserved),
+        reserved=tuple(MigReservation("", "", r.gpu, r.instance, 0.0) for r in node.reserved),
         plan_problem=node.plan_problem,
     )
 

@@ -9,7 +9,7 @@
   GPU, free devices destroyed and recreated on a GPU that gets a create, creation without a
   placement (NVML's lowest free start) over at most 20 orders with partial application, and a
   device-plugin restart after every change before new devices can be used.
-- ``hami``: HAMi 2.10: per pod, the smallest profile (by memory, then slices) whose memory and
+- ``hami``: HAMi 2.10: per pod, the smallest profile (by memory, then memory slices) whose memory and
   compute cover the request, at a fixed placement order (1g and 3g from the highest start,
   the rest from the lowest), nodes in name order (its node score is 0), created for the pod,
   destroyed when it exits; idle instances are never re-carved because there are none.
@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from itertools import permutations
 
-from gpupart.core.dynamic.model import DEFAULT_DYNAMIC, Demand, DynamicMig, Gpu, Instance, Use
+from gpupart.core.api.spec import DEFAULT_DYNAMIC, DynamicMig
+from gpupart.core.dynamic.model import (
+    Gpu,
+    Instance,
+    MigDemand,
+    Use,
+)
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.errors import InfeasibleLayout, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, MigProfile
@@ -114,7 +120,7 @@ class Ours:
             gpus.append(Gpu(node.name, index, node.model, tuple(states), self.policy))
             keys[(node.name, index)] = (n, index)
         demand = [
-            Demand(p.pod.name, p.pod.profiles, p.pod.priority, p.pod.arrival)
+            MigDemand(p.pod.name, p.pod.profiles, p.pod.priority, p.pod.arrival)
             for p in cluster.pending.values()
             if not p.reserved
         ]
@@ -203,7 +209,7 @@ class Nos:
         self.seen: set[str] = set()
 
     def initial(self, node: SimNode) -> Layout:
-        # a MIG GPU with no device gets the geometry with the fewest slices (nos#25)
+        # a MIG GPU with no device gets the geometry with the fewest memory slices (nos#25)
         fewest = min(geometries(node.model), key=lambda g: sum(c for _, c in g))
         layout = fit_layout(node.model, dict(fewest))
         return layout if layout is not None else ()

@@ -101,7 +101,7 @@ class Decision:
 
 
 @dataclass(slots=True)
-class PendingPod:
+class PendingSimPod:
     pod: SimPod
     reserved: list[tuple[GpuKey, MigInstance]] = field(default_factory=list)
 
@@ -114,7 +114,7 @@ class Cluster(Protocol):
     @property
     def gpus(self) -> dict[GpuKey, dict[MigInstance, SimInstance]]: ...
     @property
-    def pending(self) -> dict[str, PendingPod]: ...
+    def pending(self) -> dict[str, PendingSimPod]: ...
     @property
     def busy_until(self) -> dict[GpuKey, float]: ...
 
@@ -208,7 +208,7 @@ class Engine:
             for index in range(node.gpus):
                 self.gpus[(n, index)] = {i: SimInstance(i) for i in layout}
                 self.busy_until[(n, index)] = 0.0
-        self.pending: dict[str, PendingPod] = {}
+        self.pending: dict[str, PendingSimPod] = {}
         self.running: dict[str, list[tuple[GpuKey, MigInstance]]] = {}
         self.recent: deque[tuple[float, SimPod]] = deque()
         self.events: list[tuple[float, int, int, str]] = []
@@ -258,7 +258,7 @@ class Engine:
                 _, kind, _, name = heapq.heappop(self.events)
                 if kind == _ARRIVE:
                     pod = self.pods[name]
-                    self.pending[name] = PendingPod(pod)
+                    self.pending[name] = PendingSimPod(pod)
                     self.recent.append((now, pod))
                     arrived += 1
                     if progress is not None and arrived % PROGRESS_EVERY == 0:
@@ -407,7 +407,7 @@ class Engine:
         return None
 
     def _bind(
-        self, waiting: PendingPod, instances: list[tuple[GpuKey, MigInstance]], now: float
+        self, waiting: PendingSimPod, instances: list[tuple[GpuKey, MigInstance]], now: float
     ) -> None:
         pod = waiting.pod
         del self.pending[pod.name]

@@ -8,7 +8,7 @@ never violated; more free memory never turns a fit into a no-fit nor moves a no-
 from fitting; a MIG fit exists exactly when offered - in use - reserved for other pods covers
 the request; a no-fit's shortfall is that of the closest GPU; the score is the documented
 weighted mean), the direction of each term, the fragmentation term as the simulator's own
-policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a Demand.
+policy score, CPU counted as kube-scheduler counts it, and reading a Pod into a PodDemand.
 The reasons a person reads are golden, all in one file: `scheduling_reasons.json`.
 """
 
@@ -22,27 +22,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from extender_objects import H100_MIB, mig_gpu, pod, reserve, shared, shared_gpu, whole_gpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.resources import GpuRequest, parse_pod_request
+from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli
+from gpupart.core.api.resources import GpuRequest, node_cpu_milli
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import PodAssignment
 from gpupart.core.errors import InvalidInput
-from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, Verdict, evaluate
-from gpupart.core.scheduling.pods import (
-    Demand,
-    node_cpu_milli,
+from gpupart.core.scheduling.demand import (
+    PodDemand,
     parse_demand,
-    pod_cpu_milli,
     tenant_of,
 )
+from gpupart.core.scheduling.evaluate import FailureKind, Fit, NoFit, Verdict, evaluate
 from gpupart.core.scheduling.preemption import choose_victims
 from gpupart.core.scheduling.scoring import (
     DEFAULT_POLICY,
     FragmentationModel,
-    NodeState,
+    NodeLeftover,
     Policy,
     Request,
     score_node,
@@ -51,6 +49,15 @@ from gpupart.core.scheduling.scoring import (
 from gpupart.core.scheduling.shares import demand_shape, fragmentation_model
 from gpupart.core.scheduling.terms import AffinityScope, ScoringConfig, Strategy, Weights
 from gpupart.core.scheduling.views import NodeView, PlacedPod, assemble_node
+from gpupart_testsupport.objects import (
+    H100_MIB,
+    mig_gpu,
+    pod,
+    reserve,
+    shared,
+    shared_gpu,
+    whole_gpu,
+)
 
 CONFIG = ScoringConfig()
 MODEL = fragmentation_model([(1, 250, 0)] * 5 + [(1, 1000, 0)] * 5)
@@ -58,7 +65,7 @@ ONLY_HEADROOM = Weights(1, 0, 0, 0)
 ONLY_PRIORITY = Weights(0, 1, 0, 0)
 ONLY_FRAGMENTATION = Weights(0, 0, 0, 1)
 ROOM = 1 << 40
-"""CPU and memory that never run out in a hand-written NodeState."""
+"""CPU and memory that never run out in a hand-written NodeLeftover."""
 
 
 def resources(replicas: int = 1, memory: int = 0, compute: int = 0) -> dict[str, str | int]:
@@ -93,16 +100,16 @@ def on_gpu(
 
 def ask(
     res: dict[str, str | int], *, app: str = "", priority: int | None = None, affinity: Any = None
-) -> Demand:
+) -> PodDemand:
     raw = pod(
         "new", res, labels={"app": app} if app else None, priority=priority, affinity=affinity
     )
-    return parse_demand(raw, group_label="app")
+    return parse_demand(raw, anti_affinity_label="app")
 
 
 def decide(
     node: NodeView,
-    demand: Demand,
+    demand: PodDemand,
     config: ScoringConfig = CONFIG,
     model: FragmentationModel = MODEL,
 ) -> Verdict:
@@ -111,7 +118,7 @@ def decide(
 
 def fit(
     node: NodeView,
-    demand: Demand,
+    demand: PodDemand,
     config: ScoringConfig = CONFIG,
     model: FragmentationModel = MODEL,
 ) -> Fit:
@@ -120,7 +127,7 @@ def fit(
     return verdict
 
 
-def no_fit(node: NodeView, demand: Demand, config: ScoringConfig = CONFIG) -> NoFit:
+def no_fit(node: NodeView, demand: PodDemand, config: ScoringConfig = CONFIG) -> NoFit:
     verdict = decide(node, demand, config)
     assert isinstance(verdict, NoFit), verdict
     return verdict
@@ -195,7 +202,7 @@ def build(gpus: list[SharedGpu]) -> NodeView:
     return assemble_node("n1", inventory, pods)
 
 
-def demand_of(a: Ask) -> Demand:
+def demand_of(a: Ask) -> PodDemand:
     return ask(
         resources(a.replicas, a.memory, a.compute),
         affinity=required_away_from(a.avoid) if a.avoid else None,
@@ -553,7 +560,7 @@ def test_the_group_label_only_scores_also_for_a_pod_with_required_terms() -> Non
 
 def test_required_pod_anti_affinity_excludes_the_gpu_in_its_namespace_only() -> None:
     new = parse_demand(
-        pod("new", shared(1000), affinity=required_away_from("db")), group_label="app"
+        pod("new", shared(1000), affinity=required_away_from("db")), anti_affinity_label="app"
     )
     node = assemble_node("n", (shared_gpu(0),), [on_gpu("db-0", 0, app="db")])
     assert no_fit(node, new).kind is FailureKind.ANTI_AFFINITY
@@ -598,7 +605,7 @@ def test_the_fragmentation_term_prefers_the_gpu_that_keeps_typical_sizes_placeab
     )
     verdict = fit(node, ask(shared(10000)), ScoringConfig(weights=ONLY_FRAGMENTATION))
     assert verdict.gpu == 0
-    state = NodeState(ROOM, ROOM, (300, 1000), "H100")
+    state = NodeLeftover(ROOM, ROOM, (300, 1000), "H100")
     on_whole = (
         score_placement(DEFAULT_POLICY, state, Request(0, 0, 1, 250), (1,), model=MODEL) / 100
     )
@@ -625,7 +632,7 @@ def test_the_node_that_would_strand_gpu_share_without_cpu_scores_lower() -> None
     assert roomy.score > drained.score  # kube-scheduler sees the difference
     # FGD's F alone sees no difference: 4 cores still host a typical pod.
     for cpu_left in (64000, 28000):
-        state = NodeState(cpu_left, ROOM, (1000, 1000), "H100")
+        state = NodeLeftover(cpu_left, ROOM, (1000, 1000), "H100")
         assert (
             score_placement(Policy.FGD, state, Request(24000, 0, 1, 250), (0,), model=CPU_MODEL)
             == 50
@@ -645,7 +652,7 @@ def test_the_fragmentation_term_is_score_node_of_the_default_policy() -> None:
     view = cpu_node("n1", allocatable=32000, used=20000, gpu_used=30000)
     shared_fit = fit(view, ask({**shared(8000), "cpu": "6"}), model=CPU_MODEL)
     # Simulator side: the same node and pod as the replay engine states them.
-    state = NodeState(12000, 256 * 1024, (250, 1000), shared_gpu(0).product)
+    state = NodeLeftover(12000, 256 * 1024, (250, 1000), shared_gpu(0).product)
     placement = score_node(DEFAULT_POLICY, state, Request(6000, 0, 1, 200), model=CPU_MODEL)
     assert placement is not None and placement.gpus == (shared_fit.gpu,) == (0,)
     assert shared_fit.terms.fragmentation == placement.score / 100 == 0.47
@@ -655,7 +662,7 @@ def test_the_fragmentation_term_is_score_node_of_the_default_policy() -> None:
     whole_fit = fit(node, ask({"nvidia.com/gpu": 1, "cpu": "6"}), model=CPU_MODEL)
     wplace = score_node(
         DEFAULT_POLICY,
-        NodeState(12000, 1 << 20, (0, 1000), "H100"),
+        NodeLeftover(12000, 1 << 20, (0, 1000), "H100"),
         Request(6000, 0, 1, 1000),
         model=CPU_MODEL,
     )
@@ -667,7 +674,7 @@ def test_the_policy_sees_whole_gpus_in_use_and_shared_shares_but_no_mig() -> Non
     400 of 1000 MiB used: the policy's state is (0, 1000, 600)."""
     inv = (whole_gpu(0), whole_gpu(1), mig_gpu(2, [("1g.10gb", 0, 1)]), shared_gpu(3, memory=1000))
     node = assemble_node("n", inv, [bound("w", {"nvidia.com/gpu": 1}), on_gpu("s", 3, memory=400)])
-    state = NodeState(ROOM, ROOM, (0, 1000, 600), "H100")
+    state = NodeLeftover(ROOM, ROOM, (0, 1000, 600), "H100")
     whole_fit = fit(node, ask({"nvidia.com/gpu": 1}))
     assert (
         whole_fit.terms.fragmentation
@@ -701,7 +708,7 @@ def test_a_shared_pods_share_is_the_larger_of_memory_and_compute() -> None:
 def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
     raw = pod("p", {**shared(1000), "cpu": "1500m"})
     raw["spec"]["containers"].append({"name": "side", "resources": {"limits": {"cpu": "500m"}}})
-    assert parse_demand(raw, group_label="app").cpu_milli == 2000
+    assert parse_demand(raw, anti_affinity_label="app").cpu_milli == 2000
     raw["spec"]["initContainers"] = [
         {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
         {"name": "setup", "resources": {"requests": {"cpu": "2500m"}}},
@@ -712,7 +719,7 @@ def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
     assert pod_cpu_milli(pod("q", shared())) == 0
     raw["spec"]["overhead"] = {"cpu": "lots"}
     with pytest.raises(InvalidInput, match="overhead.cpu"):
-        parse_demand(raw, group_label="app")
+        parse_demand(raw, anti_affinity_label="app")
     assert node_cpu_milli({"status": {"allocatable": {"cpu": "7910m"}}}) == 7910
     assert node_cpu_milli({"status": {"allocatable": {"cpu": "8"}}}) == 8000
     assert node_cpu_milli({"status": {"allocatable": {"memory": "1Gi"}}}) is None
@@ -722,7 +729,7 @@ def test_cpu_of_a_pod_and_of_a_node_as_kube_scheduler_counts_them() -> None:
 
 def test_parse_demand_reads_priority_group_and_request() -> None:
     d = parse_demand(
-        pod("p", shared(2048, 25), labels={"app": "web"}, priority=500), group_label="app"
+        pod("p", shared(2048, 25), labels={"app": "web"}, priority=500), anti_affinity_label="app"
     )
     assert d.pod == "team-a/p" and d.priority == 500 and d.group == "web"
     assert d.request == GpuRequest(shared=1, memory_mib=2048, compute_percent=25)
@@ -739,14 +746,14 @@ def test_parse_demand_reads_priority_group_and_request() -> None:
 )
 def test_parse_demand_refuses_bad_quantities(res: dict[str, str | int], where: str) -> None:
     with pytest.raises(InvalidInput, match=where):
-        parse_demand(pod("p", res), group_label="app")
+        parse_demand(pod("p", res), anti_affinity_label="app")
 
 
 def test_parse_demand_refuses_a_bad_priority_and_selector() -> None:
     raw = pod("p", shared())
     raw["spec"]["priority"] = "high"
     with pytest.raises(InvalidInput, match="priority"):
-        parse_demand(raw, group_label="app")
+        parse_demand(raw, anti_affinity_label="app")
     bad_op = {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -755,7 +762,7 @@ def test_parse_demand_refuses_a_bad_priority_and_selector() -> None:
         }
     }
     with pytest.raises(InvalidInput, match="unknown operator"):
-        parse_demand(pod("p", shared(), affinity=bad_op), group_label="app")
+        parse_demand(pod("p", shared(), affinity=bad_op), anti_affinity_label="app")
 
 
 @given(
@@ -779,7 +786,7 @@ def test_law_a_fit_never_overcommits_memory_on_h100s(used: list[int], want: int,
 GOLDEN = Path(__file__).with_name("scheduling_reasons.json")
 
 
-def golden_cases() -> dict[str, tuple[NodeView, Demand]]:
+def golden_cases() -> dict[str, tuple[NodeView, PodDemand]]:
     """Each way a node fails, as kube-scheduler's events and `kubectl describe pod` show it."""
     mig3 = {"nvidia.com/mig-3g.40gb": 1}
     one_whole_used = assemble_node(
@@ -914,7 +921,7 @@ def test_a_container_above_the_gpus_mps_ceilings_is_refused_with_them_named() ->
         {"name": n, "resources": {"limits": {k: str(v) for k, v in shared(8000, 20).items()}}}
         for n in ("a", "b")
     ]  # 16000 MiB and 40 % in all, each container within the ceilings
-    fit(node, parse_demand(two, group_label="app"))
+    fit(node, parse_demand(two, anti_affinity_label="app"))
     # A GPU without ceilings (time-slicing) takes the big pod.
     plain = assemble_node("t", (shared_gpu(0, mode=Mode.TIME_SLICING, clients=8),), [])
     fit(plain, ask(shared(20000, 30)))

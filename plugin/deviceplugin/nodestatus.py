@@ -1,4 +1,4 @@
-"""Writes a pass's new MIG counts in the Node's status as soon as the kubelet holds the devices (ADR 014)."""
+"""The Node-status writer: an offer's new MIG counts in the Node status once the kubelet holds them (ADR 014)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from gpupart import logs
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.devices import Listing, StatusChange, status_changes
+from gpupart_plugin.agent import Offer
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 from gpupart_plugin.podresources import AllocatableUnimplemented
 
 log = logging.getLogger(__name__)
@@ -20,9 +22,11 @@ WriteStatus = Callable[[Mapping[str, int], Mapping[str, int]], None]
 """Patches (capacity, allocatable) amounts into this node's Node status; GpupartError on failure."""
 
 
-class EarlyStatus:
-    """After a pass, the MIG counts it changed go into the Node's status, not at the kubelet's
-    next node-status sync (every nodeStatusUpdateFrequency): kube-scheduler sees a new slice now.
+class NodeStatusWriter:
+    """After an offer, the MIG counts it changed go into the Node's status, not at the kubelet's
+    next node-status sync (every nodeStatusUpdateFrequency): kube-scheduler sees a new MIG
+    device now. A view sink after the device plugin's (`DevicePluginSink`), on the hub that one
+    fills: it compares the hub's devices now with those of its last offer.
 
     The kubelet stays the owner: it writes the same counts at its sync, computed from the same
     devices. So nothing is written that the kubelet does not hold yet: an increase waits (up to
@@ -32,6 +36,7 @@ class EarlyStatus:
 
     def __init__(
         self,
+        hub: DeviceHub,
         held: Held,
         write: WriteStatus,
         *,
@@ -40,6 +45,7 @@ class EarlyStatus:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self.hub = hub
         self.held = held
         self.write = write
         self.timeout_s = timeout_s
@@ -48,6 +54,18 @@ class EarlyStatus:
         self.sleep = sleep
         self._unimplemented = False
         """Logged once that the kubelet lacks GetAllocatableResources."""
+        self._offered: dict[str, frozenset[str]] = {}
+        """The device ids per resource in the hub at the last offer (none before the first)."""
+
+    def offer(self, _offer: Offer) -> None:
+        """Write what the offer changed in the hub's devices, health as the hub says now."""
+        after = self.hub.listings()
+        unhealthy = self.hub.unhealthy
+        before = {
+            resource: Listing(ids, ids - unhealthy) for resource, ids in self._offered.items()
+        }
+        self._offered = {resource: listing.ids for resource, listing in after.items()}
+        self.after_pass(before, after)
 
     def after_pass(self, before: Mapping[str, Listing], after: Mapping[str, Listing]) -> set[str]:
         """Write what changed from `before` to `after` (the hub's listings); the resources written."""

@@ -27,7 +27,7 @@ from gpupart.core.node.allocation import (
 from gpupart.core.node.devices import OfferedGpu, preferred_allocation, resolve_devices
 from gpupart.core.node.mps import MpsLimits, client_limits
 from gpupart_plugin.checkpoint import Checkpoint
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 
 log = logging.getLogger(__name__)
 

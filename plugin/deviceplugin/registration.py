@@ -16,12 +16,12 @@ from pathlib import Path
 import grpc
 
 from gpupart import logs
-from gpupart_plugin.allocator import Allocator
-from gpupart_plugin.api import deviceplugin_pb2 as api
-from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.deviceplugin.hub import DeviceHub
+from gpupart_plugin.deviceplugin.server import ResourceServicer, start_server
 from gpupart_plugin.metrics import NodeMetrics
-from gpupart_plugin.server import ResourceServicer, start_server
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "bench"
+"""Where the Go programs' sources live (tests/bench/<name>)."""
 
 
 def build(name: str) -> Path | None:

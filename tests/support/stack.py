@@ -3,7 +3,7 @@
 `gpupart operator`, `gpupart node` (simulated GPUs) and `gpupart extender` run as separate
 processes from this venv's entrypoint; a second kube-scheduler runs the chart's rendered
 KubeSchedulerConfiguration. Each GPU node is a real kubelet with the fake CRI runtime
-(tests/e2e/kubelet.py), served by its node agent through the kubelet's own device-plugin
+(tests/support/kubelet.py), served by its node agent through the kubelet's own device-plugin
 directory and PodResources socket.
 """
 
@@ -18,12 +18,11 @@ from typing import Any
 import yaml
 
 from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane, http_ok, start_scheduler
+from gpupart_testsupport.kubelet import KubeletNode
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK, free_port
 from gpupart_testsupport.processes import Proc, spawn
-
-from .cluster import REPO, ControlPlane, http_ok, start_scheduler
-from .kubelet import KubeletNode
 
 GPUPART = Path(sys.executable).parent / "gpupart"
 CHART = REPO / "charts" / "gpupart"
@@ -118,7 +117,7 @@ class Stack:
         destroy_s: float = 0.0,
         node_status_s: int = 2,
     ) -> KubeletNode:
-        """A Node served by a real kubelet (tests/e2e/kubelet.py) and its node agent.
+        """A Node served by a real kubelet (tests/support/kubelet.py) and its node agent.
 
         The agent keeps the default 60 s resync: what it does sooner comes from its watches.
         Its metrics are served on `real.agent_metrics_port`. `node_status_s`: the kubelet's

@@ -17,9 +17,8 @@ from pathlib import Path
 import yaml
 
 from gpupart_testsupport.chart import IMAGE_FLAGS
-
-from .cluster import REPO, ControlPlane
-from .stack import Stack
+from gpupart_testsupport.cluster import REPO, ControlPlane
+from gpupart_testsupport.stack import Stack
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ CONTROL_PLANE_BINARIES = (
     "kwok",
 )
 NODE_BINARIES = ("kubelet", "fakeruntime")
-"""The real-kubelet nodes' programs (tests/e2e/kubelet.py)."""
+"""The real-kubelet nodes' programs (tests/support/kubelet.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
 CONTROLLERS = (
     # A namespace's `default` ServiceAccount (the ServiceAccount admission plugin refuses pods
@@ -55,6 +55,9 @@ CONTROLLERS = (
     "replicaset-controller",
     "daemonset-controller",
     "disruption-controller",
+    # DRA: claims from ResourceClaimTemplates, reservedFor cleared and claims of deleted pods
+    # released (the scheduler's extended-resource claims go with their pod through the GC).
+    "resourceclaim-controller",
 )
 """The controllers kube-controller-manager runs here. Not the node lifecycle controller: kwok's
 nodes renew no leases, so it would taint them unreachable and evict their pods."""
@@ -620,7 +623,7 @@ class ControlPlane:
             args = [
                 str(self.bin_dir / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
-                # Only nodes made by gpu_node(): real-kubelet nodes (tests/e2e/kubelet.py) are
+                # Only nodes made by gpu_node(): real-kubelet nodes (tests/support/kubelet.py) are
                 # the kubelet's own.
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 # Pod IPs are fake, but must not run out: 500 pods need more than a /24.

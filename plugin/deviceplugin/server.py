@@ -12,10 +12,10 @@ from gpupart import logs
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.allocation import ContainerAllocation
 from gpupart.core.node.devices import HEALTHY, UNHEALTHY
-from gpupart_plugin.allocator import Allocator
-from gpupart_plugin.api import deviceplugin_pb2 as api
-from gpupart_plugin.api import deviceplugin_pb2_grpc as api_grpc
-from gpupart_plugin.devices import DeviceHub
+from gpupart_plugin.deviceplugin.allocator import Allocator
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2 as api
+from gpupart_plugin.deviceplugin.api import deviceplugin_pb2_grpc as api_grpc
+from gpupart_plugin.deviceplugin.hub import DeviceHub
 from gpupart_plugin.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""The kubelet device plugin interface: device hub, servers, registration, Allocate, and the Node status."""
