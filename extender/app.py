@@ -1,15 +1,14 @@
 """The HTTP edge: `create_app` serves the verbs, health and metrics; `create_health_app` health and metrics only.
 
-Handlers parse the wire models, call the service with plain values, and write the answer in
-the exact shape kube-scheduler decodes. Filter and prioritize answer with pre-encoded JSON: at
-5,000 nodes pydantic serialisation of the reply would cost more than the decision itself.
+Handlers parse the wire models, call the service with plain values, and send back what
+`replies` writes for each verb (the exact bytes kube-scheduler decodes). /readyz follows the
+watcher's readiness rule (`watchhealth`); /metrics only reads.
 Every request passes `limits.RequestLimits` first (size, count and bodies in flight), and a
 request naming more than `max_request_nodes` nodes is refused (413) before any is looked at.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -38,9 +37,11 @@ from .models import (
     HostPriority,
 )
 from .preemption import NodeVictims
+from .replies import bind_result, diagnose_text, error_text, filter_text, preempt_text
 from .service import ExtenderService, FilterOutcome
 from .settings import ExtenderSettings
 from .texts import explain
+from .watchhealth import WatchHealth, unready_reason
 
 log = logging.getLogger(__name__)
 _JSON = "application/json"
@@ -54,16 +55,11 @@ class TooManyNodes(Exception):
     """A request naming more nodes than `max_request_nodes` (answered 413)."""
 
 
-def filter_reply(passed: str, failed: str, unresolvable: str) -> str:
-    """An ExtenderFilterResult (nodeCacheCapable) from the JSON text of its three parts."""
-    return (
-        f'{{"NodeNames":{passed},"FailedNodes":{failed},'
-        f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
-    )
-
-
-def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
-    """One app per service; nothing module-level, so tests build as many as they like."""
+def create_app(
+    settings: ExtenderSettings, service: ExtenderService, health: WatchHealth | None = None
+) -> FastAPI:
+    """One app per service; nothing module-level, so tests build as many as they like.
+    `health`: the watcher's, for /readyz (None: no watcher, ready once the cache is listed)."""
     prefix = settings.prefix
     app = FastAPI(
         title="gpupart scheduler extender",
@@ -81,28 +77,28 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
     )
 
     @app.exception_handler(TooManyNodes)
-    async def _too_many(_: Request, error: TooManyNodes) -> JSONResponse:
+    async def _too_many(_: Request, error: TooManyNodes) -> Response:
         metrics.refused.labels("too_large").inc()
-        return JSONResponse({"Error": str(error)}, status_code=413)
+        return _error(str(error), 413)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, error: Exception) -> Response:
         # A bug met by one request: answered with words and logged; the server goes on.
         log.error(
             "Failed to answer a request",
             exc_info=error,
             extra=logs.kv(path=request.url.path),
         )
-        return JSONResponse({"Error": explain(error)}, status_code=500)
+        return _error(explain(error), 500)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def _invalid(_: Request, error: RequestValidationError) -> Response:
         # A 4xx with a short message; kube-scheduler logs it and treats the call as failed.
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg', '')}"
             for e in error.errors()[:5]
         )
-        return JSONResponse({"Error": f"malformed request: {problems}"}, status_code=400)
+        return _error(f"malformed request: {problems}", 400)
 
     @app.post(
         f"{prefix}/filter",
@@ -121,33 +117,10 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         except Exception as error:  # noqa: BLE001 - the scheduler gets words, never a 500
             log.exception("Failed to filter", extra=logs.kv(nodes=len(names)))
             outcome = FilterOutcome([], {}, {}, explain(error))
-        if outcome.error:
-            body: dict[str, Any] = {
-                "NodeNames": None if args.NodeNames is None and args.Nodes is not None else [],
-                "FailedNodes": {},
-                "FailedAndUnresolvableNodes": {},
-                "Error": outcome.error,
-            }
-            text = json.dumps(body)
-        elif args.NodeNames is None and args.Nodes is not None:
-            # nodeCacheCapable false: the survivors go back as a NodeList.
-            keep = set(outcome.passed)
+        nodes = None
+        if args.NodeNames is None and args.Nodes is not None:
             nodes = args.Nodes.model_dump(exclude_none=True)
-            nodes["items"] = [
-                n for n in nodes.get("items") or [] if (n.get("metadata") or {}).get("name") in keep
-            ]
-            text = json.dumps(
-                {
-                    "Nodes": nodes,
-                    "NodeNames": None,
-                    "FailedNodes": outcome.failed,
-                    "FailedAndUnresolvableNodes": outcome.unresolvable,
-                    "Error": "",
-                }
-            )
-        else:
-            assert outcome.encoded is not None  # every outcome without an error carries it
-            text = filter_reply(*outcome.encoded)
+        text = filter_text(outcome, nodes)
         metrics.latency.labels("filter").observe(time.perf_counter() - started)
         return Response(text, media_type=_JSON)
 
@@ -168,7 +141,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             if not isinstance(error, GpupartError):
                 log.exception("Failed to prioritize", extra=logs.kv(nodes=len(names)))
             metrics.decisions.labels("prioritize", "error").inc()
-            return JSONResponse({"Error": explain(error)}, status_code=400)
+            return _error(explain(error), 400)
         metrics.latency.labels("prioritize").observe(time.perf_counter() - started)
         return Response(text, media_type=_JSON)
 
@@ -195,18 +168,8 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             if not isinstance(error, GpupartError):
                 log.exception("Failed to preempt")
             metrics.decisions.labels("preempt", "error").inc()
-            return JSONResponse({"Error": explain(error)}, status_code=400)
-        text = json.dumps(
-            {
-                "NodeNameToMetaVictims": {
-                    node: {
-                        "Pods": [{"UID": uid} for uid in victims.uids],
-                        "NumPDBViolations": victims.violations,
-                    }
-                    for node, victims in kept.items()
-                }
-            }
-        )
+            return _error(explain(error), 400)
+        text = preempt_text(kept)
         metrics.latency.labels("preempt").observe(time.perf_counter() - started)
         return Response(text, media_type=_JSON)
 
@@ -220,7 +183,7 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
         started = time.perf_counter()
         error = service.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
         metrics.latency.labels("bind").observe(time.perf_counter() - started)
-        return ExtenderBindingResult(Error=error)
+        return bind_result(error)
 
     @app.post(
         f"{prefix}/diagnose",
@@ -255,21 +218,14 @@ def create_app(settings: ExtenderSettings, service: ExtenderService) -> FastAPI:
             # On the thread pool: evaluating every node must not hold up filter calls.
             found = await run_in_threadpool(service.diagnose, pod, node or ())
         except GpupartError as error:
-            return JSONResponse({"Error": explain(error)}, status_code=400)
-        result = DiagnosisResult(
-            Pod=found.pod,
-            Scores=found.scores,
-            FailedNodes=found.failed,
-            FailedAndUnresolvableNodes=found.unresolvable,
-            Unreadable=found.unreadable,
-        )
-        return Response(result.model_dump_json(), media_type=_JSON)
+            return _error(explain(error), 400)
+        return Response(diagnose_text(found), media_type=_JSON)
 
-    _health_routes(app, service)
+    _health_routes(app, service, health)
     return app
 
 
-def create_health_app(service: ExtenderService) -> FastAPI:
+def create_health_app(service: ExtenderService, health: WatchHealth | None = None) -> FastAPI:
     """The plain-HTTP health port: /healthz, /readyz and /metrics and nothing else (no
     documentation routes either), for probes and scrapers that hold no client certificate.
     Nothing here names a pod or a namespace: the metrics are aggregate counters."""
@@ -280,11 +236,15 @@ def create_health_app(service: ExtenderService) -> FastAPI:
         max_concurrent=16,
         metrics=service.metrics,
     )
-    _health_routes(app, service)
+    _health_routes(app, service, health)
     return app
 
 
-def _health_routes(app: FastAPI, service: ExtenderService) -> None:
+def _error(message: str, status: int) -> Response:
+    return Response(error_text(message), status_code=status, media_type=_JSON)
+
+
+def _health_routes(app: FastAPI, service: ExtenderService, health: WatchHealth | None) -> None:
     metrics = service.metrics
 
     @app.get("/healthz", response_class=PlainTextResponse)
@@ -293,28 +253,14 @@ def _health_routes(app: FastAPI, service: ExtenderService) -> None:
 
     @app.get("/readyz", response_class=PlainTextResponse)
     async def readyz() -> Response:
-        cache = service.cache
-        if cache.ready:
+        reason = unready_reason(service.cache.synced, health)
+        if not reason:
             return PlainTextResponse("ok")
-        waiting = ", ".join(k for k, done in cache.synced.items() if not done)
-        failing = "; ".join(
-            f"watch of {kind} failed {count} times in a row: {error}"
-            for kind, (count, error) in cache.failing().items()
-        )
-        text = "; ".join(
-            part for part in (waiting and f"watch cache not synced: {waiting}", failing) if part
-        )
-        return PlainTextResponse(text, status_code=503)
+        return PlainTextResponse(reason, status_code=503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        service.cache.expire_slices(wait=False)
-        snap = service.cache.snapshot
-        metrics.slice_reservations.set(snap.slice_reservations())
-        for kind, count in snap.counts().items():
-            metrics.cache.labels(kind).set(count)
-        for kind, count in snap.unreadable_counts().items():
-            metrics.unreadable.labels(kind).set(count)
+        # Read-only: the gauges read the current snapshot as they are collected.
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

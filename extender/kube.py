@@ -11,7 +11,6 @@ import json
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,11 @@ from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed,
 from .cache import NAMESPACE, NODE, PDB, POD, ClusterCache
 from .objects import meta_of
 from .pending import PendingPods
+from .watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
 
-HEALTHY_AFTER_SECONDS = 10.0
-"""A watch open this long, applying events, counts as working again (readiness returns)."""
 POOL_SIZE = 64
 """Kept-alive API connections: binds run concurrently on the server's thread pool (up to 40 in
 flight), and the client's default pool (5 x CPUs) would drop the connections beyond it."""
@@ -145,23 +143,27 @@ class ApiEvents:
 
 
 class Watcher:
-    """One thread per kind: list, then watch from the list's resourceVersion, forever."""
+    """One thread per kind: list, then watch from the list's resourceVersion, forever; each
+    kind's health in `health` (the readiness rule: `watchhealth`)."""
 
     def __init__(
         self,
         api: client.ApiClient,
         cache: ClusterCache,
         *,
-        timeout_seconds: int = 300,
+        period_seconds: int = 300,
         sleep: Callable[[float], object] | None = None,
         pending: PendingPods | None = None,
+        health: WatchHealth | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
         self.cache = cache
         self.pending = pending
         """Also fed the Pod events, for the pending pods' reasons (None: not kept)."""
-        self.timeout = timeout_seconds
+        self.health = health or WatchHealth()
+        self.period = period_seconds
+        """Server-side length of one watch period (setting resync_seconds); then it resumes."""
         self.stopping = threading.Event()
         self.sleep = sleep or self.stopping.wait
         """Waits out a failure's backoff (tests count the attempts)."""
@@ -192,26 +194,21 @@ class Watcher:
                 self._follow(kind, lister, backoff)
             except Exception as error:  # noqa: BLE001 - a failure to apply is contained: relist
                 problem = f"{type(error).__name__}: {error}"
-                self.cache.watch_failed(kind, problem)
+                self.health.failed(kind, problem)
                 log.exception("Failed to apply a watch event; relisting", extra=logs.kv(kind=kind))
                 self.sleep(backoff.next())
 
     def _follow(self, kind: str, lister: Callable[..., Any], backoff: Backoff) -> None:
-        opened = time.monotonic()
-        healthy = False
         for item in list_watch(
             lister,
             self.stopping,
             decode=_raw,
-            timeout_s=self.timeout,
-            request_timeout_s=self.timeout + 30,
+            timeout_s=self.period,
+            request_timeout_s=self.period + 30,
             backoff=backoff,
             sleep=self.sleep,
         ):
             if isinstance(item, Event):
-                if not healthy and time.monotonic() - opened > HEALTHY_AFTER_SECONDS:
-                    healthy = True
-                    self.cache.watch_ok(kind)
                 self.cache.apply(kind, item.type, item.object)
                 if kind == POD and self.pending is not None:
                     self.pending.apply(item.type, item.object)
@@ -219,18 +216,19 @@ class Watcher:
                 self.cache.replace(kind, item.items)
                 if kind == POD and self.pending is not None:
                     self.pending.replace(item.items)
-                opened, healthy = time.monotonic(), False
+                # A fresh relist: the cache holds what the API server has now (readiness
+                # returns here, not after a watch period of a kind that may see no event).
+                self.health.worked(kind)
                 log.info(
                     "Listed objects",
                     extra=logs.kv(kind=kind, count=len(item.items), rv=item.version),
                 )
             elif isinstance(item, Resumed):
-                self.cache.watch_ok(kind)  # a whole watch period without a failure
-                opened = time.monotonic()
+                self.health.worked(kind)  # a whole watch period without a failure
             elif isinstance(item, Expired):
                 log.info("Relisting after the watch expired", extra=logs.kv(kind=kind))
             elif isinstance(item, Failed):
-                self.cache.watch_failed(kind, item.problem)
+                self.health.failed(kind, item.problem)
                 log.warning(
                     "Watch failed; relisting",
                     extra=logs.kv(kind=kind, err=item.problem, retryAfter=item.retry_after),

@@ -225,17 +225,21 @@ def run(args: argparse.Namespace) -> int:
         keys=None if keys is None else keys.keys,
         scheduler_names=settings.scheduler_names,
     )
-    app = create_app(settings, service)
+    pending = PendingPods(settings.scheduler_names) if settings.pending_reasons_seconds else None
+    watcher = Watcher(api, cache, period_seconds=settings.resync_seconds, pending=pending)
+    app = create_app(settings, service, watcher.health)
     main = server(app, settings)
-    health = None if health_socket is None else health_server(create_health_app(service), settings)
+    health = (
+        None
+        if health_socket is None
+        else health_server(create_health_app(service, watcher.health), settings)
+    )
     try:
         main.config.load()  # reads the certificates and the client CA now
     except (OSError, ssl.SSLError) as error:
         return _fail(
             f"cannot set up TLS (tls_cert_file, tls_key_file, tls_client_ca_file): {error}"
         )
-    pending = PendingPods(settings.scheduler_names) if settings.pending_reasons_seconds else None
-    watcher = Watcher(api, cache, timeout_seconds=settings.resync_seconds, pending=pending)
     watcher.start()
     if pending is not None:
         # kube-scheduler never asks about pods its own counts rejected everywhere: say why.

@@ -93,7 +93,7 @@ class Memo:
         dict lookups per node. A node is evaluated only when no node in the same state was
         evaluated for this pod shape under this model. `given`: views of nodes the scheduler
         sent in full; `own`: views of nodes where the pod holds a reservation (nominated, or
-        a slice of a MIG plan), as it sees them. Both are answered afresh, never kept.
+        a MIG instance of a plan), as it sees them. Both are answered afresh, never kept.
         """
         names = names if isinstance(names, list) else list(names)
         memo = self.shape(demand)
@@ -110,7 +110,7 @@ class Memo:
             name = names[n]
             if own and name in own:
                 # Answered below for this pod alone: its verdict there is not its shape's
-                # (a slice reserved for it is free for it only), so it must not be kept.
+                # (a MIG instance reserved for it is free for it only), so it must not be kept.
                 continue
             if sigs.get(name) is None and name in given:
                 # Sent in full by the scheduler, unknown to the cluster state: not memoised.

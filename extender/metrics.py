@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .snapshot import Snapshot
 
 # Latency buckets around the 10 ms goal at 5,000 nodes, and up to the scheduler's timeout.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -60,7 +65,7 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
-        self.slice_reservations = Gauge(
+        self.mig_reservations = Gauge(
             "gpupart_extender_mig_reservations",
             "Live MIG slice reservations honoured: named by a Node's gpupart.io/mig-plan, on a "
             "MIG device of its inventory, not expired, their pod not bound yet",
@@ -73,3 +78,22 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+
+    def observe(self, snapshot: Callable[[], Snapshot], wall: Callable[[], float]) -> None:
+        """The cluster state's gauges read the current snapshot whenever they are scraped (a
+        scrape changes nothing): its counts, its unreadable objects, and its MIG reservations
+        not expired by `wall` (Unix seconds, the clock they expire by)."""
+        empty = Snapshot.empty()
+        for kind in empty.counts():
+            self.cache.labels(kind).set_function(partial(_count, snapshot, kind))
+        for kind in empty.unreadable_counts():
+            self.unreadable.labels(kind).set_function(partial(_unreadable, snapshot, kind))
+        self.mig_reservations.set_function(lambda: snapshot().mig_reservations(wall()))
+
+
+def _count(snapshot: Callable[[], Snapshot], kind: str) -> float:
+    return snapshot().counts()[kind]
+
+
+def _unreadable(snapshot: Callable[[], Snapshot], kind: str) -> float:
+    return snapshot().unreadable_counts()[kind]

@@ -71,7 +71,7 @@ class NodeEntry:
     unreadable: bool = False
     """The Node or its inventory could not be read (`problem` says why)."""
     reservations: tuple[MigReservation, ...] = ()
-    """The slice reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
+    """The MIG reservations of the node's MIG plan (`gpupart.io/mig-plan`), expired or not."""
     plan_problem: str = ""
     """Why the MIG plan could not be read: the node then takes no MIG pod (others it may)."""
     dynamic: tuple[tuple[int, str], ...] = ()
@@ -176,7 +176,7 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
 
 
 def read_reservations(text: object) -> tuple[tuple[MigReservation, ...], str]:
-    """The slice reservations of a MIG plan annotation (none without one), or why it cannot be
+    """The MIG reservations of a MIG plan annotation (none without one), or why it cannot be
     read. Never raises: a bad plan costs its node its MIG pods, and nothing else."""
     if text is None:
         return (), ""

@@ -141,6 +141,7 @@ class ExtenderService:
         self._memo_lock = threading.Lock()
         """Taken by request paths only (the event loop's, mostly): never by the watch threads."""
         self._last_sweep = -float("inf")
+        metrics.observe(lambda: cache.snapshot, cache.wall)
 
     # -- shared machinery --
 
@@ -208,7 +209,7 @@ class ExtenderService:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        self.cache.expire_slices(wait=False)
+        self.cache.expire_mig_reservations(wait=False)
         with self._memo_lock:
             # Read under the memo lock: kept batches only ever move forward to newer snapshots.
             snap = self.cache.snapshot
@@ -275,7 +276,7 @@ class ExtenderService:
         now = self.clock()
         demand = self._demand(pod)  # InvalidInput goes to the caller: prioritize has no Error field
         given = _views_from_objects(nodes, self.cache.wall())
-        self.cache.expire_slices(wait=False)
+        self.cache.expire_mig_reservations(wait=False)
         with self._memo_lock:
             snap = self.cache.snapshot
             own = _own_views(snap, pod, demand)
@@ -300,7 +301,7 @@ class ExtenderService:
         except GpupartError as error:
             return f"gpupart cannot read this pod: {explain(error)}."
         now = self.clock()
-        self.cache.expire_slices(wait=False)
+        self.cache.expire_mig_reservations(wait=False)
         fits: list[str] = []
         reasons: Counter[str] = Counter()
         with self._memo_lock:
@@ -337,7 +338,7 @@ class ExtenderService:
         """
         demand = self._demand(pod)
         model = self.model(self.clock())
-        self.cache.expire_slices(wait=False)
+        self.cache.expire_mig_reservations(wait=False)
         snap = self.cache.snapshot
         scores: dict[str, int] = {}
         failed: dict[str, str] = {}
@@ -368,7 +369,7 @@ class ExtenderService:
         demand = self._demand(pod)
         self.metrics.preemptions.inc()
         uid = _uid(pod)
-        self.cache.expire_slices(wait=True)
+        self.cache.expire_mig_reservations(wait=True)
         snap = self.cache.snapshot
         model = self.model(now)
         kept: dict[str, NodeVictims] = {}
@@ -451,9 +452,9 @@ class ExtenderService:
             # A pod nominated here after preemption is not kept out by its own reservation.
             # Its victims still count until they are gone: bind never over-commits a GPU (filter
             # passes without them, so a victim slow to go is a bind retry, not a new preemption).
-            # Slice reservations count as in filter (`evaluate` frees the pod's own only), on
-            # the freshest state: a bind for one pod cannot take a slice held for another.
-            self.cache.expire_slices(wait=True)
+            # MIG reservations count as in filter (`evaluate` frees the pod's own only), on
+            # the freshest state: a bind for one pod cannot take an instance held for another.
+            self.cache.expire_mig_reservations(wait=True)
             view = self.cache.snapshot.view_excluding(node, [key])
             if view is None:
                 self.metrics.decisions.labels("bind", "error").inc()
@@ -613,8 +614,8 @@ def _uid(pod: Mapping[str, Any]) -> str:
 
 def _own_views(snap: Snapshot, pod: Mapping[str, Any], demand: PodDemand) -> dict[str, NodeView]:
     """The nodes where the pod holds a reservation, viewed as it sees them: the node it is
-    nominated to without its nomination, and those whose MIG plan reserves it a slice (their
-    verdict for it is its own: `evaluate` frees its reserved slices, for it only)."""
+    nominated to without its nomination, and those whose MIG plan reserves it an instance (their
+    verdict for it is its own: `evaluate` frees its reserved instances, for it only)."""
     own = {}
     for node in snap.reserved_for(demand.pod):
         view = snap.view(node)

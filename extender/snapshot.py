@@ -1,7 +1,7 @@
 """One immutable picture of the cluster as requests read it: node views, signatures, pods per node, reservations.
 
 The cluster state (`cache.ClusterCache`, fed by the watch threads) is the only writer: after
-every change it builds a new `Snapshot` and publishes it by swapping one reference. A request
+every change it builds (`cache.publish`) a new `Snapshot` and publishes it by swapping one reference. A request
 reads `cache.snapshot` once and answers from it alone, without a lock: nothing in a snapshot
 changes after it is published (the mappings are the writer's copies, never written again).
 """
@@ -36,7 +36,7 @@ A new tuple object is made whenever the node changes: callers may compare it by 
 
 
 @dataclass(frozen=True, slots=True)
-class NodeState:
+class NodeSnapshot:
     """One node as the snapshot holds it."""
 
     entry: NodeEntry
@@ -60,7 +60,7 @@ def assemble_view(
     lost: list[tuple[PodEntry, str]] | None = None,
 ) -> NodeView:
     """The node's view with the pods `entries` on it (each on the GPU its assignment's UUID
-    names: `objects.placed_by_uuid`) and the live slice `reservations`; a node that cannot be
+    names: `objects.placed_by_uuid`) and the live MIG `reservations`; a node that cannot be
     evaluated gets the reason as its problem (alone: the others are not affected). `lost`
     collects the pods whose GPU the inventory does not have, with the reason."""
     try:
@@ -84,7 +84,7 @@ def assemble_view(
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Snapshot:
-    nodes: Mapping[str, NodeState]
+    nodes: Mapping[str, NodeSnapshot]
     signatures: Mapping[str, Signature]
     """Node name -> signature, for every known node (the memo's hot path reads this in C)."""
     nominations: Mapping[str, PodEntry]
@@ -108,14 +108,14 @@ class Snapshot:
     """Bound pods counted (assumed ones not included)."""
     assumed: int
     reserved: Mapping[str, tuple[str, ...]]
-    """Pod `namespace/name` -> the nodes whose view holds a live slice reservation for it."""
+    """Pod `namespace/name` -> the nodes whose view holds a live MIG reservation for it."""
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls({}, {}, {}, {}, (), {}, {}, 0, (), 0, (), 0, 0, {})
 
     def reserved_for(self, pod: str) -> tuple[str, ...]:
-        """The nodes where a live slice reservation names `pod` (namespace/name)."""
+        """The nodes where a live MIG reservation names `pod` (namespace/name)."""
         return self.reserved.get(pod, ())
 
     def view(self, name: str) -> NodeView | None:
@@ -185,10 +185,11 @@ class Snapshot:
             "namespaces": len(self.namespaces),
         }
 
-    def slice_reservations(self) -> int:
-        """Live slice reservations honoured (in some node's view), for the metrics."""
+    def mig_reservations(self, now: float) -> int:
+        """MIG reservations honoured (in some node's view) and not expired by `now` (the
+        cache's clock, Unix seconds), for the metrics: read-only, whenever scraped."""
         nodes = {n for held in self.reserved.values() for n in held}
-        return sum(len(self.nodes[n].view.reserved) for n in nodes)
+        return sum(1 for n in nodes for r in self.nodes[n].view.reserved if r.expires > now)
 
     def unreadable_counts(self) -> dict[str, int]:
         found = {NODE: 0, POD: 0, PDB: 0, NAMESPACE: 0}

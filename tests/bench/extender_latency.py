@@ -31,6 +31,10 @@ The synthetic cluster's shared-GPU pods carry assignments signed with a bench ke
 extender writes them (the cache verifies each one), and binds re-read the pod (from the bench's
 binder, which answers at once: the API round trip a real bind adds is not in these figures).
 
+Each child writes its port file whole (a rename) and nothing is timed before it answers /readyz
+over the measurements' own kind of connection (the preempt figure once died with
+ConnectionRefused, connecting before the extender listened).
+
 Run: .venv/bin/python tests/bench/extender_latency.py [--requests 300] [--client go] [--floor]
 """
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import socket
 import statistics
@@ -66,13 +71,15 @@ from gpupart.core.api.wire import (
     encode_inventory,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart_extender.app import create_app, filter_reply
-from gpupart_extender.cache import NODE, POD, ClusterCache
+from gpupart_extender.app import create_app
+from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc
 from gpupart_extender.metrics import Metrics
+from gpupart_extender.replies import filter_reply
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 from gpupart_testsupport import goclients
+from gpupart_testsupport.polling import wait_for
 
 GPUS = 8
 MIB = 81559
@@ -239,6 +246,7 @@ def serve(nodes: int, port_file: Path, *, floor: bool) -> None:
     node_objs, pods = preempt_cluster() if nodes == PREEMPT_NODES else cluster(nodes)
     cache.replace(NODE, node_objs)
     cache.replace(POD, pods)
+    cache.replace(NAMESPACE, [])  # every kind listed: /readyz, which the parent waits for, says 200
     settings = ExtenderSettings(log_level="WARNING")
     service = ExtenderService(
         cache, settings.scoring(), binder=NoBinder(), metrics=Metrics(), keys=lambda: KEYS
@@ -246,7 +254,10 @@ def serve(nodes: int, port_file: Path, *, floor: bool) -> None:
     app = replay(service, nodes) if floor else create_app(settings, service)
     tune_gc()
     sock = listen("127.0.0.1", 0)
-    port_file.write_text(str(sock.getsockname()[1]))
+    # Whole or not at all: the parent must never read half a port number.
+    written = port_file.with_suffix(".tmp")
+    written.write_text(str(sock.getsockname()[1]))
+    os.replace(written, port_file)
     server(timed(app), settings).run(sockets=[sock])  # type: ignore[arg-type]  # an ASGI app
 
 
@@ -326,6 +337,18 @@ class Http:
                 length = int(value)
         return json.loads(self.reader.read(length))
 
+    def get(self, path: str) -> int:
+        """The status of a GET (its body read and dropped)."""
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        status = self.reader.readline()
+        length = 0
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        self.reader.read(length)
+        return int(status.split()[1]) if status.startswith(b"HTTP/") else 0
+
     def close(self) -> None:
         self.reader.close()
         self.sock.close()
@@ -403,23 +426,29 @@ def extender_process(nodes: int, *, floor: bool = False) -> Iterator[int]:
     child = subprocess.Popen(
         [sys.executable, __file__, *serve_args, *(["--floor"] if floor else [])]
     )
+
+    def alive() -> None:
+        if child.poll() is not None:
+            raise SystemExit(f"the extender process exited with {child.returncode}")
+
+    def port() -> int | None:
+        alive()
+        return int(port_file.read_text()) if port_file.exists() else None
+
+    def answering(port: int) -> bool:
+        """/readyz over the very kind of connection the measurements use (the listener
+        accepts it, the app answers, the cache is listed): nothing is timed before that."""
+        alive()
+        http = Http(port)
+        try:
+            return http.get("/readyz") == 200
+        finally:
+            http.close()
+
     try:
-        deadline = time.monotonic() + 300
-        while not port_file.exists() or not port_file.read_text():
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the extender process did not start")
-            time.sleep(0.1)
-        port = int(port_file.read_text())
-        # The port is written once bound; wait until the server answers before any timing.
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if child.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the extender process did not answer /healthz") from None
-                time.sleep(0.1)
-        yield port
+        listening = wait_for(port, 300, "the extender process to write its port")
+        wait_for(lambda: answering(listening), 300, "the extender to answer /readyz")
+        yield listening
     finally:
         child.terminate()
         child.wait(10)

@@ -93,7 +93,7 @@ def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
         keys=keys,
         scheduler_names=settings.scheduler_names,
     )
-    watcher = Watcher(api, cache, timeout_seconds=60)
+    watcher = Watcher(api, cache, period_seconds=60)
     watcher.start()
     server, thread, port = _serve(create_app(settings, service))
     url = f"http://{LOOPBACK}:{port}"

@@ -95,7 +95,7 @@ def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
         scheduler_names=settings.scheduler_names,
     )
     pending = PendingPods(settings.scheduler_names)
-    watcher = Watcher(api, cache, timeout_seconds=60, pending=pending)
+    watcher = Watcher(api, cache, period_seconds=60, pending=pending)
     watcher.start()
     reporter = Reporter(pending, service.pending_reason, ApiEvents(api))
     thread = threading.Thread(target=reporter.run, args=(watcher.stopping, 0.5), daemon=True)

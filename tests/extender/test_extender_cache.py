@@ -103,9 +103,9 @@ def test_relist_drops_what_is_gone() -> None:
     c = ClusterCache(keys=keys)
     c.replace(NODE, [node("n1", [shared_gpu(0)]), node("n2", [shared_gpu(0)])])
     c.replace(POD, [pod("a", shared(10), node="n1"), pod("b", shared(10), node="n2")])
-    assert not c.ready, "not before the Namespaces are listed too"
+    assert not all(c.synced.values()), "not before the Namespaces are listed too"
     c.replace(NAMESPACE, [namespace("team-a"), namespace("team-b")])
-    assert c.ready and c.snapshot.counts() == {
+    assert all(c.synced.values()) and c.snapshot.counts() == {
         "nodes": 2,
         "pods": 2,
         "assumed": 0,

@@ -162,11 +162,12 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
 
     watcher = Watcher(kube.ApiClient(configuration), cache, sleep=sleep)
     service = service_for(cache)
-    with TestClient(create_app(ExtenderSettings(url_prefix="/gpupart"), service)) as http:
+    app = create_app(ExtenderSettings(url_prefix="/gpupart"), service, watcher.health)
+    with TestClient(app) as http:
         assert http.get("/readyz").status_code == 200
         watcher.start()
         try:
-            for _ in range(12):  # four kinds: one of them at least WATCH_FAILING_AFTER times
+            for _ in range(12):  # four kinds: one of them at least FAILING_AFTER times
                 assert attempts.acquire(timeout=30)
         finally:
             watcher.stop()
@@ -175,10 +176,8 @@ def test_a_watch_that_keeps_failing_turns_readyz_false_and_back() -> None:
         assert "failed" in res.text and "times in a row" in res.text, res.text
         for thread in watcher.threads:
             thread.join(30)
-        cache.watch_ok(NODE)
-        cache.watch_ok(POD)
-        cache.watch_ok(PDB)
-        cache.watch_ok(NAMESPACE)
+        for kind in (NODE, POD, PDB, NAMESPACE):  # a fresh list of each: ready at once
+            watcher.health.worked(kind)
         assert http.get("/readyz").status_code == 200
 
 

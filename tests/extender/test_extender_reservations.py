@@ -173,9 +173,9 @@ def test_bind_rereads_the_clock_so_an_expired_reservation_does_not_block(
 
 def test_a_bound_pod_s_reservation_stops_counting(service: ExtenderService) -> None:
     cache = service.cache
-    assert cache.snapshot.slice_reservations() == 1
+    assert cache.snapshot.mig_reservations(cache.wall()) == 1
     cache.apply(POD, "ADDED", pod("a", MIG3, namespace="team-b", node="node-b"))
-    assert cache.snapshot.slice_reservations() == 0
+    assert cache.snapshot.mig_reservations(cache.wall()) == 0
     outcome = service.filter(pod("c", MIG3), ["node-a"])
     assert outcome.passed == ["node-a"]  # the slice A's reservation held is free again
     cache.apply(POD, "DELETED", pod("a", MIG3, namespace="team-b", node="node-b"))
@@ -200,7 +200,7 @@ def test_a_reservation_of_an_instance_not_made_yet_takes_nothing(wall: Wall) -> 
     service = ExtenderService(
         cache, ExtenderSettings().scoring(), keys=keys, binder=FakeBinder(), metrics=Metrics()
     )
-    assert cache.snapshot.slice_reservations() == 0
+    assert cache.snapshot.mig_reservations(cache.wall()) == 0
     assert service.filter(pod("b", {"nvidia.com/mig-1g.10gb": 1}), ["node-c"]).passed == ["node-c"]
     outcome = service.filter(A, ["node-c"])
     assert outcome.unresolvable == {

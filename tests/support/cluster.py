@@ -16,7 +16,7 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,6 +483,30 @@ class ControlPlane:
             return args, healthy
 
         self._start_retrying("kube-apiserver", make, timeout=90)
+
+    @contextlib.contextmanager
+    def apiserver_stopped(self, timeout: float = 90) -> Iterator[None]:
+        """kube-apiserver stopped for the body, then started again with the same flags (same
+        port, same etcd: its clients see connections refused, then the same server back);
+        returns once it is ready again."""
+        proc = next(p for p in self.procs if p.name == "kube-apiserver")
+        given = proc.popen.args
+        assert isinstance(given, list), given  # `_spawn` passes a list
+        args = [str(a) for a in given]
+        proc.stop()
+        self.procs.remove(proc)
+        try:
+            yield
+        finally:
+            again = self._spawn("kube-apiserver", args)
+
+            def ready() -> bool:
+                if not again.alive():
+                    raise RuntimeError(f"kube-apiserver exited with {again.popen.returncode}")
+                code, _ = http_get(f"{self.api_url}/readyz", token=self.token, ca_file=self.ca_file)
+                return code == 200
+
+            wait_for(ready, timeout, "kube-apiserver to be ready again", interval=0.25)
 
     def _write_kubeconfig(self, path: Path | None = None, user: str = "admin") -> None:
         """A kubeconfig for `user` (admin, or the controller manager's own) at path."""
