@@ -21,7 +21,9 @@ from gpupart.core.dynamic.model import Mix
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import Layout, MigInstance
 from gpupart.core.mig.planning import (
+    CreateComputeInstance,
     CreateGpuInstance,
+    DestroyComputeInstance,
     DestroyGpuInstance,
     Step,
 )
@@ -178,6 +180,16 @@ class SimResult:
             "disruptions": self.disruptions,
             "ms_per_decision": round(self.ms_per_decision, 3),
         }
+
+
+def create_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
+    """The NVML steps that make `instance` on GPU `gpu`: its GPU instance, then its compute instance."""
+    return CreateGpuInstance(gpu, instance), CreateComputeInstance(gpu, instance)
+
+
+def destroy_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
+    """The NVML steps that remove `instance`: its compute instance, then its GPU instance."""
+    return DestroyComputeInstance(gpu, instance), DestroyGpuInstance(gpu, instance)
 
 
 _ARRIVE, _READY, _DEPART, _WAKE = 0, 1, 2, 3
