@@ -1,4 +1,4 @@
-"""The DRA policies: kube-scheduler's first fit over the devices `gpupart.core.dra` publishes, in NVIDIA's order or ours.
+"""The DRA policies: kube-scheduler's first fit over the devices `gpupart.core.dra` publishes, NVIDIA's order or ours.
 
 Per pod (by priority, then arrival), nodes are tried in name order and the pod goes to the
 first node on which the allocator model (`gpupart.core.dra.allocator.first_fit`) finds devices

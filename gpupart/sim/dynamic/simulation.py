@@ -152,6 +152,8 @@ class SimResult:
     decisions: int
     decide_s: float
     """CPU seconds spent in the policy's decide calls (by the caller's timer)."""
+    waits: tuple[tuple[str, float], ...] = ()
+    """(pod, time-to-bind) of every served pod, by name (per-profile figures)."""
 
     def percentile(self, q: float) -> float:
         if not self.bind_s:
@@ -227,6 +229,7 @@ class Engine:
         self.sequence = 0
         self.pods: dict[str, SimPod] = {}
         self.bind_s: list[float] = []
+        self.waits: dict[str, float] = {}
         self.operations = 0
         self.disruptions = 0
         self.decisions = 0
@@ -306,6 +309,7 @@ class Engine:
             disruptions=self.disruptions,
             decisions=self.decisions,
             decide_s=self.decide_s,
+            waits=tuple(sorted(self.waits.items())),
         )
 
     def _timed(self, call: Callable[[], Decision]) -> Decision:
@@ -429,6 +433,7 @@ class Engine:
             self.allocated += self._slices(key, instance)
         self.running[pod.name] = list(instances)
         self.bind_s.append(now - pod.arrival)
+        self.waits[pod.name] = now - pod.arrival
         self._push(now + pod.duration, _DEPART, pod.name)
 
 
