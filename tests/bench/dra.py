@@ -5,8 +5,10 @@ the simulator's `dra_nvidia_order` and `dra_gpupart_order` policies (kube-schedu
 fit over the devices `gpupart.core.dra` publishes, re-ordered after each change). Workloads
 (`gpupart.sim.dynamic.workloads`): W1, a window of the Alibaba default trace's GPU pods (its
 start drawn by the seed; skipped when the trace is absent), W2 (1g/2g/3g shifting mix), W3
-(1g bursts then 3g/4g), each over `SEEDS`. A pod is bound if it got its instances before the
-simulation's tail ended. Progress on stderr; last line one JSON object.
+(1g bursts then 3g/4g), W4 (300 arrivals mixed 1g to 7g), each over `SEEDS`. A loss system, as
+the order's effect is seen at arrival: a pod that no device fits when it arrives is given up
+(`patience_s=0`), so a stranded 4g does not wait and hold the next free room.
+Progress on stderr; last line one JSON object.
 
     python tests/bench/dra.py [--trace-dir DIR] [--seeds N]
 """
@@ -24,15 +26,17 @@ from gpupart.core.dra.devices import Order
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.sim.dynamic.dra import DraOrder
 from gpupart.sim.dynamic.simulation import SimNode, SimPod, simulate
-from gpupart.sim.dynamic.workloads import from_trace, w2_shifting_inference, w3_adversarial
+from gpupart.sim.dynamic.workloads import (
+    from_trace,
+    w2_shifting_inference,
+    w3_adversarial,
+    w4_mixed_sizes,
+)
 from gpupart.sim.trace import parse_pods
 
 SEEDS = 5
 GPUS = 8
 W1_PODS = 80
-ACCEPT_S = 10.0
-"""A pod counts as bound when it binds within this long of arrival (create and advertise, and
-the GPU's queue of operations), not after waiting for someone to leave: as in a loss system."""
 LARGE = ("4g.", "7g.")
 
 
@@ -51,6 +55,7 @@ def workloads(trace_dir: Path, seed: int) -> dict[str, tuple[SimPod, ...]]:
         )
     found["W2"] = w2_shifting_inference(seed=seed, gpus=GPUS, hours=1.0, load=0.9)
     found["W3"] = w3_adversarial(seed=seed, gpus=GPUS, rounds=2)
+    found["W4"] = w4_mixed_sizes(seed=seed, gpus=GPUS, arrivals=300)
     return found
 
 
@@ -76,8 +81,8 @@ def main() -> None:
         for name, pods in workloads(Path(args.trace_dir), seed).items():
             for order in (Order.NVIDIA, Order.GPUPART):
                 t = time.perf_counter()
-                result = simulate(node, pods, DraOrder(order))
-                bound = {name for name, wait in result.waits if wait <= ACCEPT_S}
+                result = simulate(node, pods, DraOrder(order, patience_s=0.0))
+                bound = {name for name, _ in result.waits}
                 figures = {
                     "bound": len(bound),
                     "bound_4g_plus": sum(

@@ -23,6 +23,7 @@ from gpupart.sim.dynamic.simulation import (
     SimPod,
     simulate,
 )
+from gpupart.sim.dynamic.workloads import w4_mixed_sizes
 
 H100 = require_gpu_model("H100-SXM5-80GB")
 PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
@@ -125,3 +126,24 @@ def test_the_cli_accepts_the_dra_policies_and_prints_them(capsys) -> None:  # ty
     assert set(data["policies"]) == {"dra_nvidia_order", "dra_gpupart_order"}
     assert main([*argv, "--policy", "dra_gpupart_order"]) == 0
     assert "\ndra_gpupart_order " in capsys.readouterr().out
+
+
+def test_with_no_patience_a_pod_that_does_not_fit_at_arrival_is_given_up() -> None:
+    one_gpu = [SimNode("node-0", H100, 1)]
+    pods = [
+        SimPod("first", ("7g.80gb",), 0.0, 50.0),
+        SimPod("second", ("7g.80gb",), 10.0, 50.0),
+    ]
+    waiting = simulate(one_gpu, pods, DraOrder(Order.GPUPART))
+    lost = simulate(one_gpu, pods, DraOrder(Order.GPUPART, patience_s=0.0))
+    assert [name for name, _ in waiting.waits] == ["first", "second"]
+    assert [name for name, _ in lost.waits] == ["first"]
+
+
+def test_w4_mixes_every_size_at_the_asked_load() -> None:
+    pods = w4_mixed_sizes(seed=3, gpus=8, arrivals=2000)
+    assert len(pods) == 2000
+    assert {p.profiles for p in pods} == {(p,) for p in PROFILES}
+    mean_rate = len(pods) / pods[-1].arrival
+    # 8 GPUs x 8 slices at load 1, mean run 600 s, mean slices 2.95: about 0.036 pods/s
+    assert 0.03 < mean_rate < 0.038

@@ -69,8 +69,11 @@ class DraOrder:
 
     binds_free = False
 
-    def __init__(self, order: Order) -> None:
+    def __init__(self, order: Order, *, patience_s: float | None = None) -> None:
         self.order = order
+        self.patience_s = patience_s
+        """None: a pod waits until it fits (kube-scheduler retries); else it is given up when
+        it does not fit within this long of arrival (0: a loss system, as benchmarks count)."""
         self.name = f"dra_{order.value}_order"
         self._cache: dict[tuple[int, int, tuple[MigInstance, ...]], GpuDevices] = {}
         self._views: dict[tuple[int, str, tuple[MigInstance, ...] | None], SliceView] = {}
@@ -98,7 +101,12 @@ class DraOrder:
             self._cache_mix = mix
         taken: dict[GpuKey, list[MigInstance]] = {k: list(g) for k, g in cluster.gpus.items()}
         waiting = sorted(
-            (p.pod for p in cluster.pending.values() if not p.reserved),
+            (
+                p.pod
+                for p in cluster.pending.values()
+                if not p.reserved
+                and (self.patience_s is None or now - p.pod.arrival <= self.patience_s)
+            ),
             key=lambda p: (-p.priority, p.arrival, p.name),
         )
         changes: list[Change] = []
