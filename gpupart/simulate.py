@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         metavar="NAMES",
         help="random, bestfit, fgd, gpupart (ours), a comma list, or 'all'; with --mig --dynamic: "
-        "gpupart, static_best, nos, hami, first_fit [default: all for a built-in example, "
+        "gpupart, static_best, nos, hami, first_fit, dra_nvidia_order, dra_gpupart_order "
+        "[default: all for a built-in example, "
         "gpupart for a trace]",
     )
     parser.add_argument("--seed", type=int, metavar="N", help="replay seed [default: 42]")

@@ -15,6 +15,9 @@
   destroyed when it exits; idle instances are never re-carved because there are none.
 - ``first_fit``: DRA DynamicMIG: the requested profile at the first free (node, GPU, start) in
   device order, created for the pod, destroyed when it exits.
+- ``dra_nvidia_order`` and ``dra_gpupart_order``: kube-scheduler's DRA first fit over the devices
+  `gpupart.core.dra` publishes, sorted by name (NVIDIA's order) or by `placement_order` (ours),
+  re-ordered after each change (`gpupart.sim.dynamic.dra`).
 """
 
 from __future__ import annotations
@@ -34,13 +37,8 @@ from gpupart.core.dynamic.planner import plan
 from gpupart.core.errors import InfeasibleLayout, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, MigProfile
 from gpupart.core.mig.layout import Layout, MigInstance, Placement, check_layout, fit_layout
-from gpupart.core.mig.planning import (
-    CreateComputeInstance,
-    CreateGpuInstance,
-    DestroyComputeInstance,
-    DestroyGpuInstance,
-    Step,
-)
+from gpupart.core.mig.planning import Step
+from gpupart.sim.dynamic.dra import DRA_POLICIES, DraOrder
 from gpupart.sim.dynamic.simulation import (
     DEFAULT_LATENCIES,
     Change,
@@ -53,6 +51,8 @@ from gpupart.sim.dynamic.simulation import (
     SimPod,
     SimPolicy,
     SimResult,
+    create_steps,
+    destroy_steps,
     simulate,
 )
 
@@ -64,14 +64,6 @@ NOS_MAX_ATTEMPTS = 20
 def plain_profiles(model: GpuModel) -> tuple[MigProfile, ...]:
     """Profiles without media-engine or graphics variants: what the workloads ask for."""
     return tuple(p for p in model.profiles if "+" not in p.name and "-" not in p.name)
-
-
-def _create(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
-    return CreateGpuInstance(gpu, instance), CreateComputeInstance(gpu, instance)
-
-
-def _destroy(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
-    return DestroyComputeInstance(gpu, instance), DestroyGpuInstance(gpu, instance)
 
 
 def _fits(model: GpuModel, layout: Sequence[MigInstance], instance: MigInstance) -> bool:
@@ -335,9 +327,9 @@ class Nos:
             return None, {}
         steps: list[Step] = []
         for instance in free:
-            steps += _destroy(key[1], instance)
+            steps += destroy_steps(key[1], instance)
         for instance in sorted(best):
-            steps += _create(key[1], instance)
+            steps += create_steps(key[1], instance)
         provided: dict[str, int] = {}
         for instance in best:
             provided[instance.profile] = provided.get(instance.profile, 0) + 1
@@ -381,7 +373,7 @@ class PerPod:
         del cluster, now
         by_gpu: dict[GpuKey, list[Step]] = {}
         for key, instance in freed:
-            by_gpu.setdefault(key, []).extend(_destroy(key[1], instance))
+            by_gpu.setdefault(key, []).extend(destroy_steps(key[1], instance))
         return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
@@ -399,7 +391,7 @@ class PerPod:
                     for key, instance in picks:
                         taken[key].append(instance)
                         changes.append(
-                            Change(key, _create(key[1], instance), ((pod.name, instance),))
+                            Change(key, create_steps(key[1], instance), ((pod.name, instance),))
                         )
                     break
         return Decision(tuple(changes))
@@ -447,7 +439,7 @@ class PerPod:
         return None
 
 
-POLICY_NAMES = ("gpupart", "static_best", "nos", "hami", "first_fit")
+POLICY_NAMES = ("gpupart", "static_best", "nos", "hami", "first_fit", *DRA_POLICIES)
 """The names `--policy` takes, in the order figures are shown."""
 
 
@@ -471,6 +463,8 @@ def run_policy(
         one = Nos(latencies.plugin_restart)
     elif name in ("hami", "first_fit"):
         one = PerPod(name)
+    elif name in DRA_POLICIES:
+        one = DraOrder(DRA_POLICIES[name])
     if one is not None:
         return simulate(nodes, pods, one, latencies=latencies, timer=timer, progress=progress), ""
     if name != "static_best":

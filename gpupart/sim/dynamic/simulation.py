@@ -21,7 +21,9 @@ from gpupart.core.dynamic.model import Mix
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import Layout, MigInstance
 from gpupart.core.mig.planning import (
+    CreateComputeInstance,
     CreateGpuInstance,
+    DestroyComputeInstance,
     DestroyGpuInstance,
     Step,
 )
@@ -150,6 +152,8 @@ class SimResult:
     decisions: int
     decide_s: float
     """CPU seconds spent in the policy's decide calls (by the caller's timer)."""
+    waits: tuple[tuple[str, float], ...] = ()
+    """(pod, time-to-bind) of every served pod, by name (per-profile figures)."""
 
     def percentile(self, q: float) -> float:
         if not self.bind_s:
@@ -178,6 +182,16 @@ class SimResult:
             "disruptions": self.disruptions,
             "ms_per_decision": round(self.ms_per_decision, 3),
         }
+
+
+def create_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
+    """The NVML steps that make `instance` on GPU `gpu`: its GPU instance, then its compute instance."""
+    return CreateGpuInstance(gpu, instance), CreateComputeInstance(gpu, instance)
+
+
+def destroy_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
+    """The NVML steps that remove `instance`: its compute instance, then its GPU instance."""
+    return DestroyComputeInstance(gpu, instance), DestroyGpuInstance(gpu, instance)
 
 
 _ARRIVE, _READY, _DEPART, _WAKE = 0, 1, 2, 3
@@ -215,6 +229,7 @@ class Engine:
         self.sequence = 0
         self.pods: dict[str, SimPod] = {}
         self.bind_s: list[float] = []
+        self.waits: dict[str, float] = {}
         self.operations = 0
         self.disruptions = 0
         self.decisions = 0
@@ -294,6 +309,7 @@ class Engine:
             disruptions=self.disruptions,
             decisions=self.decisions,
             decide_s=self.decide_s,
+            waits=tuple(sorted(self.waits.items())),
         )
 
     def _timed(self, call: Callable[[], Decision]) -> Decision:
@@ -417,6 +433,7 @@ class Engine:
             self.allocated += self._slices(key, instance)
         self.running[pod.name] = list(instances)
         self.bind_s.append(now - pod.arrival)
+        self.waits[pod.name] = now - pod.arrival
         self._push(now + pod.duration, _DEPART, pod.name)
 
 

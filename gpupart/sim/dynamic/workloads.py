@@ -7,6 +7,8 @@
   30-60 simulated minutes (the hard case for a static layout).
 - `w3_adversarial`: bursts of short 1g requests alternating with 3g/4g requests, which strand
   large placements when small instances land anywhere.
+- `w4_mixed_sizes`: one-instance requests of 1g to 7g, arriving and leaving at random (where the
+  small ones land decides whether 4g and 7g still fit).
 """
 
 from __future__ import annotations
@@ -118,4 +120,38 @@ def w3_adversarial(*, seed: int, gpus: int, rounds: int = 24) -> tuple[SimPod, .
             pods.append(SimPod(f"w3-{k:05d}", (profile,), t, rng.uniform(300, 1800), 1))
             k += 1
         t += rng.uniform(60, 300)
+    return tuple(pods)
+
+
+MIXED_SIZES = (
+    ("1g.10gb", 0.35),
+    ("2g.20gb", 0.2),
+    ("3g.40gb", 0.2),
+    ("4g.40gb", 0.15),
+    ("7g.80gb", 0.1),
+)
+"""W4's profiles and their shares of the arrivals."""
+
+
+def w4_mixed_sizes(
+    *, seed: int, gpus: int, arrivals: int = 300, load: float = 1.0
+) -> tuple[SimPod, ...]:
+    """Poisson arrivals of one instance each, mixed 1g to 7g (`MIXED_SIZES`), exponential run
+    times: the case where small instances land decides whether 4g and 7g still fit.
+
+    The arrival rate keeps the expected memory slices asked for at `load` x the cluster's."""
+    rng = random.Random(f"W4-{seed}")
+    mean_duration = 600.0
+    slices = {"1g.10gb": 1, "2g.20gb": 2, "3g.40gb": 4, "4g.40gb": 4, "7g.80gb": 8}
+    profiles = [p for p, _ in MIXED_SIZES]
+    weights = [w for _, w in MIXED_SIZES]
+    mean_slices = sum(w * slices[p] for p, w in MIXED_SIZES)
+    rate = load * gpus * 8 / (mean_slices * mean_duration)
+    pods = []
+    t = 0.0
+    for k in range(arrivals):
+        t += rng.expovariate(rate)
+        profile = rng.choices(profiles, weights=weights)[0]
+        duration = max(5.0, rng.expovariate(1 / mean_duration))
+        pods.append(SimPod(f"w4-{k:05d}", (profile,), t, duration))
     return tuple(pods)

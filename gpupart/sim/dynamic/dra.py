@@ -1,0 +1,211 @@
+"""The DRA policies: kube-scheduler's first fit over the devices `gpupart.core.dra` publishes, NVIDIA's order or ours.
+
+Per pod (by priority, then arrival), nodes are tried in name order and the pod goes to the
+first node on which the allocator model (`gpupart.core.dra.allocator.first_fit`) finds devices
+for all its MIG requests (one claim, one request per instance). Name order because
+kube-scheduler's DRA plugin filters nodes but scores no device, and its default scores see
+CPU and memory, not the GPUs: for GPU pods the node choice is a tie it breaks arbitrarily.
+The simulator's node order is the deterministic stand-in, the same the per-pod baselines use, so
+the two DRA policies differ only in the device order, which is what they measure.
+
+On a node, each GPU publishes every placement of every profile with its counters, as a
+dynamic-MIG agent would (`gpu_devices` with `in_use` the instances that exist, then
+`pool_slices` and `read_slice`): NVIDIA's order sorts the devices by name, ours is
+`placement_order` against the observed mix. The devices are rebuilt after every allocation
+change, as the agent re-orders. The chosen instance is created for the pod (create latency)
+and destroyed when the pod leaves: no warm pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpupart.core.api.spec import Mode
+from gpupart.core.dra import names
+from gpupart.core.dra.allocator import DeviceRequest, first_fit
+from gpupart.core.dra.devices import DraGpu, GpuDevices, Order, gpu_devices
+from gpupart.core.dra.pool import pool_slices
+from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_slice
+from gpupart.core.dynamic.model import Mix
+from gpupart.core.errors import InvalidInput
+from gpupart.core.mig.layout import Layout, MigInstance, Placement
+from gpupart.core.mig.planning import Step
+from gpupart.core.node.devices import OfferedGpu
+from gpupart.sim.dynamic.simulation import (
+    Change,
+    Cluster,
+    Decision,
+    GpuKey,
+    SimNode,
+    SimPod,
+    create_steps,
+    destroy_steps,
+)
+
+DRA_POLICIES = {"dra_nvidia_order": Order.NVIDIA, "dra_gpupart_order": Order.GPUPART}
+"""The DRA policy names and the device order each publishes."""
+
+_CLAIMS_NAMESPACE = "sim"
+CACHE_LIMIT = 4096
+"""GPU device lists kept between decisions (a GPU's list depends only on its instances and the mix)."""
+
+
+def instance_of_device(device_name: str, devices: Sequence[GpuDevices]) -> tuple[int, MigInstance]:
+    """The GPU index and MIG placement of a published device, from its attributes."""
+    for gpu in devices:
+        for device in gpu.devices:
+            if device["name"] != device_name:
+                continue
+            attributes = device["attributes"]
+            start = attributes[names.PLACEMENT_START]["int"]
+            size = attributes[names.PLACEMENT_SIZE]["int"]
+            profile = attributes[names.PROFILE]["string"]
+            return gpu.index, MigInstance(Placement(start, size), profile)
+    raise KeyError(device_name)
+
+
+class DraOrder:
+    """kube-scheduler with DRA over one device order (see the module docstring)."""
+
+    binds_free = False
+
+    def __init__(self, order: Order, *, patience_s: float | None = None) -> None:
+        self.order = order
+        self.patience_s = patience_s
+        """None: a pod waits until it fits (kube-scheduler retries); else it is given up when
+        it does not fit within this long of arrival (0: a loss system, as benchmarks count)."""
+        self.name = f"dra_{order.value}_order"
+        self._cache: dict[tuple[int, int, tuple[MigInstance, ...]], GpuDevices] = {}
+        self._views: dict[tuple[int, str, tuple[MigInstance, ...] | None], SliceView] = {}
+        self._cache_mix: Mix | None = None
+
+    def initial(self, node: SimNode) -> Layout:
+        del node  # MIG on, no instance: each claim's instance is made when it is prepared
+        return ()
+
+    def departed(
+        self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
+    ) -> Decision:
+        del cluster, now  # the claim is deallocated and its instance destroyed
+        by_gpu: dict[GpuKey, list[Step]] = {}
+        for key, instance in freed:
+            by_gpu.setdefault(key, []).extend(destroy_steps(key[1], instance))
+        return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
+
+    def decide(self, cluster: Cluster, now: float) -> Decision:
+        # NVIDIA's order ignores the mix; a constant one keeps its devices cached across calls
+        mix = cluster.mix(now) if self.order is Order.GPUPART else Mix()
+        if mix != self._cache_mix:
+            self._cache.clear()
+            self._views.clear()
+            self._cache_mix = mix
+        taken: dict[GpuKey, list[MigInstance]] = {k: list(g) for k, g in cluster.gpus.items()}
+        waiting = sorted(
+            (
+                p.pod
+                for p in cluster.pending.values()
+                if not p.reserved
+                and (self.patience_s is None or now - p.pod.arrival <= self.patience_s)
+            ),
+            key=lambda p: (-p.priority, p.arrival, p.name),
+        )
+        changes: list[Change] = []
+        for pod in waiting:
+            for n, node in enumerate(cluster.nodes):
+                picks = self.allocate(node, n, taken, pod, mix)
+                if picks is None:
+                    continue
+                for key, instance in picks:
+                    taken[key].append(instance)
+                    changes.append(
+                        Change(key, create_steps(key[1], instance), ((pod.name, instance),))
+                    )
+                break
+        return Decision(tuple(changes))
+
+    def devices(
+        self, node: SimNode, n: int, taken: dict[GpuKey, list[MigInstance]], mix: Mix
+    ) -> list[GpuDevices]:
+        """The node's GPUs as the agent publishes them now, in this policy's order."""
+        found = []
+        for index in range(node.gpus):
+            in_use = tuple(sorted(taken[(n, index)]))
+            key = (n, index, in_use)
+            cached = self._cache.get(key)
+            if cached is None:
+                if len(self._cache) >= CACHE_LIMIT:
+                    self._cache.clear()
+                gpu = OfferedGpu(
+                    index,
+                    f"GPU-{node.name}-{index}",
+                    node.model.product,
+                    node.model.memory_mib,
+                    index,
+                    None,
+                    Mode.MIG,
+                )
+                cached = gpu_devices(
+                    DraGpu(gpu, node.model, dynamic=True, in_use=in_use),
+                    mix=mix,
+                    order=self.order,
+                )
+                self._cache[key] = cached
+            found.append(cached)
+        return found
+
+    def allocate(
+        self,
+        node: SimNode,
+        n: int,
+        taken: dict[GpuKey, list[MigInstance]],
+        pod: SimPod,
+        mix: Mix,
+    ) -> list[tuple[GpuKey, MigInstance]] | None:
+        """The instances the scheduler's first fit gives `pod` on this node, or None."""
+        devices = self.devices(node, n, taken, mix)
+        views = []
+        owner = {
+            names.slice_name(node.name, names.gpu_slice_part(index)): index
+            for index in range(node.gpus)
+        }
+        for doc in pool_slices(node.name, node.name, devices):
+            name = doc["metadata"]["name"]
+            base = name if name in owner else name.rsplit("-", 1)[0]
+            # a slice's content follows from its GPU's instances (or is the constant counters)
+            index = owner.get(base)
+            held = tuple(sorted(taken[(n, index)])) if index is not None else None
+            key = (n, name, held)
+            view = self._views.get(key)
+            if view is None:
+                view = read_slice(doc)
+                if view is None:
+                    raise InvalidInput(name, "a slice of ours is not read back as ours")
+                if len(self._views) >= CACHE_LIMIT:
+                    self._views.clear()
+                self._views[key] = view
+            views.append(view)
+        allocated = tuple(
+            AllocationResult(
+                "held",
+                names.DRIVER,
+                node.name,
+                names.mig_device_name(index, i.profile, i.placement.start),
+            )
+            for index in range(node.gpus)
+            for i in taken[(n, index)]
+        )
+        claims = [ClaimView(_CLAIMS_NAMESPACE, f"{node.name}-held", "", allocated)]
+        requests = [
+            DeviceRequest(
+                f"mig-{k}", match=((names.TYPE, names.TYPE_MIG), (names.PROFILE, profile))
+            )
+            for k, profile in enumerate(pod.profiles)
+        ]
+        results = first_fit(views, claims, requests)
+        if results is None:
+            return None
+        picks = []
+        for result in results:
+            index, instance = instance_of_device(result.device, devices)
+            picks.append(((n, index), instance))
+        return picks
