@@ -29,17 +29,15 @@ from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_s
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import Layout, MigInstance, Placement
-from gpupart.core.mig.planning import Step
 from gpupart.core.node.devices import OfferedGpu
 from gpupart.sim.dynamic.simulation import (
-    Change,
     Cluster,
     Decision,
     GpuKey,
     SimNode,
     SimPod,
-    create_steps,
-    destroy_steps,
+    destroy_each,
+    place_each,
 )
 
 DRA_POLICIES = {"dra_nvidia_order": Order.NVIDIA, "dra_gpupart_order": Order.GPUPART}
@@ -87,10 +85,7 @@ class DraOrder:
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
         del cluster, now  # the claim is deallocated and its instance destroyed
-        by_gpu: dict[GpuKey, list[Step]] = {}
-        for key, instance in freed:
-            by_gpu.setdefault(key, []).extend(destroy_steps(key[1], instance))
-        return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
+        return destroy_each(freed)
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
         # NVIDIA's order ignores the mix; a constant one keeps its devices cached across calls
@@ -109,19 +104,12 @@ class DraOrder:
             ),
             key=lambda p: (-p.priority, p.arrival, p.name),
         )
-        changes: list[Change] = []
-        for pod in waiting:
-            for n, node in enumerate(cluster.nodes):
-                picks = self.allocate(node, n, taken, pod, mix)
-                if picks is None:
-                    continue
-                for key, instance in picks:
-                    taken[key].append(instance)
-                    changes.append(
-                        Change(key, create_steps(key[1], instance), ((pod.name, instance),))
-                    )
-                break
-        return Decision(tuple(changes))
+        return place_each(
+            cluster.nodes,
+            taken,
+            waiting,
+            lambda node, n, held, pod: self.allocate(node, n, held, pod, mix),
+        )
 
     def devices(
         self, node: SimNode, n: int, taken: dict[GpuKey, list[MigInstance]], mix: Mix

@@ -52,7 +52,9 @@ from gpupart.sim.dynamic.simulation import (
     SimPolicy,
     SimResult,
     create_steps,
+    destroy_each,
     destroy_steps,
+    place_each,
     simulate,
 )
 
@@ -371,30 +373,16 @@ class PerPod:
         self, cluster: Cluster, now: float, freed: Sequence[tuple[GpuKey, MigInstance]]
     ) -> Decision:
         del cluster, now
-        by_gpu: dict[GpuKey, list[Step]] = {}
-        for key, instance in freed:
-            by_gpu.setdefault(key, []).extend(destroy_steps(key[1], instance))
-        return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
+        return destroy_each(freed)
 
     def decide(self, cluster: Cluster, now: float) -> Decision:
         del now  # per pod, at once: no batching
-        changes: list[Change] = []
         taken: dict[GpuKey, list[MigInstance]] = {k: list(g) for k, g in cluster.gpus.items()}
         waiting = sorted(
             (p.pod for p in cluster.pending.values() if not p.reserved),
             key=lambda p: (-p.priority, p.arrival, p.name),
         )
-        for pod in waiting:
-            for n, node in enumerate(cluster.nodes):
-                picks = self._place(node, n, taken, pod)
-                if picks is not None:
-                    for key, instance in picks:
-                        taken[key].append(instance)
-                        changes.append(
-                            Change(key, create_steps(key[1], instance), ((pod.name, instance),))
-                        )
-                    break
-        return Decision(tuple(changes))
+        return place_each(cluster.nodes, taken, waiting, self._place)
 
     def _place(
         self, node: SimNode, n: int, taken: dict[GpuKey, list[MigInstance]], pod: SimPod

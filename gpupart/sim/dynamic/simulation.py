@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -192,6 +192,43 @@ def create_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
 def destroy_steps(gpu: int, instance: MigInstance) -> tuple[Step, Step]:
     """The NVML steps that remove `instance`: its compute instance, then its GPU instance."""
     return DestroyComputeInstance(gpu, instance), DestroyGpuInstance(gpu, instance)
+
+
+Placer = Callable[
+    [SimNode, int, dict[GpuKey, list[MigInstance]], SimPod],
+    list[tuple[GpuKey, MigInstance]] | None,
+]
+"""A per-pod policy's choice on one node (its index in the cluster): the instances to create
+for the pod, given what each GPU holds, or None when the node cannot take it."""
+
+
+def place_each(
+    nodes: Sequence[SimNode],
+    taken: dict[GpuKey, list[MigInstance]],
+    waiting: Iterable[SimPod],
+    place: Placer,
+) -> Decision:
+    """Per-pod policies: each waiting pod, in order, on the first node `place` fits it on (what it
+    picks counts as taken for the pods after it), its instances created at once."""
+    changes: list[Change] = []
+    for pod in waiting:
+        for n, node in enumerate(nodes):
+            picks = place(node, n, taken, pod)
+            if picks is None:
+                continue
+            for key, instance in picks:
+                taken[key].append(instance)
+                changes.append(Change(key, create_steps(key[1], instance), ((pod.name, instance),)))
+            break
+    return Decision(tuple(changes))
+
+
+def destroy_each(freed: Sequence[tuple[GpuKey, MigInstance]]) -> Decision:
+    """Per-pod policies: every instance a departed pod held destroyed, per GPU."""
+    by_gpu: dict[GpuKey, list[Step]] = {}
+    for key, instance in freed:
+        by_gpu.setdefault(key, []).extend(destroy_steps(key[1], instance))
+    return Decision(tuple(Change(key, tuple(steps)) for key, steps in sorted(by_gpu.items())))
 
 
 _ARRIVE, _READY, _DEPART, _WAKE = 0, 1, 2, 3
