@@ -27,6 +27,7 @@ from gpupart.core.dynamic.model import (
 from gpupart.core.dynamic.planner import plan
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import fit_layout
+from gpupart.sim.dynamic.dra import DRA_POLICIES
 from gpupart.sim.dynamic.policies import POLICY_NAMES, geometries, run_policy
 from gpupart.sim.dynamic.simulation import Latencies, SimNode
 from gpupart.sim.dynamic.workloads import from_trace, w2_shifting_inference, w3_adversarial
@@ -99,7 +100,8 @@ def main() -> None:
     started = time.perf_counter()
     for name, (nodes, pods) in workloads(Path(args.trace_dir)).items():
         out["workloads"][name] = {}
-        for policy in POLICY_NAMES:
+        # The DRA device orders are measured against each other by tests/bench/dra.py.
+        for policy in (p for p in POLICY_NAMES if p not in DRA_POLICIES):
             t = time.perf_counter()
             result, note = run_policy(
                 policy, nodes, pods, latencies=latencies, timer=time.perf_counter
