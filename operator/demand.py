@@ -19,7 +19,7 @@ from gpupart.core.api.pods import find_condition, node_constraint, parse_pod_req
 from gpupart.core.api.records import find_time
 from gpupart.core.api.resources import MIG_PREFIX
 from gpupart.core.api.selectors import NodeConstraint
-from gpupart.core.api.spec import PartitionSpec
+from gpupart.core.api.spec import Interface, PartitionSpec
 from gpupart.core.api.wire import (
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
@@ -190,7 +190,9 @@ def unknown_gpus(resolution: Resolution) -> str:
 def dynamic_gpus(
     resolution: Resolution, partitions: Sequence[PartitionObject], nodes: Sequence[NodeObject]
 ) -> dict[str, tuple[DynamicGpu, ...]]:
-    """Per node, the GPUs a partition with `spec.mig.dynamic` wins there (in `resolution`)."""
+    """Per node, the GPUs a partition with `spec.mig.dynamic` wins there (in `resolution`) and
+    serves through the device plugin: a DRA partition's instances follow its claims, never a
+    MIG plan (ADR 023)."""
     specs: dict[str, PartitionSpec] = {
         p.partition.spec.name: p.partition.spec for p in partitions if p.partition is not None
     }
@@ -204,6 +206,8 @@ def dynamic_gpus(
             spec = specs.get(group.partition)
             if not group.config.dynamic or spec is None or spec.dynamic is None:
                 continue
+            if group.config.interface is not Interface.DEVICE_PLUGIN:
+                continue
             # Every GPU: the agent's inventory lists them (else the count label); with neither,
             # none, and the partition's status says so (GpusUnknown).
             indices = group.gpus if group.gpus is not None else node.view.gpu_indices or ()
@@ -213,10 +217,20 @@ def dynamic_gpus(
     return found
 
 
+def planned_by_rounds(spec: PartitionSpec | None) -> bool:
+    """Whether the rounds plan this partition's MIG instances: dynamic MIG through the device
+    plugin (through DRA the scheduler allocates placements and the kubelet plugin makes them)."""
+    return (
+        spec is not None
+        and spec.dynamic is not None
+        and spec.config.interface is Interface.DEVICE_PLUGIN
+    )
+
+
 def live_dynamic(partitions: Sequence[PartitionObject]) -> bool:
-    """Whether any partition asks for dynamic MIG and is not being deleted."""
+    """Whether any partition the rounds plan for is not being deleted."""
     return any(
-        p.partition is not None and not p.deleting and p.partition.spec.dynamic is not None
+        p.partition is not None and not p.deleting and planned_by_rounds(p.partition.spec)
         for p in partitions
     )
 

@@ -102,7 +102,8 @@ def node_fingerprint(
 ) -> tuple[Any, ...]:
     """What of a Node the operator reads; other changes (heartbeats, capacity) wake nothing.
 
-    Of the agent's inventory only which GPUs it lists (its `used` flags change with every pod)."""
+    Of the agent's inventory only which GPUs it lists and the interface serving each (its
+    `used` flags change with every pod)."""
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     name = str(meta.get("name", ""))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupart.core.api.events import object_event
-from gpupart.core.api.spec import API_VERSION, KIND, parse_partition
+from gpupart.core.api.spec import API_VERSION, KIND, Interface, parse_partition
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -30,6 +30,7 @@ from gpupart.core.cluster.partitioning import (
     Partition,
     PartitionStatus,
     Resolution,
+    ServedGpus,
     merge_conditions,
     resolve,
 )
@@ -46,6 +47,7 @@ OWNED_STATUS_KEYS = (
     "nodesReady",
     "nodes",
     "conditions",
+    "interface",
 )
 """Status fields the operator writes; anything else under status is not ours to compare."""
 
@@ -141,12 +143,18 @@ def read_node(raw: Mapping[str, Any], inventories: InventoryCache | None = None)
         except GpupartError as error:
             report_error = str(error)
     name = str(meta.get("name", ""))
-    inventory_gpus, inventory_error = (
+    listed, inventory_error = (
         listed_gpus(annotations) if inventories is None else inventories.listed(name, annotations)
     )
     desired = annotations.get(DESIRED_ANNOTATION)
     return NodeObject(
-        view=LabeledNode(name, labels, report, inventory_gpus),
+        view=LabeledNode(
+            name,
+            labels,
+            report,
+            None if listed is None else tuple(index for index, _ in listed),
+            listed or (),
+        ),
         desired=None if desired is None else str(desired),
         reachable=node_ready(raw),
         report_error=report_error,
@@ -154,14 +162,19 @@ def read_node(raw: Mapping[str, Any], inventories: InventoryCache | None = None)
     )
 
 
-def listed_gpus(annotations: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, str]:
-    """The GPU indices the node agent's inventory lists (only that agent may write it), and why
-    it cannot be read ('' when it can); None when there is none or it cannot be read."""
+Listed = tuple[tuple[int, Interface | None], ...]
+"""(GPU index, the interface that serves it now) for each GPU an inventory lists."""
+
+
+def listed_gpus(annotations: Mapping[str, Any]) -> tuple[Listed | None, str]:
+    """The GPUs the node agent's inventory lists (only that agent may write it) with the
+    interface serving each, and why it cannot be read ('' when it can); None when there is none
+    or it cannot be read."""
     text = annotations.get(INVENTORY_ANNOTATION)
     if text is None:
         return None, ""
     try:
-        return tuple(g.index for g in decode_inventory(str(text)).gpus), ""
+        return tuple((g.index, g.interface) for g in decode_inventory(str(text)).gpus), ""
     except GpupartError as error:
         return None, str(error)
 
@@ -174,11 +187,9 @@ class InventoryCache:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[str, tuple[int, ...] | None, str]] = {}
+        self._seen: dict[str, tuple[str, Listed | None, str]] = {}
 
-    def listed(
-        self, node: str, annotations: Mapping[str, Any]
-    ) -> tuple[tuple[int, ...] | None, str]:
+    def listed(self, node: str, annotations: Mapping[str, Any]) -> tuple[Listed | None, str]:
         text = annotations.get(INVENTORY_ANNOTATION)
         if text is None:
             self._seen.pop(node, None)
@@ -186,9 +197,9 @@ class InventoryCache:
         hit = self._seen.get(node)
         if hit is not None and hit[0] == text:
             return hit[1], hit[2]
-        indices, error = listed_gpus(annotations)
-        self._seen[node] = (str(text), indices, error)
-        return indices, error
+        listed, error = listed_gpus(annotations)
+        self._seen[node] = (str(text), listed, error)
+        return listed, error
 
     def keep(self, nodes: set[str]) -> None:
         """Forget the nodes that are gone."""
@@ -236,6 +247,18 @@ def status_document(
         "nodesReady": f"{ready}/{len(nodes)}",
         "nodes": nodes,
         "conditions": merge_conditions(old_conditions, status.conditions, now=now),
+        "interface": served_document(status.served),
+    }
+
+
+def served_document(served: ServedGpus) -> dict[str, Any]:
+    """status.interface: how the partition's GPUs are served now, and `served` for kubectl."""
+    return {
+        "dra": served.dra,
+        "devicePlugin": served.device_plugin,
+        "moving": served.moving,
+        "unreported": served.unreported,
+        "served": f"{served.served}/{served.held}",
     }
 
 

@@ -66,6 +66,15 @@ class DemandRounds:
         surveyed = demand.survey(partitions, raw_nodes, nodes, resolve=self._resolutions.resolve)
         if surveyed.stale:  # a node no dynamic partition holds any more keeps no plan
             self._writer.write_plans(dict.fromkeys(surveyed.stale))
+        for partition in partitions:  # moved to DRA: the rounds no longer speak for it
+            spec = partition.partition.spec if partition.partition is not None else None
+            if (
+                spec is not None
+                and spec.dynamic is not None
+                and not demand.planned_by_rounds(spec)
+                and partition.status.get("dynamicMig") is not None
+            ):
+                self._writer.remove_dynamic_status(partition.name)
         if not surveyed.live:
             return None
         pods = demand.read_pods(self._writer.list_pods())
@@ -122,7 +131,9 @@ class DemandRounds:
         for seconds in settled.bound_seconds:
             metrics.pending_to_bound.observe(seconds)
         for partition in partitions:
-            if partition.partition is None or partition.partition.spec.dynamic is None:
+            if partition.partition is None or not demand.planned_by_rounds(
+                partition.partition.spec
+            ):
                 continue
             document = demand.dynamic_status(partition.name, planned, surveyed, self._memory)
             old = partition.status.get("dynamicMig")

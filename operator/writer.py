@@ -140,6 +140,10 @@ class Writer:
             "write dynamic MIG status", name, self._patch_dynamic_status, name, old, document
         )
 
+    def remove_dynamic_status(self, name: str) -> None:
+        """status.dynamicMig of a partition the rounds no longer plan for (it moved to DRA)."""
+        self._contained("remove dynamic MIG status", name, self._remove_dynamic_status, name)
+
     # -- both --
 
     def post_event(self, body: dict[str, Any]) -> int:
@@ -264,6 +268,10 @@ class Writer:
     ) -> int:
         # A merge patch from the old document: nodes that left are set to null, lists replaced.
         self._patch_status(name, {"status": {"dynamicMig": merge_patch(old, document)}})
+        return 1
+
+    def _remove_dynamic_status(self, name: str) -> int:
+        self._patch_status(name, {"status": {"dynamicMig": None}})
         return 1
 
 

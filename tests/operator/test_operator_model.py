@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poison import PARTITION_CASES
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import Interface, Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -180,9 +180,10 @@ def test_the_inventory_cache_answers_as_a_fresh_read_whatever_changes():
         {},
     ):
         assert cache.listed("n1", seen) == listed_gpus(seen)
-    assert cache.listed("n1", annotations(0, 1)) == ((0, 1), "")
+    plugin = Interface.DEVICE_PLUGIN
+    assert cache.listed("n1", annotations(0, 1)) == (((0, plugin), (1, plugin)), "")
     cache.keep(set())
-    assert cache.listed("n1", annotations(3)) == ((3,), "")
+    assert cache.listed("n1", annotations(3)) == (((3, plugin),), "")
     raw = node_raw("n1", annotations=annotations(0, 1, 2))
     assert (
         read_node(raw, cache).view.inventory_gpus == read_node(raw).view.inventory_gpus == (0, 1, 2)

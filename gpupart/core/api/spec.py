@@ -187,6 +187,9 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mps, replicas = _parse_mps(spec.record("mps"))
     elif mode is Mode.TIME_SLICING:
         replicas = spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
+    interface = _parse_interface(spec)
+    if interface is Interface.DRA and dynamic is not None:
+        _check_dra_dynamic(spec.path("mig.dynamic"), dynamic)
     config = GpuConfig(
         mode,
         mig,
@@ -194,7 +197,7 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         replicas,
         _parse_disruption(spec),
         dynamic=dynamic is not None,
-        interface=_parse_interface(spec),
+        interface=interface,
     )
     parsed = PartitionSpec(
         name,
@@ -378,6 +381,24 @@ def _parse_interface(spec: Record) -> Interface:
             spec.path("interface"),
             f"{shown(text)} is not an interface (one of {', '.join(Interface)})",
         ) from None
+
+
+def _check_dra_dynamic(where: str, dynamic: DynamicMig) -> None:
+    """What dynamic MIG through DRA cannot honour: the operator's MIG plans keep the warm mix
+    and leave idle GPUs whole, and a DRA GPU gets no plan (its instances follow the claims)."""
+    if dynamic.warm:
+        raise InvalidInput(
+            f"{where}.warm",
+            "is kept by the operator's MIG plans, and a GPU served through DRA gets none (its "
+            "instances follow the claims the scheduler allocates); remove warm, or use "
+            "interface devicePlugin",
+        )
+    if not dynamic.carve_idle_gpus:
+        raise InvalidInput(
+            f"{where}.carveIdleGpus",
+            "false is honoured by the operator's MIG plans, and a GPU served through DRA gets "
+            "none (every placement is published); remove it, or use interface devicePlugin",
+        )
 
 
 def _parse_disruption(spec: Record) -> Disruption:

@@ -6,7 +6,10 @@ after any change and writes only what differs, so a resync with nothing new writ
 
 Conflicts: when two partitions select the same GPU, the higher `priority` wins, ties go to the
 older object (then the smaller name); the loser keeps the GPUs nobody else claims and reports
-`Conflict=True` naming the winner.
+`Conflict=True` naming the winner. A node serves all its GPUs through one interface
+(`spec.interface`, ADR 023): the first partition in that order to hold GPUs there sets it, and
+a partition asking the other interface gets none of that node's GPUs (`Conflict=True` naming
+both).
 
 A node's GPUs are the ones its node agent lists in `gpupart.io/inventory` (what NVML shows;
 only that agent may write it); without an inventory, 0..n-1 from GFD's `nvidia.com/gpu.count`.
@@ -18,9 +21,9 @@ again (ADR 018); `Resolution.releases` says what each deleting partition still w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from gpupart.core.api.spec import Mode, PartitionSpec, plan_gpu
+from gpupart.core.api.spec import Interface, Mode, PartitionSpec, plan_gpu
 from gpupart.core.api.wire import DesiredGroup, GpuReport, GpuState, NodeReport
 from gpupart.core.errors import GpupartError
 from gpupart.core.mig.catalogue import find_gpu_model
@@ -50,6 +53,9 @@ class LabeledNode:
     inventory_gpus: tuple[int, ...] | None = None
     """GPU indices in the node agent's gpupart.io/inventory; None when it wrote none (or it
     cannot be read)."""
+    interfaces: tuple[tuple[int, Interface | None], ...] = ()
+    """(GPU index, the interface that serves it now) from the same inventory; None: moving
+    between the two. Empty without an inventory."""
 
     @property
     def gpu_count(self) -> int | None:
@@ -95,10 +101,34 @@ class Condition:
 
 
 @dataclass(frozen=True, slots=True)
+class ServedGpus:
+    """How the GPUs a partition holds are served now, by the node agents' inventories."""
+
+    wanted: Interface = Interface.DEVICE_PLUGIN
+    """The partition's `spec.interface`."""
+    dra: int = 0
+    device_plugin: int = 0
+    moving: int = 0
+    """Between the two interfaces: neither offers them (their pods or claims drain)."""
+    unreported: int = 0
+    """Held on a node whose agent's inventory does not list them (none written yet)."""
+
+    @property
+    def held(self) -> int:
+        return self.dra + self.device_plugin + self.moving + self.unreported
+
+    @property
+    def served(self) -> int:
+        """GPUs served through the interface the partition asks for."""
+        return self.dra if self.wanted is Interface.DRA else self.device_plugin
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionStatus:
     observed_generation: int
     nodes: tuple[tuple[str, NodeStatus], ...]
     conditions: tuple[Condition, ...]
+    served: ServedGpus = ServedGpus()
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +167,10 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
     conflicts: dict[str, list[str]] = {p.spec.name: [] for p in live}
     unknown: dict[str, list[str]] = {p.spec.name: [] for p in live}
     not_whole: dict[str, list[str]] = {p.spec.name: [] for p in restoring}
+    served: dict[str, list[ServedGpus]] = {p.spec.name: [] for p in live}
     for node in sorted(nodes, key=lambda n: n.name):
         claimed: dict[int | None, str] = {}  # GPU index (None: every GPU) -> winning partition
+        interface: tuple[Interface, str] | None = None  # the node's, and who set it
         for partition in live:
             spec = partition.spec
             if not spec.node_selector.matches(node.labels):
@@ -146,6 +178,9 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
             problem = _problem_on(spec, node)
             if problem:
                 per_partition[spec.name].append((node.name, NodeStatus(GpuState.FAILED, problem)))
+                continue
+            if interface is not None and interface[0] is not spec.config.interface:
+                conflicts[spec.name].append(_other_interface(node.name, spec, *interface))
                 continue
             granted, lost_to = _grant(spec, node, claimed)
             if lost_to:
@@ -158,6 +193,8 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
             every: tuple[int | None, ...] = node.gpu_indices or (None,)
             for index in granted if granted is not None else every:
                 claimed[index] = spec.name
+            interface = interface or (spec.config.interface, spec.name)
+            served[spec.name].append(_served(node, granted))
             group = DesiredGroup(spec.name, spec.generation, granted, spec.config)
             desired.setdefault(node.name, []).append(group)
             status = _node_status(group, node.report)
@@ -181,8 +218,11 @@ def resolve(partitions: Sequence[Partition], nodes: Sequence[LabeledNode]) -> Re
             if answered and status.state is not GpuState.APPLIED:
                 not_whole[spec.name].append(node.name)
     statuses = {
-        p.spec.name: _status(
-            p.spec, per_partition[p.spec.name], conflicts[p.spec.name], unknown[p.spec.name]
+        p.spec.name: replace(
+            _status(
+                p.spec, per_partition[p.spec.name], conflicts[p.spec.name], unknown[p.spec.name]
+            ),
+            served=_sum_served(p.spec.config.interface, served[p.spec.name]),
         )
         for p in live
     }
@@ -221,6 +261,42 @@ def _unknown_gpus(node: str) -> str:
         f"{COUNT_LABEL} label, so dynamic MIG makes no MIG device there; run the node agent there "
         f"(the chart's DaemonSet selects node.nodeSelector, nvidia.com/gpu.present=true), or "
         f"label the node {COUNT_LABEL}=<GPUs>"
+    )
+
+
+def _other_interface(node: str, spec: PartitionSpec, interface: Interface, owner: str) -> str:
+    return (
+        f"{node} serves its GPUs through {interface} for partition {owner}, and partition "
+        f"{spec.name} asks {spec.config.interface}: a node serves all its GPUs through one "
+        f"interface"
+    )
+
+
+def _served(node: LabeledNode, granted: tuple[int, ...] | None) -> ServedGpus:
+    """How the GPUs granted on `node` are served now, by its agent's inventory."""
+    now = dict(node.interfaces)
+    counts = {Interface.DRA: 0, Interface.DEVICE_PLUGIN: 0, None: 0}
+    unreported = 0
+    for index in granted if granted is not None else node.gpu_indices or ():
+        if index in now:
+            counts[now[index]] += 1
+        else:
+            unreported += 1
+    return ServedGpus(
+        dra=counts[Interface.DRA],
+        device_plugin=counts[Interface.DEVICE_PLUGIN],
+        moving=counts[None],
+        unreported=unreported,
+    )
+
+
+def _sum_served(wanted: Interface, parts: Sequence[ServedGpus]) -> ServedGpus:
+    return ServedGpus(
+        wanted,
+        sum(p.dra for p in parts),
+        sum(p.device_plugin for p in parts),
+        sum(p.moving for p in parts),
+        sum(p.unreported for p in parts),
     )
 
 

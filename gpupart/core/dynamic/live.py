@@ -6,9 +6,11 @@ The operator calls `plan_round` with what it listed (ADR 013). Per node:
   being served. Its reservations still end when their pod is bound, gone, or past the TTL.
 - An answered plan: the GPUs are what the inventory says. If it failed, its reservations for
   instances that do not exist are dropped, so their pods are planned again from the inventory.
-- The planner (`gpupart.core.dynamic.planner.plan`) then gets every dynamic GPU not in flight,
-  each instance marked in use (the inventory's `used`, or conservatively every idle instance of
-  a profile when more bound pods hold it than the inventory marks), reserved, or idle.
+- The planner (`gpupart.core.dynamic.planner.plan`) then gets every dynamic GPU not in flight
+  that the inventory shows served through the device plugin (a GPU served through DRA, or
+  moving between the two, is never planned: ADR 023), each instance marked in use (the
+  inventory's `used`, or conservatively every idle instance of a profile when more bound pods
+  hold it than the inventory marks), reserved, or idle.
 A node's plan is rewritten only when its layouts or reservations change; its id is a digest of
 the content, so a round with nothing new writes nothing.
 """
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpupart.core.api.spec import DynamicMig, Mode
+from gpupart.core.api.spec import DynamicMig, Interface, Mode
 from gpupart.core.api.wire import (
     GpuState,
     Inventory,
@@ -242,6 +244,8 @@ def _planner_gpus(
         seen = inventory.get(dynamic.index)
         if seen is None or seen.mode is not Mode.MIG:
             continue  # the node agent has not enabled MIG mode yet: nothing to plan on
+        if seen.interface is not Interface.DEVICE_PLUGIN:
+            continue  # served through DRA or moving: the claims decide its instances (ADR 023)
         instances = []
         for device in seen.mig_devices:
             spot = (dynamic.index, device.instance)
