@@ -68,6 +68,10 @@ def _sliced(replicas: Any) -> dict[str, Any]:
     return {"mode": "TimeSlicing", "timeSlicing": {"replicas": replicas}}
 
 
+def _dynamic_dra(**dynamic: Any) -> dict[str, Any]:
+    return {"mode": "MIG", "interface": "dra", "mig": {"dynamic": dynamic}}
+
+
 def _selected(selector: Any) -> dict[str, Any]:
     return {"mode": "None", "nodeSelector": selector}
 
@@ -156,6 +160,15 @@ PARTITION_CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("selector not a map", _selected("all"), "spec.nodeSelector"),
     ("unknown field", {"mode": "None", "colour": "red"}, "spec.colour"),
+    ("interface unknown", {"mode": "None", "interface": "both"}, "spec.interface"),
+    ("interface upper case", {"mode": "None", "interface": "DRA"}, "spec.interface"),
+    ("interface a number", {"mode": "None", "interface": 1}, "spec.interface"),
+    ("dra with a warm mix", _dynamic_dra(warm={"1g.10gb": 1}), "spec.mig.dynamic.warm"),
+    (
+        "dra without carving idle GPUs",
+        _dynamic_dra(carveIdleGpus=False),
+        "spec.mig.dynamic.carveIdleGpus",
+    ),
 ]
 
 GOOD_SPECS: list[dict[str, Any]] = [
@@ -165,5 +178,7 @@ GOOD_SPECS: list[dict[str, Any]] = [
     _sliced(4),
     {"mode": "None", "gpus": [0, 63], "priority": 2**31 - 1},
     _selected({"matchLabels": {"example.com/pool": "a-b.c_d", "k": ""}}),
+    _dynamic_dra(profiles=["1g.10gb", "7g.80gb"], warm={"1g.10gb": 0}, carveIdleGpus=True),
+    {**_mps(defaultMemory="10Gi"), "interface": "dra"},
 ]
 """At the bounds but valid: a refusal here would be a bound set too tight."""

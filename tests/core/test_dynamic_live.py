@@ -12,7 +12,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import DynamicMig, Mode
+from gpupart.core.api.spec import DynamicMig, Interface, Mode
 from gpupart.core.api.wire import (
     GpuState,
     Inventory,
@@ -306,3 +306,39 @@ def test_law_reservations_land_only_on_allowed_nodes(
     for name, change in result.changes.items():
         for r in change.plan.reservations:
             assert name in allowed, (name, r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(clusters(), st.data())
+def test_law_a_gpu_not_served_through_the_device_plugin_is_never_planned(
+    cluster: tuple[list[NodeFacts], list[PendingPod]], data: st.DataObject
+) -> None:
+    """A GPU served through DRA or moving between the interfaces (ADR 023) gets no layout and
+    no reservation in any plan, and its existing instances are no one's to reserve."""
+    nodes, pods = cluster
+    interfaces = st.sampled_from([Interface.DEVICE_PLUGIN, Interface.DRA, None])
+    served = []
+    for facts in nodes:
+        assert facts.inventory is not None
+        gpus = tuple(replace(g, interface=data.draw(interfaces)) for g in facts.inventory.gpus)
+        served.append(replace(facts, inventory=replace(facts.inventory, gpus=gpus)))
+    result = plan_round(served, pods, now=10.0)
+    for facts in served:
+        assert facts.inventory is not None
+        off = {g.index for g in facts.inventory.gpus if g.interface is not Interface.DEVICE_PLUGIN}
+        change = result.changes.get(facts.name)
+        if change is None:
+            continue
+        assert not off & {g.index for g in change.plan.gpus}, change
+        assert not off & {r.gpu for r in change.plan.reservations}, change
+
+
+def test_a_pod_waits_rather_than_get_a_plan_on_a_dra_gpu() -> None:
+    (facts,) = [node()]
+    assert facts.inventory is not None
+    dra = replace(
+        facts.inventory,
+        gpus=tuple(replace(g, interface=Interface.DRA) for g in facts.inventory.gpus),
+    )
+    result = plan_round([replace(facts, inventory=dra)], [pod("a/x", "3g.40gb")], now=100.0)
+    assert result.changes == {} and [p for p, _ in result.unserved] == ["a/x"]

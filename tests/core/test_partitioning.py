@@ -10,7 +10,10 @@ whole GPUs.
 
 import copy
 
-from gpupart.core.api.spec import GpuConfig, Mode, parse_partition
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupart.core.api.spec import GpuConfig, Interface, Mode, parse_partition
 from gpupart.core.api.wire import DesiredGroup, GpuReport, GpuState, NodeReport
 from gpupart.core.cluster.partitioning import (
     LabeledNode,
@@ -357,3 +360,92 @@ def test_deletion_without_restore_removes_the_annotation_and_writes_no_status():
     result = resolve([partition(deleting=True)], [still])
     assert result.desired == {} and result.statuses == {}
     assert result.releases["a"].unanswered == ("n1",) and result.releases["a"].restoring == ()
+
+
+# --- one interface per node (ADR 023) ----------------------------------------------------------
+
+
+def test_a_node_serves_one_interface_and_the_other_partition_hears_both_names():
+    plugin = partition("plugin", gpus=[0])
+    dra = partition("dra", created="2026-01-02T00:00:00Z", gpus=[1], interface="dra")
+    result = resolve([plugin, dra], [node("n1"), node("n2", pool="other")])
+    assert [g.partition for g in result.desired["n1"]] == ["plugin"]
+    status = result.statuses["dra"]
+    assert conditions(status)["Conflict"] == ("True", "GpusClaimedElsewhere")
+    assert conditions(status)["Ready"] == ("False", "Conflict")
+    message = next(c.message for c in status.conditions if c.type == "Conflict")
+    assert "n1" in message and "plugin" in message and "dra" in message, message
+    assert conditions(result.statuses["plugin"])["Conflict"] == ("False", "NoConflict")
+    # Priority decides, as for GPUs: the DRA partition takes the node, the other hears why.
+    first = partition("dra", created="2026-01-02T00:00:00Z", gpus=[1], interface="dra", priority=5)
+    result = resolve([plugin, first], [node("n1")])
+    assert [(g.partition, g.config.interface) for g in result.desired["n1"]] == [
+        ("dra", Interface.DRA)
+    ]
+    assert conditions(result.statuses["plugin"])["Conflict"][0] == "True"
+
+
+def test_partitions_of_one_interface_share_a_node_by_gpu():
+    a = partition("a", gpus=[0], interface="dra")
+    b = partition("b", created="2026-01-02T00:00:00Z", gpus=[1], interface="dra")
+    result = resolve([a, b], [node("n1")])
+    assert [(g.partition, g.gpus) for g in result.desired["n1"]] == [("a", (0,)), ("b", (1,))]
+    assert all(conditions(s)["Conflict"][0] == "False" for s in result.statuses.values())
+
+
+def test_status_counts_how_the_held_gpus_are_served_now():
+    moving = LabeledNode(
+        "n1",
+        {"pool": "mig", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        inventory_gpus=(0, 1, 2),
+        interfaces=((0, Interface.DRA), (1, None), (2, Interface.DEVICE_PLUGIN)),
+    )
+    served = resolve([partition(interface="dra")], [moving]).statuses["a"].served
+    assert served.wanted is Interface.DRA  # GPU 2 has not begun to move yet
+    assert (served.dra, served.device_plugin, served.moving, served.unreported) == (1, 1, 1, 0)
+    assert (served.served, served.held) == (1, 3)
+    # No inventory yet: the count label's GPUs are held, and nothing says how they are served.
+    plain = resolve([partition()], [node("n2", count="2")]).statuses["a"].served
+    assert (plain.unreported, plain.served, plain.held) == (2, 0, 2)
+
+
+@st.composite
+def tables(draw):
+    partitions = [
+        partition(
+            f"p{k}",
+            created=f"2026-01-0{k + 1}T00:00:00Z",
+            priority=draw(st.integers(0, 2)),
+            interface=draw(st.sampled_from(["devicePlugin", "dra"])),
+            **({"gpus": draw(st.sets(st.integers(0, 3), min_size=1).map(sorted))}
+               if draw(st.booleans()) else {}),
+        )
+        for k in range(draw(st.integers(1, 4)))
+    ]  # fmt: skip
+    nodes = [node(f"n{k}", count="4") for k in range(draw(st.integers(1, 3)))]
+    return partitions, nodes
+
+
+@given(tables())
+def test_law_no_node_is_given_two_interfaces_and_every_refusal_names_both(table):
+    partitions, nodes = table
+    result = resolve(partitions, nodes)
+    for name, groups in result.desired.items():
+        assert len({g.config.interface for g in groups}) <= 1, (name, groups)
+        held = [i for g in groups for i in (g.gpus or range(4))]
+        assert len(held) == len(set(held)), groups  # and no GPU twice
+    for p in partitions:
+        spec = p.spec
+        for name, groups in result.desired.items():
+            mine = [g for g in groups if g.partition == spec.name]
+            others = {g.config.interface for g in groups} - {spec.config.interface}
+            if others:
+                assert not mine
+                conflict = next(
+                    c for c in result.statuses[spec.name].conditions if c.type == "Conflict"
+                )
+                assert conflict.status == "True"
+                said = f"{name} serves its GPUs through {others.pop()} for partition "
+                assert said in conflict.message and spec.name in conflict.message
+                owner = conflict.message.split(said, 1)[1].split(",", 1)[0]
+                assert owner in {g.partition for g in groups}, conflict.message

@@ -65,6 +65,41 @@ def test_interface_is_the_device_plugin_unless_dra_is_asked():
     assert parse_partition(with_spec(interface="dra")).config.interface is Interface.DRA
 
 
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        {"mode": "None", "mig": None},
+        {},
+        {"mig": {"dynamic": {"profiles": ["1g.10gb", "3g.40gb"], "minIdleSeconds": 0}}},
+        {"mode": "MPS", "mig": None, "mps": {"maxClients": 4, "defaultMemory": "10Gi"}},
+        {"mode": "TimeSlicing", "mig": None, "timeSlicing": {"replicas": 4}},
+    ],
+)
+def test_dra_serves_every_mode(blocks):
+    """docs/dra.md's device table: whole GPUs, static and dynamic MIG, MPS and time-slicing."""
+    assert parse_partition(with_spec(interface="dra", **blocks)).config.interface is Interface.DRA
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "where"),
+    [
+        ({"warm": {"1g.10gb": 1}}, "spec.mig.dynamic.warm"),
+        ({"carveIdleGpus": False}, "spec.mig.dynamic.carveIdleGpus"),
+    ],
+)
+def test_dynamic_mig_through_dra_refuses_what_only_mig_plans_honour(dynamic, where):
+    document = with_spec(mig={"dynamic": dynamic})
+    assert parse_partition(document).dynamic is not None  # through the device plugin: fine
+    document["spec"]["interface"] = "dra"
+    with pytest.raises(InvalidInput, match=rf"^{where}: .*use interface devicePlugin"):
+        parse_partition(document)
+    # A warm mix of zero counts asks for nothing, and true is the default: both accepted.
+    fine = with_spec(
+        interface="dra", mig={"dynamic": {"warm": {"1g.10gb": 0}, "carveIdleGpus": True}}
+    )
+    assert parse_partition(fine).dynamic is not None
+
+
 def test_mps_and_time_slicing_and_none_parse():
     mps = parse_partition(
         with_spec(

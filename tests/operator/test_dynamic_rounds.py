@@ -141,6 +141,28 @@ def test_dynamic_gpus_come_from_the_inventory_and_a_node_with_neither_is_named()
     assert unknown_gpus(resolution(nodes[:1])) == ""
 
 
+def test_a_dra_partition_gets_no_mig_plan_and_its_old_plan_is_removed() -> None:
+    """Dynamic MIG through DRA: the scheduler allocates the placements (the kubelet plugin
+    makes them), so the rounds plan nothing there and a plan left from before goes."""
+    raw = dynamic_raw()
+    raw["spec"]["interface"] = "dra"
+    partitions = [read_partition(raw)]
+    node = node_raw("n1", 2)
+    node["metadata"]["annotations"][MIG_PLAN_ANNOTATION] = encode_mig_plan(MigPlan("old"))
+    surveyed = survey(partitions, [node], [read_node(node)])
+    assert surveyed.dynamic == {} and surveyed.nodes == ()
+    assert surveyed.stale == ("n1",) and not surveyed.live
+    # Beside a device-plugin dynamic partition, only that one's node is planned.
+    plugin = dynamic_raw("plugin")
+    plugin["spec"]["nodeSelector"] = {"matchLabels": {"pool": "plugin"}}
+    other = node_raw("n2", 1)
+    other["metadata"]["labels"]["pool"] = "plugin"
+    surveyed = survey(
+        [*partitions, read_partition(plugin)], [node, other], [read_node(node), read_node(other)]
+    )
+    assert set(surveyed.dynamic) == {"n2"} and surveyed.stale == ("n1",) and surveyed.live
+
+
 def test_a_malformed_pod_is_skipped_and_the_others_still_count() -> None:
     bad = pod("bad", {"nvidia.com/mig-3g.40gb": "lots"})
     worse: dict[str, Any] = {

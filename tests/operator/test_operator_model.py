@@ -254,6 +254,54 @@ def test_status_document_counts_nodes_and_writes_conditions():
     assert "kopf" not in doc
 
 
+def test_status_interface_follows_the_inventory_the_agent_writes():
+    """status.interface counts the held GPUs by the interface serving each now; `served` is
+    what `kubectl get gpup -o wide` shows; a new inventory moves the counts, nothing else."""
+
+    def inventory(*served: Interface | None) -> dict[str, str]:
+        gpus = tuple(
+            InventoryGpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81920, Mode.MIG, interface=s)
+            for i, s in enumerate(served)
+        )
+        return {INVENTORY_ANNOTATION: encode_inventory(Inventory(gpus))}
+
+    dra = partition_raw(interface="dra")
+    plugin = Interface.DEVICE_PLUGIN
+    first = status_document(
+        resolved_status(dra, nodes=[node_raw("n1", annotations=inventory(plugin, plugin))])["a"],
+        [],
+        now=NOW,
+    )
+    assert first["interface"] == {
+        "dra": 0, "devicePlugin": 2, "moving": 0, "unreported": 0, "served": "0/2",
+    }  # fmt: skip
+    moving = status_document(
+        resolved_status(dra, nodes=[node_raw("n1", annotations=inventory(Interface.DRA, None))])[
+            "a"
+        ],
+        old_conditions(first),
+        now=LATER,
+    )
+    assert status_patch(first, moving) == {
+        "status": {"interface": {"dra": 1, "devicePlugin": 0, "moving": 1, "served": "1/2"}}
+    }
+    # No inventory yet: the count label's GPUs are held and not reported.
+    bare = status_document(resolved_status(dra, nodes=[node_raw("n1")])["a"], [], now=NOW)
+    assert bare["interface"]["unreported"] == 2 and bare["interface"]["served"] == "0/2"
+
+
+def test_a_node_reads_the_interface_serving_each_gpu():
+    gpus = (
+        InventoryGpu(0, "GPU-0", "NVIDIA A100-SXM4-80GB", 81920, Mode.NONE),
+        InventoryGpu(1, "GPU-1", "NVIDIA A100-SXM4-80GB", 81920, Mode.NONE, interface=None),
+    )
+    raw = node_raw("n1", annotations={INVENTORY_ANNOTATION: encode_inventory(Inventory(gpus))})
+    view = read_node(raw).view
+    assert view.interfaces == ((0, Interface.DEVICE_PLUGIN), (1, None))
+    assert view.inventory_gpus == (0, 1)
+    assert read_node(node_raw("n2")).view.interfaces == ()
+
+
 def test_status_patch_is_empty_when_nothing_changed_and_time_does_not_move():
     statuses = resolved_status(partition_raw(), nodes=[node_raw("n1")])
     first = status_document(statuses["a"], [], now=NOW)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import threading
 
 import kopf
@@ -121,6 +122,10 @@ def test_node_fingerprint_ignores_heartbeats_and_sees_what_the_operator_reads():
     assert one == node_fingerprint(node({"pool": "mig"}, inventory((0, True))))
     assert one != node_fingerprint(node({"pool": "mig"}, inventory((0, False), (1, False))))
     assert one != node_fingerprint(base)
+    # So does the interface serving each GPU: status.interface counts it.
+    moved = json.loads(inventory((0, False))[INVENTORY_ANNOTATION])
+    moved["gpus"][0]["interface"] = "dra"
+    assert one != node_fingerprint(node({"pool": "mig"}, {INVENTORY_ANNOTATION: json.dumps(moved)}))
 
 
 class CountingReconciler:
