@@ -11,7 +11,10 @@ put back; delete -> annotations removed, finalizer held until the agent lets go,
 unreachable node; restoreOnDelete -> held while pods keep a GPU from going whole, named, past
 the release timeout, and released at once when the admin turns restoreOnDelete off;
 Events for transitions; nothing of kopf in status; a pass in a steady state writes nothing,
-counted at the API server's own /metrics.
+counted at the API server's own /metrics; `spec.interface: dra` reaches the node's desired
+annotation, `kubectl get gpup -o wide` shows it with the served count, status.interface
+follows the agent's inventory, and a device-plugin partition on that node hears Conflict
+naming both (one node, one interface).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from poison import GOOD_SPECS, HUGE, LONG, PARTITION_CASES, partition
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import Interface, Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -242,6 +245,22 @@ def publish_inventory(op: RunningOperator, node_name: str, gpus: int) -> None:
             for i in range(gpus)
         )
     )
+    op.writer.core.patch_node(
+        node_name,
+        {"metadata": {"annotations": {INVENTORY_ANNOTATION: encode_inventory(inventory)}}},
+        _content_type="application/merge-patch+json",
+    )
+
+
+def publish_served(op: RunningOperator, node_name: str, *served: Interface | None) -> None:
+    """Play the node agent: an inventory of A100s in MIG mode, each served as `served` says."""
+    inventory = Inventory(
+        tuple(
+            InventoryGpu(i, f"GPU-{node_name}-{i}", "NVIDIA A100-SXM4-80GB", 81920, Mode.MIG,
+                         interface=interface)
+            for i, interface in enumerate(served)
+        )
+    )  # fmt: skip
     op.writer.core.patch_node(
         node_name,
         {"metadata": {"annotations": {INVENTORY_ANNOTATION: encode_inventory(inventory)}}},
@@ -958,3 +977,57 @@ def test_one_bad_partition_among_good_ones_affects_only_itself(
     finally:
         cp.kubectl("delete", "gpup", *bad, "--ignore-not-found", "--wait=false")
         cp.kubectl("apply", "-f", str(CRD_DIR / "gpupartition.yaml"))
+
+
+def wide_row(cp: ControlPlane, name: str) -> dict[str, str]:
+    """`kubectl get gpup NAME -o wide` as column -> value (no value holds a space)."""
+    header, row = cp.kubectl("get", "gpup", name, "-o", "wide").stdout.splitlines()[:2]
+    return dict(zip(header.split(), row.split(), strict=True))
+
+
+def test_interface_dra_reaches_the_node_and_status_follows_the_agents_inventory(
+    k8s_control_plane: ControlPlane, operator: RunningOperator
+) -> None:
+    cp, op = k8s_control_plane, operator
+    label = {"e2e-op": f"{RUN}-dra"}
+    n = f"{RUN}-dra-0"
+    make_nodes(cp, [n], **label)
+    name = f"{RUN}-dra"
+    selector = {"matchLabels": label}
+    apply(
+        cp,
+        name,
+        {"nodeSelector": selector, "interface": "dra", "mode": "MIG", "mig": {"devices": {"1g.10gb": 7}}},
+    )  # fmt: skip
+    wait_desired(op, n, [(name, 1)])
+    (group,) = decode_desired(annotation(op, n) or "")
+    assert group.config.interface is Interface.DRA
+
+    def interface_status(**expected: Any) -> dict[str, Any] | None:
+        shown = (get(op, name).get("status") or {}).get("interface") or {}
+        return shown if all(shown.get(k) == v for k, v in expected.items()) else None
+
+    # The count label's GPU is held; no inventory says how it is served yet.
+    wait_for(lambda: interface_status(unreported=1, served="0/1"), TIMEOUT, "GPU 0 unreported")
+    row = wide_row(cp, name)
+    assert (row["INTERFACE"], row["SERVED"]) == ("dra", "0/1"), row
+    # The agent drains GPU 0 off the device plugin (neither serves it), then serves it by DRA.
+    publish_served(op, n, None)
+    wait_for(lambda: interface_status(moving=1, unreported=0), TIMEOUT, "GPU 0 moving")
+    publish_served(op, n, Interface.DRA)
+    shown = wait_for(
+        lambda: interface_status(dra=1, moving=0, served="1/1"), TIMEOUT, "GPU 0 on DRA"
+    )
+    assert shown == {"dra": 1, "devicePlugin": 0, "moving": 0, "unreported": 0, "served": "1/1"}
+    assert wide_row(cp, name)["SERVED"] == "1/1"
+
+    # One node, one interface: a newer device-plugin partition gets none of its GPUs.
+    other = f"{RUN}-dra-plugin"
+    apply(cp, other, {"nodeSelector": selector, "mode": "None"})
+    obj = wait_condition(op, other, "Conflict", "True", "GpusClaimedElsewhere")
+    message = condition(obj, "Conflict")["message"]
+    assert n in message and name in message and other in message and "dra" in message, message
+    assert condition(obj, "Ready")["reason"] == "Conflict"
+    assert wide_row(cp, other)["INTERFACE"] == "devicePlugin"  # the CRD's default
+    assert desired_partitions(op, n) == [(name, 1)]
+    assert condition(get(op, name), "Conflict")["status"] == "False"

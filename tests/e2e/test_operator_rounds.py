@@ -13,6 +13,9 @@ We test these aspects:
   a plan in flight destroys an idle instance that a pod takes before the agent applies it; a
   reservation of that plan then ends, the plan is rewritten with the same layouts, and the
   counter shows the one used instance the written layout (read back from the Node) leaves out;
+- dynamic MIG through DRA gets no MIG plan and no status.dynamicMig; back on the device plugin,
+  a GPU still moving (neither interface serves it) is not planned either, and once the
+  inventory shows the device plugin serving it, the waiting pod gets its plan;
 - a write the API server refuses for one Node (an admission policy) costs that Node only:
   the pass completes, the other Node gets its desired configuration, the partition its status,
   and the refusal is counted.
@@ -28,7 +31,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import Interface, Mode
 from gpupart.core.api.wire import (
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -126,8 +129,13 @@ class Rounds:
         if devices is not None:
             self.inventory(name, devices)
 
-    def inventory(self, name: str, devices: tuple[MigDevice, ...]) -> None:
-        gpu = InventoryGpu(0, f"GPU-{name}", PRODUCT, 81559, Mode.MIG, devices)
+    def inventory(
+        self,
+        name: str,
+        devices: tuple[MigDevice, ...],
+        interface: Interface | None = Interface.DEVICE_PLUGIN,
+    ) -> None:
+        gpu = InventoryGpu(0, f"GPU-{name}", PRODUCT, 81559, Mode.MIG, devices, interface=interface)
         self.annotate(name, {INVENTORY_ANNOTATION: encode_inventory(Inventory((gpu,)))})
 
     def annotate(self, name: str, annotations: dict[str, str | None]) -> None:
@@ -219,6 +227,34 @@ def test_a_failed_plan_is_planned_again_only_after_the_retry_time(rounds: Rounds
         round_at(start + second)
     # Seen failed one round after each attempt; planned again RETRY_S after that.
     assert attempts == [start, start + 1 + RETRY_S], [a - start for a in attempts]
+
+
+def test_no_mig_plan_for_a_gpu_served_through_dra_or_moving(rounds: Rounds) -> None:
+    r = rounds
+    r.partition({**DYNAMIC, "interface": "dra"})
+    n = f"{r.run}-dra"
+    r.node(n, ())
+    r.inventory(n, (), Interface.DRA)
+    r.pending("p", "3g.40gb")
+
+    def round_at(now: float) -> MigPlan | None:
+        r.clock.now = now
+        r.rounds.run_round()
+        return r.plan(n)
+
+    start = r.clock.now
+    assert round_at(start) is None
+    status = r.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, r.run).get("status")
+    assert "dynamicMig" not in (status or {}), status
+    # Back to the device plugin; the agent drains DRA's claims first (the GPU is moving).
+    r.custom.patch_cluster_custom_object(
+        GROUP, VERSION, PLURAL, r.run, {"spec": {"interface": "devicePlugin"}}
+    )
+    r.inventory(n, (), None)
+    assert round_at(start + 1) is None
+    r.inventory(n, ())
+    plan = round_at(start + 2)
+    assert plan is not None and [x.pod for x in plan.reservations] == [f"{r.ns}/p"], plan
 
 
 def test_the_disruption_counter_counts_each_used_instance_a_written_plan_leaves_out(
