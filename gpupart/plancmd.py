@@ -12,7 +12,7 @@ import yaml
 
 from gpupart.core.api.resources import mig_resource_name
 from gpupart.core.api.selectors import Operator
-from gpupart.core.api.spec import Mode, PartitionSpec, parse_partition, plan_gpu
+from gpupart.core.api.spec import Interface, Mode, PartitionSpec, parse_partition, plan_gpu
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, find_gpu_model, require_gpu_model
 from gpupart.core.mig.layout import Layout
@@ -184,6 +184,8 @@ def _as_text(
     config = spec.config
     on = f"on {product}" if product else "on any GPU product"
     lines = [f"GpuPartition {spec.name}: {config.mode} {on}, {_gpus_text(spec)} of each node"]
+    if config.interface is Interface.DRA:
+        lines[0] += ", through DRA (driver gpu.gpupart.io)"
     if config.mode is Mode.MIG and model is not None:
         lines.append(f"  {'slots':<7}{'profile':<16}{'memory':>10}  resource")
         used: set[int] = set()
@@ -199,7 +201,14 @@ def _as_text(
         free = [s for s in range(model.memory_slices) if s not in used]
         if free:
             lines.append(f"  free memory slots: {', '.join(map(str, free))}")
-        if spec.dynamic is not None:
+        if spec.dynamic is not None and config.interface is Interface.DRA:
+            allowed = spec.dynamic.profiles
+            lines += [
+                "  dynamic MIG through DRA: every placement of "
+                + (", ".join(allowed) if allowed else f"every {model.product} profile"),
+                "  is a device; the scheduler allocates them, the node agent makes the instance",
+            ]
+        elif spec.dynamic is not None:
             allowed = spec.dynamic.profiles
             lines += [
                 "  dynamic MIG: the warm mix above is kept on idle GPUs; pending pods get",
@@ -227,6 +236,7 @@ def _as_json(
         "partition": spec.name,
         "product": product,
         "mode": spec.config.mode.value,
+        "interface": spec.config.interface.value,
         "gpus": "all" if spec.gpus is None else list(spec.gpus),
         "feasible": True,
         "layout": [

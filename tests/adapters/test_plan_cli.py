@@ -317,3 +317,20 @@ def test_readme_plan_example_prints_what_the_readme_shows():
     result = plan(*(str(root / a) if a.endswith(".yaml") else a for a in command.split()))
     assert result.returncode == 0, result.stderr
     assert result.stdout == shown
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((EXAMPLE.parent / "dra").glob("partition-*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_plan_says_a_dra_partition_is_served_through_dra(path):
+    result = plan(str(path))
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    first, *rest = result.stdout.splitlines()
+    assert first.endswith(", through DRA (driver gpu.gpupart.io)"), first
+    if "dynamic" in path.name:  # no warm mix, no MIG plan: the scheduler allocates placements
+        assert "dynamic MIG through DRA: every placement of 1g.10gb" in "\n".join(rest)
+        assert "warm mix" not in result.stdout
+    assert json.loads(plan("--json", str(path)).stdout)["interface"] == "dra"
+    assert json.loads(plan("--json", str(EXAMPLE)).stdout)["interface"] == "devicePlugin"

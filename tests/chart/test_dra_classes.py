@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from gpupart.core.api.resources import mig_resource_name
+from gpupart.core.api.spec import Interface, Mode, parse_partition
 from gpupart.core.dra import names
 from gpupart.core.mig.catalogue import catalogue
 from gpupart_testsupport.chart import IMAGE_FLAGS
@@ -75,12 +76,31 @@ def test_the_examples_name_only_classes_the_chart_installs(render: Render) -> No
             for value in node:
                 walk(value)
 
-    files = sorted(Path(EXAMPLES).glob("*.yaml"))
+    files = sorted(p for p in Path(EXAMPLES).glob("*.yaml") if p.name not in PARTITIONS)
     assert {f.name for f in files} == {"whole-gpu.yaml", "mig.yaml", "shared.yaml"}
     for path in files:
         for doc in yaml.safe_load_all(path.read_text()):
             walk(doc)
     assert used and used <= installed
+
+
+PARTITIONS = {
+    "partition-whole.yaml": (Mode.NONE, False),
+    "partition-mig.yaml": (Mode.MIG, False),
+    "partition-mig-dynamic.yaml": (Mode.MIG, True),
+    "partition-mps.yaml": (Mode.MPS, False),
+}
+"""The GpuPartition examples with `interface: dra`: one per kind of DRA device (docs/dra.md)."""
+
+
+def test_one_dra_partition_example_per_kind_and_each_parses() -> None:
+    found = {p.name for p in Path(EXAMPLES).glob("partition-*.yaml")}
+    assert found == set(PARTITIONS)
+    for name, (mode, dynamic) in PARTITIONS.items():
+        (doc,) = yaml.safe_load_all((EXAMPLES / name).read_text())
+        spec = parse_partition(doc)
+        assert spec.config.interface is Interface.DRA, name
+        assert (spec.config.mode, spec.dynamic is not None) == (mode, dynamic), name
 
 
 def test_helm_lint_passes_with_dra_on_and_strict(helm: Callable[..., Any]) -> None:

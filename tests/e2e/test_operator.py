@@ -1021,6 +1021,10 @@ def test_interface_dra_reaches_the_node_and_status_follows_the_agents_inventory(
     assert shown == {"dra": 1, "devicePlugin": 0, "moving": 0, "unreported": 0, "served": "1/1"}
     assert wide_row(cp, name)["SERVED"] == "1/1"
 
+    # The chart's DRA partition examples pass this CRD's admission as written.
+    for example in sorted((REPO / "charts" / "gpupart" / "examples" / "dra").glob("partition-*")):
+        cp.kubectl("apply", "--dry-run=server", "-f", str(example))
+
     # One node, one interface: a newer device-plugin partition gets none of its GPUs.
     other = f"{RUN}-dra-plugin"
     apply(cp, other, {"nodeSelector": selector, "mode": "None"})
