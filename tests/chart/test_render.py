@@ -746,6 +746,12 @@ def test_notes_tell_how_to_partition_and_request_a_slice(helm: Callable[..., Any
     assert "schedulerName: gpupart-scheduler" in notes
     assert "nvidia.com/mig-1g.10gb: 1" in notes
     assert "images:    gpupart:0.1.0, kube-scheduler:v" in notes
+    assert "spec.interface: dra" not in notes  # DRA's classes are off by default
+    with_dra = helm(
+        "install", "gp", str(CHART), *IMAGE_FLAGS, "--dry-run=client",
+        "--namespace", "gpupart-system", "--set", "dra.enabled=true",
+    )  # fmt: skip
+    assert "spec.interface: dra (examples/dra/partition-*.yaml" in with_dra.stdout
 
 
 def test_one_example_partition_per_mode() -> None:
