@@ -5,7 +5,8 @@ infeasible layout, GPU index beyond the node, a node without GPUs), a node's GPU
 agent's inventory over the count label, dynamic MIG on nodes whose GPUs are unknown, conflict
 resolution by priority then age (and a loser left with nothing says Conflict), status from node
 reports, conditions and their transition times, deletion release, restoreOnDelete's wait for
-whole GPUs.
+whole GPUs; one interface per node (a partition asking the other one gets none of its GPUs and
+hears both names: a law), and status.interface's counts from the inventory.
 """
 
 import copy

@@ -112,6 +112,7 @@ def test_valid_gpupartitions_are_accepted_with_defaults(k8s_control_plane: Contr
         got = json.loads(cp.kubectl("get", "gpup", "e2e-mig", "-o", "json").stdout)
         assert got["spec"]["disruption"] == "WhenIdle"
         assert got["spec"]["priority"] == 0
+        assert got["spec"]["interface"] == "devicePlugin"
         assert got["spec"]["mig"]["devices"] == {"1g.10gb": 4, "3g.40gb": 1, "1g.10gb+me": 0}
         table = cp.kubectl("get", "gpupartitions").stdout
         header = table.splitlines()[0].split()
@@ -125,6 +126,11 @@ def test_valid_gpupartitions_are_accepted_with_defaults(k8s_control_plane: Contr
 
 # Each malformed object and the words the API server must answer with.
 BAD = {
+    "dra-with-warm": (
+        {"nodeSelector": H100, "mode": "MIG", "interface": "dra",
+         "mig": {"dynamic": {"warm": {"1g.10gb": 1}}}},
+        "spec.mig.dynamic.warm is kept by the operator's MIG plans",
+    ),  # fmt: skip
     "mig-without-block": ({"nodeSelector": H100, "mode": "MIG"}, "mode MIG requires spec.mig"),
     "mig-with-mps-block": (
         {

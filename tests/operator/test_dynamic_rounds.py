@@ -3,7 +3,8 @@
 Aspects: which pods are demand (unbound, Unschedulable, asking for nvidia.com/mig-*), which
 hold slices on a node and by name (for reasons), what a malformed pod does (skipped, the others
 still read), a dynamic partition's GPUs on nodes with only an inventory or neither (and the
-words for the latter), a partition that breaks the core's resolution costs only itself (the
+words for the latter), a partition with `interface: dra` planned for nowhere (its node's old
+plan removed), a partition that breaks the core's resolution costs only itself (the
 other partitions' pods still get plans), a node's memory record (idle since first seen, each
 plan answer counted once, the back-off after a failure, forgotten when the node leaves), a
 pod's news told again only when its words change and not more than once a minute, and the

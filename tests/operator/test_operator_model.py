@@ -4,6 +4,7 @@ Aspects: parsing GpuPartitions and Nodes from API dicts (bad spec, bad state ann
 agent's inventory and a bad one, reachability), desired-annotation patches (set, change,
 remove, leave alone, no group for a node being restored to whole GPUs), status documents
 and merge patches (only what differs; nodes that left become null; transition times stay),
+status.interface from the inventory's interface per GPU,
 Events for condition changes, and a whole simulated pass applied twice: the second writes nothing.
 """
 
