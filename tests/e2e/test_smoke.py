@@ -127,8 +127,12 @@ def test_valid_gpupartitions_are_accepted_with_defaults(k8s_control_plane: Contr
 # Each malformed object and the words the API server must answer with.
 BAD = {
     "dra-with-warm": (
-        {"nodeSelector": H100, "mode": "MIG", "interface": "dra",
-         "mig": {"dynamic": {"warm": {"1g.10gb": 1}}}},
+        {
+            "nodeSelector": H100,
+            "mode": "MIG",
+            "interface": "dra",
+            "mig": {"dynamic": {"warm": {"1g.10gb": 1}}},
+        },
         "spec.mig.dynamic.warm is kept by the operator's MIG plans",
     ),  # fmt: skip
     "mig-without-block": ({"nodeSelector": H100, "mode": "MIG"}, "mode MIG requires spec.mig"),
