@@ -17,13 +17,18 @@ import grpc
 import pytest
 from kubernetes import client
 
-from gpupart.core.api.spec import GpuConfig, Interface, Mode
+from gpupart.core.api.spec import GpuConfig, Interface, Mode, MpsSettings
+from gpupart.core.api.wire import DesiredGroup
 from gpupart.core.dra import names
 from gpupart.core.dra.prepare import CDI_KIND
+from gpupart.core.dra.prepared import ClaimRef
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.mig.planning import CreateGpuInstance
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.backend import NvmlFailure
+from gpupart_plugin.dra.api.health import api_pb2 as health_api
+from gpupart_plugin.dra.api.health import api_pb2_grpc as health_grpc
 from gpupart_plugin.dra.api.registration import api_pb2 as reg_api
 from gpupart_plugin.dra.api.registration import api_pb2_grpc as reg_grpc
 from gpupart_plugin.dra.api.v1 import api_pb2 as v1
@@ -36,6 +41,7 @@ from gpupart_plugin.dra.kubelet.health import DraHealth
 from gpupart_plugin.dra.kubelet.registration import DraPluginSockets
 from gpupart_plugin.dra.kubelet.server import ResourceHealth
 from gpupart_plugin.dra.kubelet.state import ClaimCheckpoint
+from gpupart_plugin.health import Boards, HealthMonitor
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
 from gpupart_testsupport.polling import wait_for
@@ -48,7 +54,9 @@ THREE_G = MigInstance(Placement(4, 4), "3g.40gb")
 TARGETS = {
     0: GpuConfig(Mode.MIG, dynamic=True, interface=Interface.DRA),
     1: GpuConfig(Mode.NONE, interface=Interface.DRA),
+    2: GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4, interface=Interface.DRA),
 }
+GROUPS = tuple(DesiredGroup("p", 1, (index,), config) for index, config in TARGETS.items())
 
 
 class Plugin:
@@ -56,7 +64,8 @@ class Plugin:
 
     def __init__(self, api: Any, gpus: SimulatedGpus, root: Path) -> None:
         self.gpus, self.root = gpus, root
-        actuator = Actuator(gpus, lambda: (), MpsDaemons(root / "mps", ["false"]))
+        actuator = Actuator(gpus, lambda: (), MpsDaemons(root / "mps", ["true"]))
+        actuator.reconcile(GROUPS)  # the agent's pass: GPU 2's MPS daemon started
         self.health = DraHealth()
         self.driver = DraDriver(
             NODE,
@@ -119,7 +128,7 @@ def pod(api: Any, namespace: str) -> Any:
 
 @pytest.fixture
 def plugin(api: Any, tmp_path: Path) -> Generator[Plugin, None, None]:
-    gpus = SimulatedGpus(["A100-SXM4-80GB", "A100-SXM4-80GB"], node=NODE, mig_enabled=[True, False])
+    gpus = SimulatedGpus(["A100-SXM4-80GB"] * 3, node=NODE, mig_enabled=[True, False, False])
     running = Plugin(api, gpus, tmp_path)
     yield running
     running.stop()
@@ -133,6 +142,7 @@ def _claim(
     *,
     reserved: bool = True,
     config: list[Any] | None = None,
+    consumed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A claim allocated as the scheduler writes it: `devices` are (driver, device) pairs."""
     custom = client.CustomObjectsApi(api)
@@ -151,7 +161,17 @@ def _claim(
     allocation: dict[str, Any] = {
         "devices": {
             "results": [
-                {"request": f"r{k}", "driver": driver, "pool": NODE, "device": device}
+                {
+                    "request": f"r{k}",
+                    "driver": driver,
+                    "pool": NODE,
+                    "device": device,
+                    **(
+                        {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())}
+                        if consumed is not None
+                        else {}
+                    ),
+                }
                 for k, (driver, device) in enumerate(devices)
             ]
         }
@@ -287,3 +307,111 @@ def test_registration_names_the_services_and_comes_back_when_the_kubelet_removes
             reg_grpc.RegistrationStub(channel).GetInfo(reg_api.InfoRequest(), timeout=10).name
             == names.DRIVER
         )
+
+
+def _spec(plugin: Plugin, claim: dict[str, Any]) -> dict[str, Any]:
+    path = plugin.root / "cdi" / f"k8s.gpu.gpupart.io-claim_{_uid(claim)}.json"
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_each_shared_claim_gets_exactly_its_consumed_capacity_as_mps_limits(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    big = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-2-shared")],
+        consumed={"memory": "30Gi", "compute": "40"},
+    )
+    small = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-2-shared")],
+        consumed={"memory": "10Gi", "compute": "10"},
+    )
+    answer = plugin.prepare(big, small)
+    assert [answer.claims[_uid(c)].error for c in (big, small)] == ["", ""]
+    uuid_2 = plugin.gpus.gpus()[2].uuid
+    for claim, memory, compute in ((big, 30720, 40), (small, 10240, 10)):
+        (device,) = _spec(plugin, claim)["devices"]
+        env = device["containerEdits"]["env"]
+        assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid_2}={memory}M" in env
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}" in env
+        mounts = {m["containerPath"]: m["hostPath"] for m in device["containerEdits"]["mounts"]}
+        assert mounts["/var/run/gpupart/mps"] == str(plugin.root / "mps" / uuid_2 / "pipe")
+        (given,) = answer.claims[_uid(claim)].devices
+        assert given.share_id == claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+
+
+class Killed(BaseException):
+    """Stands in for kill -9: nothing after it runs, not even the plugin's own cleanup."""
+
+
+def _crash_after_the_gpu_instance(plugin: Plugin) -> None:
+    def crash(index: int, _layout: Any) -> str:
+        plugin.gpus.apply(CreateGpuInstance(index, THREE_G))
+        raise Killed
+
+    plugin.driver.apply = crash
+
+
+@pytest.mark.parametrize("then", ["unprepare", "prepare"])
+def test_an_agent_killed_mid_prepare_leaks_nothing_and_creates_nothing_twice(
+    api: Any, namespace: str, pod: Any, plugin: Plugin, tmp_path: Path, then: str
+) -> None:
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)])
+    _crash_after_the_gpu_instance(plugin)
+    with pytest.raises(Killed):
+        plugin.driver.prepare([ClaimRef(namespace, claim["metadata"]["name"], _uid(claim))])
+    assert [r.compute_instances for r in plugin.gpus.instances(0)] == [0]  # half-built
+    plugin.stop()
+    restarted = Plugin(api, plugin.gpus, tmp_path)
+    try:
+        if then == "unprepare":
+            assert restarted.unprepare(claim).claims[_uid(claim)].error == ""
+            assert restarted.gpus.instances(0) == ()
+        else:
+            assert restarted.prepare(claim).claims[_uid(claim)].error == ""
+            assert [(r.device.instance, r.compute_instances) for r in plugin.gpus.instances(0)] == [
+                (THREE_G, 1)
+            ]
+            assert plugin.gpus.calls.count("CreateGpuInstance") == 1
+    finally:
+        restarted.stop()
+        plugin.sockets = restarted.sockets
+
+
+def test_an_xid_on_the_claims_instance_streams_unhealthy_and_clears_after_a_quiet_window(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G), (names.DRIVER, "gpu-1")])
+    assert plugin.prepare(claim).claims[_uid(claim)].error == ""
+    now = [1000.0]
+    monitor = HealthMonitor(plugin.gpus, Boards(plugin.health), quiet_s=60, clock=lambda: now[0])
+    stream = health_grpc.DRAResourceHealthStub(plugin.channel).NodeWatchResources(
+        health_api.NodeWatchResourcesRequest(), timeout=60
+    )
+
+    def states() -> dict[str, int]:
+        message = next(stream)
+        return {d.device.device_name: d.health for d in message.devices}
+
+    assert states() == {MIG_3G: health_api.HEALTHY, "gpu-1": health_api.HEALTHY}
+    (record,) = plugin.gpus.instances(0)
+    plugin.gpus.inject_xid(0, 48, gpu_instance_id=record.device.gpu_instance_id)
+    assert monitor.step(1.0)
+    wait_for(
+        lambda: states() == {MIG_3G: health_api.UNHEALTHY, "gpu-1": health_api.HEALTHY},
+        30,
+        "the instance Unhealthy in the stream, the other GPU not",
+    )
+    now[0] += 61
+    assert monitor.step(0.01)
+    wait_for(
+        lambda: states() == {MIG_3G: health_api.HEALTHY, "gpu-1": health_api.HEALTHY},
+        30,
+        "the instance Healthy again after the quiet window",
+    )
+    stream.cancel()

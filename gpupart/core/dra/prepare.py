@@ -361,7 +361,8 @@ def layouts_after_release(
     """Per GPU where the claim holds a dynamic instance: the layout once it is released.
 
     Its instances are destroyed unless the GPU's warm mix keeps one of that profile idle
-    (instances no other claim holds); a static GPU's instances stay. A GPU gone from the node
+    (instances no other claim holds); a static GPU's instances stay. The layout names whole
+    instances only, so a half-built one at the claim's placement goes as well. A GPU gone from the node
     is left out (nothing there to destroy). Instances of other claims are always kept.
     """
     held = {
@@ -377,8 +378,8 @@ def layouts_after_release(
             continue
         now = gpus[device.gpu_index]
         layout = set(found.get(device.gpu_index, layout_with(now.gpu, ())))
-        if device.instance not in layout:
-            continue
+        # Not there as a whole instance: a kill mid-prepare may have left it half-built, which
+        # the layout without it destroys too.
         idle = [
             i
             for i in layout
