@@ -308,3 +308,56 @@ def test_law_mps_limits_equal_the_consumed_capacity(memory_mib: int, compute: in
     assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-2={memory_mib}M" in env
     assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}" in env
     assert cdi_ids(claim) == ((f"{CDI_KIND}=u1-r",),)
+
+
+def test_a_device_another_claim_holds_is_refused_naming_that_claim() -> None:
+    name_3g, three_g = next((n, i) for n, i in MIG_NAMES if i.profile == "3g.40gb")
+    name_1g = next(
+        n
+        for n, i in MIG_NAMES
+        if i.profile == "1g.10gb" and three_g.placement.overlaps(i.placement)
+    )
+    first = _plan(_claim("u1", [_result(name_3g)]))
+    with pytest.raises(ClaimRefused, match=f"overlaps {name_3g}, which claim ns/c-u1 holds"):
+        _plan(_claim("u2", [_result(name_1g)]), (first,))
+    whole = _plan(_claim("u3", [_result("gpu-1")]))
+    with pytest.raises(ClaimRefused, match="which claim ns/c-u3 holds"):
+        _plan(_claim("u4", [_result("gpu-1")]), (whole,))
+    # Shared devices are many claims' by design.
+    shared = {"consumedCapacity": {"memory": "1Gi", "compute": "5"}}
+    one = _plan(_claim("u5", [_result("gpu-2-shared", **shared)]))
+    assert _plan(_claim("u6", [_result("gpu-2-shared", **shared)]), (one,)).complete
+
+
+def test_a_gpu_the_device_plugin_serves_is_refused() -> None:
+    gpus = _gpus()
+    gpus[1] = DraGpuNow(gpus[1].gpu, served=False)
+    with pytest.raises(ClaimRefused, match="GPU 1 is served through the device plugin"):
+        _plan(_claim("u", [_result("gpu-1")]), gpus=gpus)
+
+
+def test_a_time_sliced_claim_gets_its_gpu_without_mps_limits() -> None:
+    gpus = _gpus()
+    gpus[2] = DraGpuNow(
+        OfferedGpu(2, "GPU-2", "A100-SXM4-80GB", 81920, 2, 0, Mode.TIME_SLICING, replicas=4)
+    )
+    claim = _plan(
+        _claim("u", [_result("gpu-2-shared", consumedCapacity={"memory": "2Gi", "compute": "7"})]),
+        gpus=gpus,
+    )
+    edits = cdi_spec(claim, gpus)["devices"][0]["containerEdits"]
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=GPU-2"] and "mounts" not in edits
+
+
+def test_an_mps_claim_above_the_daemons_ceiling_is_refused() -> None:
+    gpus = _gpus()
+    low = OfferedGpu(
+        2, "GPU-2", "A100-SXM4-80GB", 81920, 2, 0, Mode.MPS, replicas=4,
+        mps_pipe_directory="/p/GPU-2/pipe", mps_memory_mib=20480, mps_compute_percent=25,
+    )  # fmt: skip
+    gpus[2] = DraGpuNow(low)
+    obj = _claim(
+        "u", [_result("gpu-2-shared", consumedCapacity={"memory": "30Gi", "compute": "5"})]
+    )
+    with pytest.raises(ClaimRefused, match="at most 20480 MiB"):
+        _plan(obj, gpus=gpus)

@@ -33,6 +33,8 @@ from gpupart_plugin.dra.api.registration import api_pb2 as reg_api
 from gpupart_plugin.dra.api.registration import api_pb2_grpc as reg_grpc
 from gpupart_plugin.dra.api.v1 import api_pb2 as v1
 from gpupart_plugin.dra.api.v1 import api_pb2_grpc as v1_grpc
+from gpupart_plugin.dra.api.v1beta1 import api_pb2 as v1beta1
+from gpupart_plugin.dra.api.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
 from gpupart_plugin.dra.kubelet.claims import ClaimReader
 from gpupart_plugin.dra.kubelet.driver import DraDriver
@@ -240,6 +242,18 @@ def test_a_batch_prepares_each_claim_on_its_own_and_a_retry_makes_nothing(
     calls = list(plugin.gpus.calls)
     again = plugin.prepare(good)
     assert again.claims[_uid(good)] == prepared
+    beta = v1beta1_grpc.DRAPluginStub(plugin.channel).NodePrepareResources(
+        v1beta1.NodePrepareResourcesRequest(
+            claims=[
+                v1beta1.Claim(namespace=namespace, name=good["metadata"]["name"], uid=_uid(good))
+            ]
+        ),
+        timeout=45,
+    )
+    assert [
+        (list(d.request_names), d.device_name, list(d.cdi_device_ids))
+        for d in beta.claims[_uid(good)].devices
+    ] == [(list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in prepared.devices]
     assert plugin.gpus.calls == calls  # nothing created twice
 
 
