@@ -213,12 +213,14 @@ class Actuator:
         unprepare, through the same plan steps and rollback as a pass.
 
         The caller holds the GPU for the call (one step sequence per GPU at a time). An
-        instance in use that the layout leaves out blocks the change (PlanBlocked's message).
+        instance with NVML processes that the layout leaves out blocks the change (PlanBlocked's
+        message). PodResources is not asked: the GPU is DRA's, so no device-plugin pod holds
+        it, and the kubelet unprepares a claim only once its containers stopped.
         """
         info = self._fresh(index)
         if not info.mig_enabled:
             return f"GPU {index} is not in MIG mode"
-        usage = device_usage(self.usage)
+        usage = DeviceUsage({}, known=True)
         before = self._states(info, usage)
         try:
             steps = plan_layout(index, before, layout)

@@ -8,6 +8,10 @@ runtime resolving CDI IDs) are the test bed's.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
+import threading
 import uuid
 from collections.abc import Generator
 from pathlib import Path
@@ -18,7 +22,11 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.spec import GpuConfig, Interface, Mode, MpsSettings
-from gpupart.core.api.wire import DesiredGroup
+from gpupart.core.api.wire import (
+    DESIRED_ANNOTATION,
+    DesiredGroup,
+    encode_desired,
+)
 from gpupart.core.dra import names
 from gpupart.core.dra.prepare import CDI_KIND
 from gpupart.core.dra.prepared import ClaimRef
@@ -47,6 +55,7 @@ from gpupart_plugin.health import Boards, HealthMonitor
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
 from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.processes import Proc, spawn
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +154,7 @@ def _claim(
     reserved: bool = True,
     config: list[Any] | None = None,
     consumed: dict[str, str] | None = None,
+    pool: str = NODE,
 ) -> dict[str, Any]:
     """A claim allocated as the scheduler writes it: `devices` are (driver, device) pairs."""
     custom = client.CustomObjectsApi(api)
@@ -166,7 +176,7 @@ def _claim(
                 {
                     "request": f"r{k}",
                     "driver": driver,
-                    "pool": NODE,
+                    "pool": pool,
                     "device": device,
                     **(
                         {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())}
@@ -429,3 +439,136 @@ def test_an_xid_on_the_claims_instance_streams_unhealthy_and_clears_after_a_quie
         "the instance Healthy again after the quiet window",
     )
     stream.cancel()
+
+
+# ---- the real agent process: `gpupart node --dra`, killed with SIGKILL mid-prepare ----
+
+AGENT_NODE = "dra-agent-node"
+GPUPART = Path(sys.executable).parent / "gpupart"
+
+
+def _start_agent(root: Path, kubeconfig: Path) -> Proc:
+    (root / "keys").touch()
+    return spawn(
+        "agent",
+        [
+            str(GPUPART), "node", f"--node-name={AGENT_NODE}", "--simulate=A100-SXM4-80GB",
+            f"--simulate-state={root / 'simgpu.json'}", "--simulate-create-seconds=3",
+            "--dra", f"--plugins-registry-dir={root / 'plugins_registry'}",
+            f"--dra-plugins-dir={root / 'plugins'}", f"--cdi-root={root / 'cdi'}",
+            f"--state-dir={root / 'state'}", f"--plugin-dir={root / 'device-plugins'}",
+            f"--pod-resources-socket={root / 'pod-resources.sock'}", f"--mps-root={root / 'mps'}",
+            f"--assignment-key-file={root / 'keys'}", "--metrics-port=0", "--resync-seconds=2",
+        ],
+        root,
+        env={"KUBECONFIG": str(kubeconfig)},
+    )  # fmt: skip
+
+
+def _instances(root: Path) -> list[tuple[int, int, int]]:
+    """(start, size, compute instances) of the simulated GPU's instances, as its state file says."""
+    if not (root / "simgpu.json").exists():
+        return []  # never changed: no instance
+    saved = json.loads((root / "simgpu.json").read_text())
+    return [(i["start"], i["size"], i["compute_instances"]) for i in saved["gpus"][0]["instances"]]
+
+
+def _once(root: Path, claim: dict[str, Any]) -> Any:
+    """One NodePrepareResources of the claim, as the kubelet sends it; the claim's answer."""
+    socket = root / "plugins" / names.DRIVER / "dra.sock"
+    # Its own subchannel: a shared one to the killed agent's socket would still be backing off.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
+        got = v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=_refs((claim,))), timeout=45
+        )
+    return got.claims[_uid(claim)]
+
+
+def _ready(root: Path, probe: dict[str, Any]) -> None:
+    """Waits until the agent serves DRA with its desired state read: the probe (GPU 0 whole,
+    while GPU 0 is in MIG mode) is then refused for its device, not for its GPU's interface."""
+    wait_for(
+        lambda: "is a whole GPU" in _once(root, probe).error,
+        60,
+        "the agent serving DRA with its desired state read",
+    )
+
+
+def test_a_real_agent_killed_mid_create_leaks_nothing_and_creates_once(
+    api: Any, k8s_control_plane: Any, namespace: str, tmp_path: Path
+) -> None:
+    core = client.CoreV1Api(api)
+    group = DesiredGroup("p", 1, (0,), TARGETS[0])
+    core.create_node(
+        {
+            "metadata": {
+                "name": AGENT_NODE,
+                "annotations": {DESIRED_ANNOTATION: encode_desired((group,))},
+            }
+        }
+    )
+    try:
+        pod = core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": "agent-pod"},
+                "spec": {"nodeName": AGENT_NODE, "containers": [{"name": "c", "image": "none"}]},
+            },
+        )
+        claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)], pool=AGENT_NODE)
+        probe = _claim(api, namespace, pod, [(names.DRIVER, "gpu-0")], pool=AGENT_NODE)
+        agent = _start_agent(tmp_path, k8s_control_plane.kubeconfig)
+        try:
+            wait_for(
+                lambda: (tmp_path / "plugins" / names.DRIVER / "dra.sock").exists(),
+                60,
+                "the DRA socket",
+            )
+            _ready(tmp_path, probe)
+            # A prepare that the kill interrupts while NVML creates the instance (3 s).
+            calls: list[BaseException | Any] = []
+            call = threading.Thread(
+                target=lambda: calls.append(_try(lambda: _once(tmp_path, claim))), daemon=True
+            )
+            call.start()
+            checkpoint = tmp_path / "state" / "dra-checkpoint.json"
+            wait_for(
+                lambda: checkpoint.exists() and '"complete":false' in checkpoint.read_text(),
+                60,
+                "the write-ahead entry",
+            )
+            os.kill(agent.popen.pid, signal.SIGKILL)
+            agent.popen.wait(30)
+            call.join(60)
+            assert isinstance(calls[0], grpc.RpcError), calls  # the kubelet's call failed
+            assert _instances(tmp_path) == []  # killed before NVML made it: nothing half-made
+        finally:
+            agent.stop()
+        agent = _start_agent(tmp_path, k8s_control_plane.kubeconfig)
+        try:
+            _ready(tmp_path, probe)
+            answer = _once(tmp_path, claim)
+            assert answer.error == "" and [d.device_name for d in answer.devices] == [MIG_3G]
+            assert _instances(tmp_path) == [(4, 4, 1)]
+            assert json.loads((tmp_path / "simgpu.json").read_text())["created"] == 1  # made once
+            socket = tmp_path / "plugins" / names.DRIVER / "dra.sock"
+            options = [("grpc.use_local_subchannel_pool", 1)]
+            with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
+                done = v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                    v1.NodeUnprepareResourcesRequest(claims=_refs((claim,))), timeout=45
+                )
+            assert done.claims[_uid(claim)].error == ""
+            assert _instances(tmp_path) == []
+        finally:
+            agent.stop()
+            print(agent.tail(60))
+    finally:
+        core.delete_node(AGENT_NODE)
+
+
+def _try(call: Any) -> Any:
+    try:
+        return call()
+    except BaseException as error:  # noqa: BLE001 - the interrupted call's failure is expected
+        return error
