@@ -21,7 +21,9 @@ class ClaimUnavailable(GpupartError):
 
 
 class ClaimReader:
-    """GETs through one API client, scoped to what prepare needs: `get resourceclaims`, `get pods`."""
+    """Reads through one API client what prepare needs, with the verbs the agent already holds:
+    `list` of resourceclaims and of pods, each by a field selector on one name (a consistent
+    read, as a GET would be)."""
 
     def __init__(self, api: client.ApiClient, node: str, *, timeout_s: float = 10.0) -> None:
         self.api = api
@@ -29,12 +31,12 @@ class ClaimReader:
         self.timeout_s = timeout_s
 
     def claim(self, namespace: str, name: str) -> object:
-        """The claim as the API's JSON."""
-        return self._get(
-            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+        """The claim as the API's JSON; ClaimUnavailable when there is none of that name."""
+        return self._one(
+            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
             namespace,
-            name,
-            what="resourceclaim",
+            f"metadata.name={name}",
+            what=f"resourceclaim {namespace}/{name}",
         )
 
     def pods_here(self, namespace: str, consumers: tuple[Consumer, ...]) -> frozenset[str]:
@@ -46,11 +48,11 @@ class ClaimReader:
             if consumer.resource != "pods" or not consumer.uid:
                 continue
             try:
-                pod = self._get(
-                    "/api/v1/namespaces/{namespace}/pods/{name}",
+                pod = self._one(
+                    "/api/v1/namespaces/{namespace}/pods",
                     namespace,
-                    consumer.name,
-                    what="pod",
+                    f"metadata.name={consumer.name},spec.nodeName={self.node}",
+                    what=f"pod {namespace}/{consumer.name}",
                 )
             except ClaimUnavailable:
                 continue
@@ -65,11 +67,13 @@ class ClaimReader:
                 return frozenset({consumer.uid})
         return frozenset()
 
-    def _get(self, path: str, namespace: str, name: str, *, what: str) -> Any:
+    def _one(self, path: str, namespace: str, selector: str, *, what: str) -> Any:
+        """The one object a field selector on its name lists."""
         method, url, headers, data, _ = self.api.param_serialize(
             method="GET",
             resource_path=path,
-            path_params={"namespace": namespace, "name": name},
+            path_params={"namespace": namespace},
+            query_params=[("fieldSelector", selector), ("limit", 2)],
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
@@ -79,15 +83,18 @@ class ClaimReader:
             )
             body = response.read()
         except Exception as error:  # noqa: BLE001 - the connection's failure, in words
-            raise ClaimUnavailable(
-                f"get {what} {namespace}/{name}: {describe_api_error(error)}"
-            ) from None
+            raise ClaimUnavailable(f"list {what}: {describe_api_error(error)}") from None
         if not 200 <= response.status < 300:
             refused = ApiException(http_resp=response)
-            raise ClaimUnavailable(f"get {what} {namespace}/{name}: {describe_api_error(refused)}")
+            raise ClaimUnavailable(f"list {what}: {describe_api_error(refused)}")
         if len(body) > MAX_OBJECT_BYTES:
-            raise ClaimUnavailable(f"get {what} {namespace}/{name}: answer too large")
+            raise ClaimUnavailable(f"list {what}: answer too large")
         try:
-            return json.loads(body)
+            found = json.loads(body)
         except ValueError:
-            raise ClaimUnavailable(f"get {what} {namespace}/{name}: not JSON") from None
+            raise ClaimUnavailable(f"list {what}: not JSON") from None
+        items = found.get("items") if isinstance(found, dict) else None
+        if not isinstance(items, list) or len(items) != 1:
+            count = len(items) if isinstance(items, list) else "no list of"
+            raise ClaimUnavailable(f"list {what}: {count} objects of that name")
+        return items[0]
