@@ -332,7 +332,7 @@ def test_a_device_another_claim_holds_is_refused_naming_that_claim() -> None:
 def test_a_gpu_the_device_plugin_serves_is_refused() -> None:
     gpus = _gpus()
     gpus[1] = DraGpuNow(gpus[1].gpu, served=False)
-    with pytest.raises(ClaimRefused, match="GPU 1 is served through the device plugin"):
+    with pytest.raises(ClaimRefused, match="GPU 1 is not served through DRA now"):
         _plan(_claim("u", [_result("gpu-1")]), gpus=gpus)
 
 

@@ -185,7 +185,8 @@ def _device(
     if not gpu.served:
         raise ClaimRefused(
             ref.key,
-            f"{where}.device: GPU {gpu.gpu.index} is served through the device plugin now, not DRA",
+            f"{where}.device: GPU {gpu.gpu.index} is not served through DRA now (its partition "
+            "does not say interface: dra, or the node agent has not read its desired state yet)",
         )
     view = gpu.gpu
     base = PreparedDevice(
