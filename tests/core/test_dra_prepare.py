@@ -214,6 +214,8 @@ def test_checkpoint_round_trips_and_refuses_another_version() -> None:
 
 # ---- laws ----
 
+EXISTING = OfferedMigDevice("MIG-1", MigInstance(Placement(0, 1), "1g.10gb"), 1, 0, (101, 102))
+LAW_GPUS = _gpus((EXISTING,))
 DEVICE_NAMES = [n for n, _ in MIG_NAMES] + [
     "gpu-0",
     "gpu-1",
@@ -257,12 +259,21 @@ def test_law_only_allocated_devices_and_never_one_exclusive_device_twice(
             ],
         )
         try:
-            claim = _plan(obj, tuple(held))
+            claim = _plan(obj, tuple(held), gpus=LAW_GPUS)
         except ClaimRefused:
             continue
         allocated = {(NODE, e["device"]) for e in entries if e["driver"] == names.DRIVER}
         assert {(d.pool, d.device) for d in claim.devices} <= allocated
         assert len(claim.devices) == sum(e["driver"] == names.DRIVER for e in entries)
+        for device in claim.devices:
+            if device.instance is not None:
+                # The placement is the one the name says, and an instance there is that one.
+                name = names.mig_device_name(
+                    0, device.instance.profile, device.instance.placement.start
+                )
+                assert name == device.device
+                existing = EXISTING.uuid if device.instance == EXISTING.instance else ""
+                assert device.mig_uuid == existing
         held.append(claim)
     # Exclusive: per GPU, the memory slices of every MIG device and whole GPU held, disjoint.
     slices: dict[int, set[int]] = {}
