@@ -14,6 +14,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +68,23 @@ TARGETS = {
     1: GpuConfig(Mode.NONE, interface=Interface.DRA),
     2: GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4, interface=Interface.DRA),
 }
-GROUPS = tuple(DesiredGroup("p", 1, (index,), config) for index, config in TARGETS.items())
 
 
 class Plugin:
     """One agent's DRA plugin over a directory: restartable as a new process would be."""
 
-    def __init__(self, api: Any, gpus: SimulatedGpus, root: Path) -> None:
+    def __init__(
+        self, api: Any, gpus: SimulatedGpus, root: Path, targets: dict[int, GpuConfig] = TARGETS
+    ) -> None:
         self.gpus, self.root = gpus, root
         actuator = Actuator(gpus, lambda: (), MpsDaemons(root / "mps", ["true"]))
-        actuator.reconcile(GROUPS)  # the agent's pass: GPU 2's MPS daemon started
+        # The agent's pass: the MPS daemons started.
+        actuator.reconcile(tuple(DesiredGroup("p", 1, (i,), c) for i, c in targets.items()))
         self.health = DraHealth()
         self.driver = DraDriver(
             NODE,
             ClaimReader(api, NODE),
-            gpu_source(gpus, actuator, lambda: TARGETS),
+            gpu_source(gpus, actuator, lambda: targets),
             actuator.apply_instances,
             ClaimCheckpoint(root / "state", NODE),
             CdiSpecs(root / "cdi"),
@@ -572,3 +575,51 @@ def _try(call: Any) -> Any:
         return call()
     except BaseException as error:  # noqa: BLE001 - the interrupted call's failure is expected
         return error
+
+
+def test_thirty_mixed_claims_at_once_each_get_exactly_their_device_and_limits(
+    api: Any, namespace: str, pod: Any, tmp_path: Path
+) -> None:
+    targets = {0: TARGETS[0], 1: TARGETS[0], 2: TARGETS[1], 3: TARGETS[2]}
+    gpus = SimulatedGpus(["A100-SXM4-80GB"] * 4, node=NODE, mig_enabled=[True, True, False, False])
+    plugin = Plugin(api, gpus, tmp_path, targets)
+    try:
+        one_g = A100.require_profile("1g.10gb")
+        wanted: list[tuple[dict[str, Any], Any]] = []
+        for index in (0, 1):
+            for start in one_g.starts:  # seven 1g.10gb per GPU
+                device = names.mig_device_name(index, "1g.10gb", start)
+                claim = _claim(api, namespace, pod, [(names.DRIVER, device)])
+                wanted.append((claim, (index, MigInstance(Placement(start, 1), "1g.10gb"))))
+        wanted.append((_claim(api, namespace, pod, [(names.DRIVER, "gpu-2")]), "whole"))
+        for k in range(15):
+            memory, compute = 1024 * (k + 1), k + 1
+            consumed = {"memory": f"{memory}Mi", "compute": str(compute)}
+            claim = _claim(api, namespace, pod, [(names.DRIVER, "gpu-3-shared")], consumed=consumed)
+            wanted.append((claim, (memory, compute)))
+        with ThreadPoolExecutor(len(wanted)) as pool:
+            answers = list(pool.map(lambda w: plugin.prepare(w[0]).claims[_uid(w[0])], wanted))
+        assert [a.error for a in answers] == [""] * 30
+        uuids = {(i, r.device.instance): r.device.uuid for i in (0, 1) for r in gpus.instances(i)}
+        assert len(uuids) == 14 and all(
+            r.compute_instances == 1 for i in (0, 1) for r in gpus.instances(i)
+        )
+        mismatches = []
+        for claim, expected in wanted:
+            (device,) = _spec(plugin, claim)["devices"]
+            env = device["containerEdits"]["env"]
+            if expected == "whole":
+                right = env == [f"NVIDIA_VISIBLE_DEVICES={gpus.gpus()[2].uuid}"]
+            elif isinstance(expected[1], MigInstance):
+                right = env == [f"NVIDIA_VISIBLE_DEVICES={uuids[expected]}"]
+            else:
+                memory, compute = expected
+                right = (
+                    f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={gpus.gpus()[3].uuid}={memory}M" in env
+                    and f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}" in env
+                )
+            if not right:
+                mismatches.append((claim["metadata"]["name"], expected, env))
+        assert mismatches == []
+    finally:
+        plugin.stop()
