@@ -197,10 +197,10 @@ def run(args: argparse.Namespace) -> int:
     )
     agent = NodeAgent(actuator, sinks, metrics, published=node.last_inventory)
     targets = DesiredTargets(backend)
-    dra = None
+    kubelet_plugin = None
     if settings.dra and not settings.once:
         try:
-            dra = DraKubeletPlugin(
+            kubelet_plugin = DraKubeletPlugin(
                 client.ApiClient(configuration),
                 settings.node_name,
                 backend,
@@ -239,11 +239,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if dra is not None:
-        dra.start()
+    if kubelet_plugin is not None:
+        kubelet_plugin.start()
     monitor = HealthMonitor(
         backend,
-        hub if dra is None else Boards(hub, dra.health),
+        hub if kubelet_plugin is None else Boards(hub, kubelet_plugin.health),
         ignored=settings.ignored_xids,
         quiet_s=settings.recovery_s,
     )
@@ -252,8 +252,8 @@ def run(args: argparse.Namespace) -> int:
     def watch_kubelet() -> None:
         while not stop.wait(1.0):
             plugins.check_kubelet()
-            if dra is not None:
-                dra.check()
+            if kubelet_plugin is not None:
+                kubelet_plugin.check()
 
     threading.Thread(target=watch_kubelet, name="kubelet-watch", daemon=True).start()
     http = None
@@ -283,8 +283,8 @@ def run(args: argparse.Namespace) -> int:
         serve(passes, reconcile, stop)
     finally:
         plugins.stop()
-        if dra is not None:
-            dra.stop()
+        if kubelet_plugin is not None:
+            kubelet_plugin.stop()
         pod_resources.close()
         if http is not None:
             http.shutdown()
