@@ -1,0 +1,214 @@
+"""DRA on real-kubelet nodes for the e2e tests and benchmarks: the reference Go driver, claims, kubelet metrics.
+
+A DRA plugin registers with a `KubeletNode`'s kubelet through `plugins_registry/` and serves
+`plugins/<driver>/dra.sock`, both in the node's `/var/lib`; its CDI specs go to the node's
+`cdi_dir`, where the fake runtime resolves them. The reference driver
+(`sigs.k8s.io/dra-example-driver`'s kubelet plugin, built by scripts/build-k8s-bins.sh) runs
+as a host binary inside the node's mount namespace, where the kubelet's default directories
+are the node's own: it is what a DaemonSet pod with the kubelet's directories mounted sees.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupart_testsupport.cluster import ControlPlane, http_get
+from gpupart_testsupport.kubelet import KubeletNode
+from gpupart_testsupport.polling import wait_for
+from gpupart_testsupport.ports import LOOPBACK
+from gpupart_testsupport.processes import Proc, spawn
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+EXAMPLE_DRIVER = "gpu.example.com"
+"""The example driver's name with its gpu profile, and the name of its DeviceClass."""
+EXAMPLE_CDI_KIND = f"k8s.{EXAMPLE_DRIVER}/gpu"
+"""Its CDI kind: vendor `k8s.<driver>`, class `gpu` (one transient spec per claim, one common)."""
+PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+"""The kubelet's `method_name` label of its DRA gRPC calls (v1 service)."""
+
+
+def device_class(name: str, driver: str) -> dict[str, Any]:
+    """A DeviceClass selecting every device of `driver` (the example driver's chart has this one)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
+    }
+
+
+def claim_template(name: str, device_class_name: str, count: int = 1) -> dict[str, Any]:
+    """A ResourceClaimTemplate with one request `gpu` for `count` devices of the class."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": device_class_name,
+                                "allocationMode": "ExactCount",
+                                "count": count,
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def claim_pod(name: str, template: str, node: str, containers: int = 1) -> dict[str, Any]:
+    """A Pod whose containers all use the claim made from `template`, kept to `node`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": f"app-{i}",
+                    "image": "gpupart/cuda:0",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+                for i in range(containers)
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def pod_claim_name(pod: Mapping[str, Any], claim: str = "gpu") -> str | None:
+    """The ResourceClaim the resourceclaim controller made for the pod's claim (status)."""
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if status.get("name") == claim:
+            return status.get("resourceClaimName")  # type: ignore[no-any-return]
+    return None
+
+
+# --- the reference driver --------------------------------------------------------------------
+
+
+@dataclass
+class ExampleDriver:
+    """`dra-example-kubeletplugin` (gpu profile) serving one real-kubelet node."""
+
+    node: KubeletNode
+    kubeconfig: Path
+    devices: int = 8
+    proc: Proc | None = None
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.node.plugins_registry / f"{EXAMPLE_DRIVER}-reg.sock"
+
+    @property
+    def plugin_socket(self) -> Path:
+        return self.node.plugins / EXAMPLE_DRIVER / "dra.sock"
+
+    def start(self) -> None:
+        """Start it and return once both sockets are there (the kubelet registers it then)."""
+        command = [
+            str(self.node.bin_dir / "dra-example-kubeletplugin"),
+            f"--node-name={self.node.name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cdi-root={self.node.cdi_dir}",
+            f"--num-devices={self.devices}",
+            # Its metrics server would listen on every address; the kubelet's figures suffice.
+            "--metrics-port=-1",
+            # The default client rate (5 qps) would pace a burst of claims, not the driver.
+            "--kube-api-qps=200",
+            "--kube-api-burst=400",
+            "-v=2",
+        ]
+        # NODE_NAME goes into the common CDI device's env (KUBERNETES_NODE_NAME).
+        self.proc = spawn(
+            "dra-example-kubeletplugin",
+            self.node.in_namespace(command),
+            self.node.logs,
+            env={"NODE_NAME": self.node.name},
+        )
+
+        def up() -> bool:
+            if not self.proc or not self.proc.alive():
+                raise RuntimeError(f"dra-example-kubeletplugin exited\n{self.tail()}")
+            return self.registration_socket.exists() and self.plugin_socket.exists()
+
+        wait_for(up, 60, "the example driver's sockets", detail=self.tail)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+    def tail(self) -> str:
+        return self.proc.tail(40) if self.proc is not None else "(not started)"
+
+
+# --- the kubelet's own figures ---------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Σ of the samples of `name` whose labels include `labels` (Prometheus text format)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None or m["name"] != name:
+            continue
+        have = dict(_LABEL.findall(m["labels"] or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m["value"])
+    return total
+
+
+def kubelet_metrics(node: KubeletNode) -> str:
+    """The kubelet's /metrics (HTTPS on its own port; anonymous AlwaysAllow on loopback)."""
+    code, body = http_get(f"https://{LOOPBACK}:{node.port}/metrics")
+    if code != 200:
+        raise RuntimeError(f"kubelet /metrics of {node.name} answered {code}: {body[:200]}")
+    return body
+
+
+def grpc_seconds(node: KubeletNode, driver: str, method: str) -> tuple[float, float]:
+    """(count, sum in seconds) of the kubelet's `dra_grpc_operations_duration_seconds` for
+    `driver`'s `method` (PREPARE, UNPREPARE), every status code."""
+    text = kubelet_metrics(node)
+    base = "dra_grpc_operations_duration_seconds"
+    want = {"driver_name": driver, "method_name": method}
+    return metric_sum(text, f"{base}_count", **want), metric_sum(text, f"{base}_sum", **want)
+
+
+def start_dra_node(cp: ControlPlane, name: str, labels: Mapping[str, str] | None = None) -> KubeletNode:
+    """A real-kubelet node, Ready, that DRA plugins can register with (no plugin yet)."""
+    from kubernetes import client
+
+    node = KubeletNode(name, cp.bin_dir, cp.kubeconfig, dict(labels or {}))
+    node.start()
+    api = cp.api_client()
+    try:
+        core = client.CoreV1Api(api)
+
+        def ready() -> bool:
+            conditions = core.read_node(name).status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        wait_for(ready, 90, f"node {name} Ready", detail=node.tails)
+    except BaseException:
+        node.stop()
+        raise
+    finally:
+        api.close()
+    return node
