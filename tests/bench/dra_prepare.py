@@ -1,4 +1,4 @@
-"""Benchmark: DRA claims on the real kubelet, creation -> Running and the kubelet's NodePrepareResources time, per driver.
+"""Benchmark: DRA claims on the real kubelet: creation -> Running and the kubelet's Prepare time, per driver.
 
 Run: python tests/bench/dra_prepare.py [--pods 200] [--burst 20] [--bursts 1]  (last line: one
 JSON object; progress on stderr). Needs the binaries from scripts/build-k8s-bins.sh.
@@ -271,7 +271,7 @@ def example_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
 
 
 @contextlib.contextmanager
-def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
+def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:  # noqa: ARG001
     """Our DRA kubelet plugin (plugin/dra/kubelet) on a node of its own: not built yet."""
     raise NotBuiltYet("gpupart's DRA kubelet plugin (plugin/dra/kubelet) is not built yet")
     yield  # pragma: no cover - a generator, for contextmanager
@@ -303,7 +303,9 @@ def main() -> None:
             log(f"{name}: {args.pods} pods one by one, {args.bursts} x {args.burst} at once")
             try:
                 with DRIVERS[name](cp, max(args.burst, 1)) as target:
-                    figures[name] = measure(cp, target, args.pods, args.burst, args.bursts).figures()
+                    figures[name] = measure(
+                        cp, target, args.pods, args.burst, args.bursts
+                    ).figures()
             except NotBuiltYet as e:
                 log(f"{name}: skipped: {e}")
                 figures[name], skipped[name] = None, str(e)

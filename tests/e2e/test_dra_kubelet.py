@@ -9,6 +9,7 @@ wrote (as containerd does). One node and one driver serve the whole module.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Generator
 from typing import Any
@@ -110,7 +111,10 @@ class Cluster:
 
 @pytest.fixture
 def cluster(
-    dra_control_plane: ControlPlane, dra_node: KubeletNode, driver: ExampleDriver, dra_namespace: str
+    dra_control_plane: ControlPlane,
+    dra_node: KubeletNode,
+    driver: ExampleDriver,
+    dra_namespace: str,
 ) -> Generator[Cluster]:
     c = Cluster(dra_control_plane, dra_node, driver, dra_namespace)
     yield c
@@ -181,7 +185,9 @@ def test_a_claim_from_a_template_is_prepared_and_its_container_gets_the_cdi_devi
 
     cluster.until(released, f"claim {claim_name} deleted with its pod")
     cluster.until(
-        lambda: not any(p.name == claim_spec.rsplit("/", 1)[-1] for p in cluster.node.cdi_dir.iterdir()),
+        lambda: (
+            not any(p.name == claim_spec.rsplit("/", 1)[-1] for p in cluster.node.cdi_dir.iterdir())
+        ),
         "the claim's CDI spec removed at unprepare",
     )
 
@@ -196,8 +202,13 @@ def test_an_unresolvable_cdi_device_fails_only_its_container_until_it_resolves(
     # device two specs of the same directory define), so it resolves nowhere.
     conflict = cluster.node.cdi_dir / "zz-conflict.json"
     conflict.write_text(
-        '{"cdiVersion": "0.6.0", "kind": "%s", "devices": [{"name": "common",'
-        ' "containerEdits": {"env": ["STOLEN=1"]}}]}' % EXAMPLE_CDI_KIND
+        json.dumps(
+            {
+                "cdiVersion": "0.6.0",
+                "kind": EXAMPLE_CDI_KIND,
+                "devices": [{"name": "common", "containerEdits": {"env": ["STOLEN=1"]}}],
+            }
+        )
     )
     try:
         cluster.template("one-gpu")
@@ -206,7 +217,9 @@ def test_an_unresolvable_cdi_device_fails_only_its_container_until_it_resolves(
         def refused() -> str | None:
             statuses = cluster.pod_dict("blocked")["status"].get("containerStatuses") or []
             waiting = ((statuses[0].get("state") or {}).get("waiting") or {}) if statuses else {}
-            return waiting.get("message") if waiting.get("reason") == "CreateContainerError" else None
+            return (
+                waiting.get("message") if waiting.get("reason") == "CreateContainerError" else None
+            )
 
         message = cluster.until(refused, "pod blocked's container refused by the runtime")
         assert f"unresolvable CDI devices {EXAMPLE_CDI_KIND}=common" in message, message

@@ -157,7 +157,9 @@ class ExampleDriver:
 
 # --- the kubelet's own figures ---------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$"
+)
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -191,7 +193,9 @@ def grpc_seconds(node: KubeletNode, driver: str, method: str) -> tuple[float, fl
     return metric_sum(text, f"{base}_count", **want), metric_sum(text, f"{base}_sum", **want)
 
 
-def start_dra_node(cp: ControlPlane, name: str, labels: Mapping[str, str] | None = None) -> KubeletNode:
+def start_dra_node(
+    cp: ControlPlane, name: str, labels: Mapping[str, str] | None = None
+) -> KubeletNode:
     """A real-kubelet node, Ready, that DRA plugins can register with (no plugin yet)."""
     from kubernetes import client
 
