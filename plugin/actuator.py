@@ -207,6 +207,37 @@ class Actuator:
         except GpupartError as error:
             return str(error)
 
+    def apply_instances(self, index: int, layout: Layout) -> str:
+        """Bring GPU `index`'s MIG instances to exactly `layout` ('' when done, else what failed
+        and what the rollback did): the DRA kubelet plugin's create at prepare and destroy at
+        unprepare, through the same plan steps and rollback as a pass.
+
+        The caller holds the GPU for the call (one step sequence per GPU at a time). An
+        instance in use that the layout leaves out blocks the change (PlanBlocked's message).
+        """
+        info = self._fresh(index)
+        if not info.mig_enabled:
+            return f"GPU {index} is not in MIG mode"
+        usage = device_usage(self.usage)
+        before = self._states(info, usage)
+        try:
+            steps = plan_layout(index, before, layout)
+        except GpupartError as error:  # PlanBlocked
+            return str(error)
+        if not steps:
+            return ""
+        problem = self._run(info, before, steps, usage)
+        if not problem:
+            log.info(
+                "Applied MIG instances",
+                extra=logs.kv(gpu=index, layout=layout_text(layout), steps=len(steps)),
+            )
+        return problem
+
+    def view(self, index: int) -> OfferedGpu:
+        """GPU `index` as NVML, the MPS daemon and this agent's memory say now."""
+        return self._view(index)
+
     # ---- one GPU ----
 
     def _gpu(

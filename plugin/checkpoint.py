@@ -1,4 +1,4 @@
-"""The node agent's own admission records on disk: atomic writes, read back after a restart."""
+"""The node agent's own records on disk (the admission checkpoint): atomic writes, bounded reads after a restart."""
 
 from __future__ import annotations
 
@@ -45,42 +45,56 @@ class Checkpoint:
             )
 
     def _load(self) -> dict[str, AdmissionRecord]:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_CHECKPOINT_BYTES + 1)
-        except FileNotFoundError:
+        text = read_bounded(self.path, MAX_CHECKPOINT_BYTES)
+        if text is None:
             return {}
-        except OSError as error:
-            raise InvalidInput(str(self.path), f"cannot read: {error.strerror}") from None
-        if len(data) > MAX_CHECKPOINT_BYTES:
-            raise InvalidInput(str(self.path), f"more than {MAX_CHECKPOINT_BYTES} bytes")
-        try:
-            text = data.decode()
-        except UnicodeDecodeError:
-            raise InvalidInput(str(self.path), "not UTF-8") from None
         return decode_records(text, node=self.node, where=str(self.path))
 
     def save(self, records: Iterable[AdmissionRecord]) -> None:
         """Replace the file with `records` (fsynced, then renamed); GpupartError when it cannot."""
         kept = {r.uid: r for r in records}
-        text = encode_records(self.node, kept.values()).encode()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".admission-", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as error:
-            raise InvalidInput(str(self.path), f"cannot write: {error.strerror}") from None
+        write_atomically(self.path, encode_records(self.node, kept.values()).encode())
         self.records = kept
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: written to a temporary file, fsynced, renamed, and the
+    directory fsynced, so a crash leaves the old or the new file, never half; InvalidInput
+    naming the file when it cannot."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as error:
+        raise InvalidInput(str(path), f"cannot write: {error.strerror}") from None
+
+
+def read_bounded(path: Path, limit: int) -> str | None:
+    """The file's text, None when it does not exist; InvalidInput naming it when it cannot be
+    read, is larger than `limit` bytes or is not UTF-8."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise InvalidInput(str(path), f"cannot read: {error.strerror}") from None
+    if len(data) > limit:
+        raise InvalidInput(str(path), f"more than {limit} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InvalidInput(str(path), "not UTF-8") from None

@@ -22,6 +22,20 @@ class HealthBoard(Protocol):
     def set_unhealthy(self, ids: frozenset[str]) -> None: ...
 
 
+class Boards:
+    """Several boards behind one monitor (NVML has one event stream): each gets back its own ids."""
+
+    def __init__(self, *boards: HealthBoard) -> None:
+        self.boards = boards
+
+    def all_devices(self) -> tuple[Device, ...]:
+        return tuple(d for board in self.boards for d in board.all_devices())
+
+    def set_unhealthy(self, ids: frozenset[str]) -> None:
+        for board in self.boards:
+            board.set_unhealthy(ids & {d.id for d in board.all_devices()})
+
+
 class HealthMonitor:
     """Waits on NVML events; a GPU that answers again and stays quiet `quiet_s` gets its devices back."""
 

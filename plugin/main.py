@@ -27,7 +27,8 @@ from gpupart_plugin.deviceplugin.hub import DeviceHub
 from gpupart_plugin.deviceplugin.nodestatus import NodeStatusWriter
 from gpupart_plugin.deviceplugin.registration import DevicePlugins
 from gpupart_plugin.deviceplugin.sink import DevicePluginSink
-from gpupart_plugin.health import HealthMonitor
+from gpupart_plugin.dra.kubelet.plugin import DesiredTargets, DraKubeletPlugin
+from gpupart_plugin.health import Boards, HealthMonitor
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import PodResourcesClient
@@ -195,6 +196,24 @@ def run(args: argparse.Namespace) -> int:
         NodeStatusWriter(hub, pod_resources.allocatable, node.write_status),
     )
     agent = NodeAgent(actuator, sinks, metrics, published=node.last_inventory)
+    targets = DesiredTargets(backend)
+    dra = None
+    if settings.dra and not settings.once:
+        try:
+            dra = DraKubeletPlugin(
+                client.ApiClient(configuration),
+                settings.node_name,
+                backend,
+                actuator,
+                targets,
+                state_dir=settings.state_dir,
+                registry_dir=settings.plugins_registry_dir,
+                plugins_dir=settings.dra_plugins_dir,
+                cdi_root=settings.cdi_root,
+            )
+        except GpupartError as error:
+            sys.stderr.write(f"gpupart node: DRA plugin: {error}\n")
+            return 2
 
     def reconcile(wanted: PassInput) -> NodePass:
         if settings.simulate_auto_reset and isinstance(backend, SimulatedGpus):
@@ -204,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
                     "Reset simulated GPU",
                     extra=logs.kv(gpu=index, reason="pending MIG mode change"),
                 )
+        targets.read(wanted.desired)
         return agent.reconcile(wanted.desired, wanted.plan)
 
     if settings.once:
@@ -219,14 +239,21 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if dra is not None:
+        dra.start()
     monitor = HealthMonitor(
-        backend, hub, ignored=settings.ignored_xids, quiet_s=settings.recovery_s
+        backend,
+        hub if dra is None else Boards(hub, dra.health),
+        ignored=settings.ignored_xids,
+        quiet_s=settings.recovery_s,
     )
     threading.Thread(target=monitor.run, args=(stop,), name="health", daemon=True).start()
 
     def watch_kubelet() -> None:
         while not stop.wait(1.0):
             plugins.check_kubelet()
+            if dra is not None:
+                dra.check()
 
     threading.Thread(target=watch_kubelet, name="kubelet-watch", daemon=True).start()
     http = None
@@ -256,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
         serve(passes, reconcile, stop)
     finally:
         plugins.stop()
+        if dra is not None:
+            dra.stop()
         pod_resources.close()
         if http is not None:
             http.shutdown()

@@ -67,6 +67,14 @@ class NodeSettings:
     metrics_address: str
     metrics_port: int
     cdi: bool
+    dra: bool
+    """Serve the DRA kubelet plugin for the GPUs whose partition says `interface: dra`."""
+    plugins_registry_dir: Path
+    """The kubelet's plugin registration directory (`<driver>-reg.sock` goes there)."""
+    dra_plugins_dir: Path
+    """The kubelet's plugins directory (`<driver>/dra.sock` goes there)."""
+    cdi_root: Path
+    """Where the container runtime reads CDI specs (one transient spec per prepared claim)."""
     once: bool
     kubeconfig: str | None = None
     """None: the in-cluster service account, else ~/.kube/config."""
@@ -173,6 +181,26 @@ CDI = Setting(
     "also return CDI device names nvidia.com/gpu=<uuid> from Allocate",
     boolean=True,
 )
+DRA = Setting(
+    "--dra",
+    boolean,
+    "false",
+    "serve the DRA kubelet plugin (driver gpu.gpupart.io) for GPUs whose partition sets "
+    "interface: dra",
+    boolean=True,
+)
+PLUGINS_REGISTRY_DIR = Setting(
+    "--plugins-registry-dir",
+    text,
+    "/var/lib/kubelet/plugins_registry",
+    "kubelet plugin registration directory (DRA)",
+)
+DRA_PLUGINS_DIR = Setting(
+    "--dra-plugins-dir", text, "/var/lib/kubelet/plugins", "kubelet plugins directory (DRA)"
+)
+CDI_ROOT = Setting(
+    "--cdi-root", text, "/var/run/cdi", "directory the container runtime reads CDI specs from"
+)
 ONCE = Setting("--once", boolean, "false", "run one reconcile pass and exit", boolean=True)
 
 SETTINGS = SettingsTable(
@@ -181,7 +209,8 @@ SETTINGS = SettingsTable(
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, STATE_DIR,
         ASSIGNMENT_KEY_FILE, MPS_ROOT, MPS_CONTROL,
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE, IGNORED_XIDS, RECOVERY,
-        RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, KUBECONFIG, ONCE,
+        RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, DRA, PLUGINS_REGISTRY_DIR, DRA_PLUGINS_DIR,
+        CDI_ROOT, KUBECONFIG, ONCE,
     ),
 )  # fmt: skip
 """Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
@@ -255,6 +284,10 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         metrics_address=read(METRICS_ADDRESS),
         metrics_port=read(METRICS_PORT),
         cdi=read(CDI),
+        dra=read(DRA),
+        plugins_registry_dir=Path(read(PLUGINS_REGISTRY_DIR)),
+        dra_plugins_dir=Path(read(DRA_PLUGINS_DIR)),
+        cdi_root=Path(read(CDI_ROOT)),
         once=read(ONCE),
         kubeconfig=read(KUBECONFIG),
     )

@@ -59,3 +59,16 @@ class PlanBlocked(GpupartError):
 
 class WireFormatError(GpupartError):
     """An annotation that does not parse, or whose format version this build does not know."""
+
+
+class ClaimRefused(GpupartError):
+    """A DRA claim this node will not prepare as allocated; the message names the claim and why.
+
+    The kubelet shows it on the pod (`FailedPrepareDynamicResources`); the batch's other claims
+    are prepared all the same.
+    """
+
+    def __init__(self, claim: str, reason: str) -> None:
+        super().__init__(f"claim {claim}: {reason}")
+        self.claim = claim
+        self.reason = reason

@@ -1,0 +1,1 @@
+"""Generated gRPC code for the kubelet plugin registration API (pluginregistration/v1)."""

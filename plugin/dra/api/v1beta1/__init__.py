@@ -1,0 +1,1 @@
+"""Generated gRPC code for the kubelet DRA plugin API v1beta1 (never edited by hand)."""

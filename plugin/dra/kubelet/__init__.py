@@ -1,0 +1,1 @@
+"""The DRA kubelet plugin: registration, Node(Un)PrepareResources, the health stream, checkpoint and CDI specs."""

@@ -1,0 +1,44 @@
+"""This node's GPUs as prepare reads them: NVML via the actuator's view, each GPU's target from the desired state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gpupart.core.api.spec import GpuConfig, Interface, Mode
+from gpupart.core.dra.prepare import DraGpuNow
+from gpupart.core.errors import GpupartError
+from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.backend import GpuBackend
+
+Targets = Callable[[], Mapping[int, GpuConfig] | None]
+"""Each GPU's target from the desired annotation last read (None: none read yet)."""
+
+
+def gpu_source(
+    backend: GpuBackend, actuator: Actuator, targets: Targets
+) -> Callable[[], dict[int, DraGpuNow]]:
+    """Reads every GPU now. A GPU is DRA's only when its target says `interface: dra`
+    (before any desired annotation, none is); its MIG model is NVML's, None when not stated."""
+
+    def read() -> dict[int, DraGpuNow]:
+        wanted = targets() or {}
+        found: dict[int, DraGpuNow] = {}
+        for info in backend.gpus():
+            target = wanted.get(info.index)
+            model = None
+            if info.mig_enabled:
+                try:
+                    model = backend.model(info.index)
+                except GpupartError:
+                    model = None
+            dynamic = target is not None and target.mode is Mode.MIG and target.dynamic
+            found[info.index] = DraGpuNow(
+                actuator.view(info.index),
+                model,
+                dynamic=dynamic,
+                warm=target.mig if target is not None and dynamic else (),
+                served=target is not None and target.interface is Interface.DRA,
+            )
+        return found
+
+    return read

@@ -1,0 +1,431 @@
+"""The DRA kubelet plugin over real gRPC unix sockets, claims and pods from the real kube-apiserver, simulated GPUs.
+
+The test writes each claim's allocation and `reservedFor` as the scheduler would (status
+subresource), then calls the plugin as the kubelet does. The real-kubelet runs (the fake
+runtime resolving CDI IDs) are the test bed's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubernetes import client
+
+from gpupart.core.api.spec import GpuConfig, Interface, Mode, MpsSettings
+from gpupart.core.api.wire import DesiredGroup
+from gpupart.core.dra import names
+from gpupart.core.dra.prepare import CDI_KIND
+from gpupart.core.dra.prepared import ClaimRef
+from gpupart.core.mig.catalogue import require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.core.mig.planning import CreateGpuInstance
+from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.backend import NvmlFailure
+from gpupart_plugin.dra.api.health import api_pb2 as health_api
+from gpupart_plugin.dra.api.health import api_pb2_grpc as health_grpc
+from gpupart_plugin.dra.api.registration import api_pb2 as reg_api
+from gpupart_plugin.dra.api.registration import api_pb2_grpc as reg_grpc
+from gpupart_plugin.dra.api.v1 import api_pb2 as v1
+from gpupart_plugin.dra.api.v1 import api_pb2_grpc as v1_grpc
+from gpupart_plugin.dra.api.v1beta1 import api_pb2 as v1beta1
+from gpupart_plugin.dra.api.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
+from gpupart_plugin.dra.kubelet.claims import ClaimReader
+from gpupart_plugin.dra.kubelet.driver import DraDriver
+from gpupart_plugin.dra.kubelet.gpus import gpu_source
+from gpupart_plugin.dra.kubelet.health import DraHealth
+from gpupart_plugin.dra.kubelet.registration import DraPluginSockets
+from gpupart_plugin.dra.kubelet.server import ResourceHealth
+from gpupart_plugin.dra.kubelet.state import ClaimCheckpoint
+from gpupart_plugin.health import Boards, HealthMonitor
+from gpupart_plugin.mps import MpsDaemons
+from gpupart_plugin.simgpu import Fault, SimulatedGpus
+from gpupart_testsupport.polling import wait_for
+
+pytestmark = pytest.mark.e2e
+
+NODE = "dra-prepare-node"
+A100 = require_gpu_model("A100-SXM4-80GB")
+THREE_G = MigInstance(Placement(4, 4), "3g.40gb")
+TARGETS = {
+    0: GpuConfig(Mode.MIG, dynamic=True, interface=Interface.DRA),
+    1: GpuConfig(Mode.NONE, interface=Interface.DRA),
+    2: GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4, interface=Interface.DRA),
+}
+GROUPS = tuple(DesiredGroup("p", 1, (index,), config) for index, config in TARGETS.items())
+
+
+class Plugin:
+    """One agent's DRA plugin over a directory: restartable as a new process would be."""
+
+    def __init__(self, api: Any, gpus: SimulatedGpus, root: Path) -> None:
+        self.gpus, self.root = gpus, root
+        actuator = Actuator(gpus, lambda: (), MpsDaemons(root / "mps", ["true"]))
+        actuator.reconcile(GROUPS)  # the agent's pass: GPU 2's MPS daemon started
+        self.health = DraHealth()
+        self.driver = DraDriver(
+            NODE,
+            ClaimReader(api, NODE),
+            gpu_source(gpus, actuator, lambda: TARGETS),
+            actuator.apply_instances,
+            ClaimCheckpoint(root / "state", NODE),
+            CdiSpecs(root / "cdi"),
+            changed=self.health.update,
+        )
+        self.sockets = DraPluginSockets(
+            self.driver,
+            ResourceHealth(self.health),
+            registry_dir=root / "plugins_registry",
+            plugins_dir=root / "plugins",
+        )
+        self.sockets.start()
+        self.channel = grpc.insecure_channel(f"unix://{self.sockets.plugin_socket}")
+        self.stub = v1_grpc.DRAPluginStub(self.channel)
+
+    def prepare(self, *claims: dict[str, Any]) -> Any:
+        return self.stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=_refs(claims)), timeout=45
+        )
+
+    def unprepare(self, *claims: dict[str, Any]) -> Any:
+        return self.stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=_refs(claims)), timeout=45
+        )
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.sockets.stop()
+
+
+def _refs(claims: tuple[dict[str, Any], ...]) -> list[Any]:
+    return [
+        v1.Claim(
+            namespace=c["metadata"]["namespace"],
+            name=c["metadata"]["name"],
+            uid=c["metadata"]["uid"],
+        )
+        for c in claims
+    ]
+
+
+@pytest.fixture
+def api(k8s_api: Any) -> Any:
+    return k8s_api
+
+
+@pytest.fixture
+def pod(api: Any, namespace: str) -> Any:
+    body = {
+        "metadata": {"name": "consumer"},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "none"}]},
+    }
+    return client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+
+
+@pytest.fixture
+def plugin(api: Any, tmp_path: Path) -> Generator[Plugin, None, None]:
+    gpus = SimulatedGpus(["A100-SXM4-80GB"] * 3, node=NODE, mig_enabled=[True, False, False])
+    running = Plugin(api, gpus, tmp_path)
+    yield running
+    running.stop()
+
+
+def _claim(
+    api: Any,
+    namespace: str,
+    pod: Any,
+    devices: list[tuple[str, str]],
+    *,
+    reserved: bool = True,
+    config: list[Any] | None = None,
+    consumed: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A claim allocated as the scheduler writes it: `devices` are (driver, device) pairs."""
+    custom = client.CustomObjectsApi(api)
+    requests = [
+        {"name": f"r{k}", "exactly": {"deviceClassName": "gpu.gpupart.io"}}
+        for k in range(len(devices))
+    ]
+    name = f"claim-{uuid.uuid4().hex[:6]}"
+    created = custom.create_namespaced_custom_object(
+        "resource.k8s.io",
+        "v1",
+        namespace,
+        "resourceclaims",
+        {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}},
+    )
+    allocation: dict[str, Any] = {
+        "devices": {
+            "results": [
+                {
+                    "request": f"r{k}",
+                    "driver": driver,
+                    "pool": NODE,
+                    "device": device,
+                    **(
+                        {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())}
+                        if consumed is not None
+                        else {}
+                    ),
+                }
+                for k, (driver, device) in enumerate(devices)
+            ]
+        }
+    }
+    if config is not None:
+        allocation["devices"]["config"] = config
+    status: dict[str, Any] = {"allocation": allocation}
+    if reserved:
+        status["reservedFor"] = [
+            {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
+        ]
+    created["status"] = status
+    return custom.replace_namespaced_custom_object_status(  # type: ignore[no-any-return]
+        "resource.k8s.io", "v1", namespace, "resourceclaims", name, created
+    )
+
+
+def _uid(claim: dict[str, Any]) -> str:
+    return claim["metadata"]["uid"]  # type: ignore[no-any-return]
+
+
+MIG_3G = names.mig_device_name(0, "3g.40gb", 4)
+
+
+def test_a_batch_prepares_each_claim_on_its_own_and_a_retry_makes_nothing(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    good = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G), (names.DRIVER, "gpu-1")])
+    foreign = _claim(api, namespace, pod, [("gpu.example.com", "gpu-0")])
+    stranger = _claim(api, namespace, pod, [(names.DRIVER, "gpu-1")], reserved=False)
+    bad_config = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-1")],
+        config=[
+            {
+                "source": "FromClaim",
+                "opaque": {
+                    "driver": names.DRIVER,
+                    "parameters": {"apiVersion": "v9", "kind": "GpuClaimConfig"},
+                },
+            }
+        ],
+    )
+    answer = plugin.prepare(good, foreign, stranger, bad_config)
+    assert "holds no device of driver gpu.gpupart.io" in answer.claims[_uid(foreign)].error
+    assert "is not reserved for a pod on this node" in answer.claims[_uid(stranger)].error
+    assert "parameters.apiVersion: 'v9' is not a version" in answer.claims[_uid(bad_config)].error
+    prepared = answer.claims[_uid(good)]
+    assert prepared.error == ""
+    (made,) = plugin.gpus.instances(0)
+    assert made.device.instance == THREE_G  # exactly the allocated placement
+    assert [
+        (list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in prepared.devices
+    ] == [
+        (["r0"], MIG_3G, [f"{CDI_KIND}={_uid(good)}-r0"]),
+        (["r1"], "gpu-1", [f"{CDI_KIND}={_uid(good)}-r1"]),
+    ]
+    spec = json.loads(
+        (plugin.root / "cdi" / f"k8s.gpu.gpupart.io-claim_{_uid(good)}.json").read_text()
+    )
+    env = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
+    assert env[f"{_uid(good)}-r0"] == [f"NVIDIA_VISIBLE_DEVICES={made.device.uuid}"]
+    assert env[f"{_uid(good)}-r1"] == [f"NVIDIA_VISIBLE_DEVICES={plugin.gpus.gpus()[1].uuid}"]
+    calls = list(plugin.gpus.calls)
+    again = plugin.prepare(good)
+    assert again.claims[_uid(good)] == prepared
+    beta = v1beta1_grpc.DRAPluginStub(plugin.channel).NodePrepareResources(
+        v1beta1.NodePrepareResourcesRequest(
+            claims=[
+                v1beta1.Claim(namespace=namespace, name=good["metadata"]["name"], uid=_uid(good))
+            ]
+        ),
+        timeout=45,
+    )
+    assert [
+        (list(d.request_names), d.device_name, list(d.cdi_device_ids))
+        for d in beta.claims[_uid(good)].devices
+    ] == [(list(d.request_names), d.device_name, list(d.cdi_device_ids)) for d in prepared.devices]
+    assert plugin.gpus.calls == calls  # nothing created twice
+
+
+def test_a_restarted_plugin_unprepares_from_its_checkpoint_exactly_that_claims_instance(
+    api: Any, namespace: str, pod: Any, plugin: Plugin, tmp_path: Path
+) -> None:
+    first = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)])
+    other = _claim(api, namespace, pod, [(names.DRIVER, names.mig_device_name(0, "1g.10gb", 0))])
+    answer = plugin.prepare(first, other)
+    assert [answer.claims[_uid(c)].error for c in (first, other)] == ["", ""]
+    assert len(plugin.gpus.instances(0)) == 2
+    plugin.stop()
+    restarted = Plugin(api, plugin.gpus, tmp_path)  # a new agent over the same state directory
+    try:
+        assert restarted.unprepare(first).claims[_uid(first)].error == ""
+        left = [r.device.instance for r in plugin.gpus.instances(0)]
+        assert left == [MigInstance(Placement(0, 1), "1g.10gb")]  # the other claim's stays
+        assert not (tmp_path / "cdi" / f"k8s.gpu.gpupart.io-claim_{_uid(first)}.json").exists()
+        assert restarted.unprepare(first).claims[_uid(first)].error == ""  # idempotent
+        assert (
+            restarted.prepare(other).claims[_uid(other)].error == ""
+        )  # answered from the checkpoint
+    finally:
+        restarted.stop()
+        plugin.sockets = restarted.sockets  # stopped already; the fixture's stop is a no-op
+
+
+def test_a_failed_compute_instance_create_leaves_no_instance_and_says_why(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)])
+    plugin.gpus.inject(Fault(NvmlFailure.INSUFFICIENT_RESOURCES, operation="CreateComputeInstance"))
+    error = plugin.prepare(claim).claims[_uid(claim)].error
+    assert "could not create its MIG instance" in error and "CreateComputeInstance" in error
+    assert plugin.gpus.instances(0) == ()  # the GPU instance was rolled back
+    plugin.gpus.clear_faults()
+    assert plugin.prepare(claim).claims[_uid(claim)].error == ""
+    assert [r.device.instance for r in plugin.gpus.instances(0)] == [THREE_G]
+
+
+def test_registration_names_the_services_and_comes_back_when_the_kubelet_removes_it(
+    plugin: Plugin,
+) -> None:
+    socket = plugin.sockets.registry_socket
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        info = reg_grpc.RegistrationStub(channel).GetInfo(reg_api.InfoRequest(), timeout=10)
+    assert (info.type, info.name, info.endpoint) == (
+        "DRAPlugin",
+        names.DRIVER,
+        str(plugin.sockets.plugin_socket),
+    )
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
+    socket.unlink()
+    wait_for(
+        lambda: plugin.sockets.check() or socket.exists(),
+        30,
+        "the registration socket served again",
+    )
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        assert (
+            reg_grpc.RegistrationStub(channel).GetInfo(reg_api.InfoRequest(), timeout=10).name
+            == names.DRIVER
+        )
+
+
+def _spec(plugin: Plugin, claim: dict[str, Any]) -> dict[str, Any]:
+    path = plugin.root / "cdi" / f"k8s.gpu.gpupart.io-claim_{_uid(claim)}.json"
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
+def test_each_shared_claim_gets_exactly_its_consumed_capacity_as_mps_limits(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    big = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-2-shared")],
+        consumed={"memory": "30Gi", "compute": "40"},
+    )
+    small = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-2-shared")],
+        consumed={"memory": "10Gi", "compute": "10"},
+    )
+    answer = plugin.prepare(big, small)
+    assert [answer.claims[_uid(c)].error for c in (big, small)] == ["", ""]
+    uuid_2 = plugin.gpus.gpus()[2].uuid
+    for claim, memory, compute in ((big, 30720, 40), (small, 10240, 10)):
+        (device,) = _spec(plugin, claim)["devices"]
+        env = device["containerEdits"]["env"]
+        assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid_2}={memory}M" in env
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}" in env
+        mounts = {m["containerPath"]: m["hostPath"] for m in device["containerEdits"]["mounts"]}
+        assert mounts["/var/run/gpupart/mps"] == str(plugin.root / "mps" / uuid_2 / "pipe")
+        (given,) = answer.claims[_uid(claim)].devices
+        assert given.share_id == claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+
+
+class Killed(BaseException):
+    """Stands in for kill -9: nothing after it runs, not even the plugin's own cleanup."""
+
+
+def _crash_after_the_gpu_instance(plugin: Plugin) -> None:
+    def crash(index: int, _layout: Any) -> str:
+        plugin.gpus.apply(CreateGpuInstance(index, THREE_G))
+        raise Killed
+
+    plugin.driver.apply = crash
+
+
+@pytest.mark.parametrize("then", ["unprepare", "prepare"])
+def test_an_agent_killed_mid_prepare_leaks_nothing_and_creates_nothing_twice(
+    api: Any, namespace: str, pod: Any, plugin: Plugin, tmp_path: Path, then: str
+) -> None:
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)])
+    _crash_after_the_gpu_instance(plugin)
+    with pytest.raises(Killed):
+        plugin.driver.prepare([ClaimRef(namespace, claim["metadata"]["name"], _uid(claim))])
+    assert [r.compute_instances for r in plugin.gpus.instances(0)] == [0]  # half-built
+    plugin.stop()
+    restarted = Plugin(api, plugin.gpus, tmp_path)
+    try:
+        if then == "unprepare":
+            assert restarted.unprepare(claim).claims[_uid(claim)].error == ""
+            assert restarted.gpus.instances(0) == ()
+        else:
+            assert restarted.prepare(claim).claims[_uid(claim)].error == ""
+            assert [(r.device.instance, r.compute_instances) for r in plugin.gpus.instances(0)] == [
+                (THREE_G, 1)
+            ]
+            assert plugin.gpus.calls.count("CreateGpuInstance") == 1
+    finally:
+        restarted.stop()
+        plugin.sockets = restarted.sockets
+
+
+def test_an_xid_on_the_claims_instance_streams_unhealthy_and_clears_after_a_quiet_window(
+    api: Any, namespace: str, pod: Any, plugin: Plugin
+) -> None:
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G), (names.DRIVER, "gpu-1")])
+    assert plugin.prepare(claim).claims[_uid(claim)].error == ""
+    now = [1000.0]
+    monitor = HealthMonitor(plugin.gpus, Boards(plugin.health), quiet_s=60, clock=lambda: now[0])
+    stream = health_grpc.DRAResourceHealthStub(plugin.channel).NodeWatchResources(
+        health_api.NodeWatchResourcesRequest(), timeout=60
+    )
+
+    def states() -> dict[str, int]:
+        message = next(stream)
+        return {d.device.device_name: d.health for d in message.devices}
+
+    assert states() == {MIG_3G: health_api.HEALTHY, "gpu-1": health_api.HEALTHY}
+    (record,) = plugin.gpus.instances(0)
+    plugin.gpus.inject_xid(0, 48, gpu_instance_id=record.device.gpu_instance_id)
+    assert monitor.step(1.0)
+    wait_for(
+        lambda: states() == {MIG_3G: health_api.UNHEALTHY, "gpu-1": health_api.HEALTHY},
+        30,
+        "the instance Unhealthy in the stream, the other GPU not",
+    )
+    now[0] += 61
+    assert monitor.step(0.01)
+    wait_for(
+        lambda: states() == {MIG_3G: health_api.HEALTHY, "gpu-1": health_api.HEALTHY},
+        30,
+        "the instance Healthy again after the quiet window",
+    )
+    stream.cancel()
