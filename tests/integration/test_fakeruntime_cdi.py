@@ -1,4 +1,4 @@
-"""The fake runtime's CDI resolution (tests/k8s/kubernetes/fakeruntime/cdi.go): its Go tests, run with the pinned modules.
+"""The fake runtime's CDI resolution (tests/k8s/kubernetes/fakeruntime/cdi.go): its Go tests, on the pinned modules.
 
 The rules containerd's CDI cache follows and the runtime copies: edits merged in request order
 (a spec's own edits once), a malformed file or a conflict fails only the IDs they would define,
@@ -19,7 +19,9 @@ MODULE = Path(__file__).resolve().parents[1] / "k8s" / "kubernetes"
 
 
 def test_the_fake_runtimes_cdi_rules() -> None:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
     if go is None:
         if os.environ.get("GPUPART_E2E_REQUIRED") == "1":
             pytest.fail("no `go` on PATH, which the Kubernetes binaries' build needs too")
