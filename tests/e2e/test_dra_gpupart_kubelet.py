@@ -3,10 +3,8 @@
 The node agent (simulated GPUs) runs beside a real kubelet (`dra_node`) with `--dra`: it
 registers in the node's plugins_registry and writes each claim's CDI spec to the node's CDI
 directory, where the fake runtime resolves it. The real kube-scheduler allocates and
-kube-controller-manager makes the claims from templates. Two stand-ins, for what is not built
-yet or not under test: the desired annotation is written here as the operator writes it, and the
-node's pool is posted from the core's own publisher functions (`pool_slices`, `gpu_devices`),
-as the agent's publisher will.
+kube-controller-manager makes the claims from templates. The desired annotation and the pool
+are stand-ins (`gpupart_testsupport.dra.start_gpupart_dra` says which and why).
 """
 
 from __future__ import annotations
@@ -19,24 +17,20 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupart.core.api.spec import GpuConfig, Interface, Mode
-from gpupart.core.api.wire import (
-    DESIRED_ANNOTATION,
-    INVENTORY_ANNOTATION,
-    STATE_ANNOTATION,
-    DesiredGroup,
-    decode_inventory,
-    decode_report,
-    encode_desired,
-)
 from gpupart.core.dra import names
-from gpupart.core.dra.devices import DraGpu, gpu_devices
-from gpupart.core.dra.pool import pool_slices
 from gpupart.core.dra.prepare import CDI_KIND
-from gpupart.core.node.devices import OfferedGpu
-from gpupart_testsupport.chart import IMAGE_FLAGS
-from gpupart_testsupport.cluster import REPO, ControlPlane
-from gpupart_testsupport.dra import GROUP, PREPARE, VERSION, claim_pod, claim_template, grpc_seconds
+from gpupart_testsupport.cluster import ControlPlane
+from gpupart_testsupport.dra import (
+    GPUPART_GPU_CLASS,
+    GROUP,
+    PREPARE,
+    VERSION,
+    claim_pod,
+    claim_template,
+    grpc_seconds,
+    install_gpupart_device_classes,
+    start_gpupart_dra,
+)
 from gpupart_testsupport.dra import pod_claim_name as claim_of
 from gpupart_testsupport.kubelet import KubeletNode
 from gpupart_testsupport.polling import wait_for
@@ -45,8 +39,6 @@ from gpupart_testsupport.stack import Stack
 pytestmark = pytest.mark.e2e
 
 WAIT_S = 90
-GPU_CLASS = "gpu.gpupart.io"
-"""The chart's DeviceClass of whole GPUs (docs/dra.md)."""
 
 
 @dataclass
@@ -61,47 +53,12 @@ def agent(
     dra_control_plane: ControlPlane, dra_node: KubeletNode, tmp_path_factory: pytest.TempPathFactory
 ) -> Generator[Agent]:
     """`gpupart node --dra` for the module's node, GPU 0 on DRA, its pool published."""
-    cp, node = dra_control_plane, dra_node
-    rendered = cp.helm(
-        "template", "gp", str(REPO / "charts" / "gpupart"), *IMAGE_FLAGS,
-        "--set-json", "dra.enabled=true", "--show-only", "templates/dra-deviceclasses.yaml",
-    ).stdout  # fmt: skip
-    cp.kubectl("apply", "-f", "-", input=rendered)
-    api = cp.api_client()
-    core = client.CoreV1Api(api)
-    stack = Stack(cp, api, Path(tmp_path_factory.mktemp("dra-agent")))
+    install_gpupart_device_classes(dra_control_plane)
+    api = dra_control_plane.api_client()
+    stack = Stack(dra_control_plane, api, Path(tmp_path_factory.mktemp("dra-agent")))
     try:
-        stack.start_dra_agent(node, "1xA100-SXM4-80GB")
-        desired = (DesiredGroup("e2e", 1, (0,), GpuConfig(Mode.NONE, interface=Interface.DRA)),)
-        core.patch_node(
-            node.name, {"metadata": {"annotations": {DESIRED_ANNOTATION: encode_desired(desired)}}}
-        )
-
-        def served() -> Any:
-            """GPU 0 in the inventory, once the agent acted on the desired annotation (the DRA
-            plugin reads each GPU's interface from it)."""
-            notes = core.read_node(node.name).metadata.annotations or {}
-            observed = decode_report(notes[STATE_ANNOTATION]).observed
-            gpus = decode_inventory(notes[INVENTORY_ANNOTATION]).gpus
-            return gpus if ("e2e", 1) in observed and gpus else None
-
-        def until(check: Any, what: str) -> Any:
-            return wait_for(check, WAIT_S, what, detail=lambda: f"{stack.tails()}\n{node.tails()}")
-
-        (gpu,) = until(served, "the agent's answer to the desired annotation")
-        until(
-            lambda: f'driverName="{names.DRIVER}"' in node.kubelet_log(),
-            "the kubelet connected to our DRA plugin",
-        )
-        offered = OfferedGpu(
-            gpu.index, gpu.uuid, gpu.product, gpu.memory_mib, gpu.index, None, Mode.NONE,
-            interface=Interface.DRA,
-        )  # fmt: skip
-        uid = core.read_node(node.name).metadata.uid
-        custom = client.CustomObjectsApi(api)
-        for doc in pool_slices(node.name, uid, [gpu_devices(DraGpu(offered))]):
-            custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc)
-        yield Agent(stack, gpu.uuid)
+        (uuid,) = start_gpupart_dra(stack, dra_node, 1)
+        yield Agent(stack, uuid)
     except BaseException:
         print(stack.tails())
         raise
@@ -117,7 +74,7 @@ def test_a_whole_gpu_claim_is_prepared_and_its_container_gets_exactly_that_gpu(
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     ns, node = dra_namespace, dra_node
     custom.create_namespaced_custom_object(
-        GROUP, VERSION, ns, "resourceclaimtemplates", claim_template("whole", GPU_CLASS)
+        GROUP, VERSION, ns, "resourceclaimtemplates", claim_template("whole", GPUPART_GPU_CLASS)
     )
     core.create_namespaced_pod(ns, claim_pod("app", "whole", node.name, containers=2))
 

@@ -6,6 +6,8 @@ A DRA plugin registers with a `KubeletNode`'s kubelet through `plugins_registry/
 (`sigs.k8s.io/dra-example-driver`'s kubelet plugin, built by scripts/build-k8s-bins.sh) runs
 as a host binary inside the node's mount namespace, where the kubelet's default directories
 are the node's own: it is what a DaemonSet pod with the kubelet's directories mounted sees.
+Ours runs in the node agent (`gpupart node --dra`, `start_gpupart_dra`), outside the namespace,
+given the node's directories by their paths.
 """
 
 from __future__ import annotations
@@ -16,11 +18,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpupart_testsupport.cluster import ControlPlane, http_get
+from gpupart.core.api.spec import GpuConfig, Interface, Mode
+from gpupart.core.api.wire import (
+    DESIRED_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    STATE_ANNOTATION,
+    DesiredGroup,
+    GpuState,
+    decode_inventory,
+    decode_report,
+    encode_desired,
+)
+from gpupart.core.dra import names
+from gpupart.core.dra.devices import DraGpu, gpu_devices
+from gpupart.core.dra.pool import pool_slices
+from gpupart.core.node.devices import OfferedGpu
+from gpupart_testsupport.chart import IMAGE_FLAGS
+from gpupart_testsupport.cluster import REPO, ControlPlane, http_get
 from gpupart_testsupport.kubelet import KubeletNode
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK
 from gpupart_testsupport.processes import Proc, spawn
+from gpupart_testsupport.stack import Stack
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 EXAMPLE_DRIVER = "gpu.example.com"
@@ -30,6 +49,10 @@ EXAMPLE_CDI_KIND = f"k8s.{EXAMPLE_DRIVER}/gpu"
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
 """The kubelet's `method_name` label of its DRA gRPC calls (v1 service)."""
+
+
+GPUPART_GPU_CLASS = "gpu.gpupart.io"
+"""The chart's DeviceClass of our whole GPUs (docs/dra.md)."""
 
 
 def device_class(name: str, driver: str) -> dict[str, Any]:
@@ -153,6 +176,73 @@ class ExampleDriver:
 
     def tail(self) -> str:
         return self.proc.tail(40) if self.proc is not None else "(not started)"
+
+
+# --- ours -----------------------------------------------------------------------------------
+
+
+def install_gpupart_device_classes(cp: ControlPlane) -> None:
+    """The chart's DeviceClasses of our driver (`dra.enabled`), applied (idempotent)."""
+    rendered = cp.helm(
+        "template", "gp", str(REPO / "charts" / "gpupart"), *IMAGE_FLAGS,
+        "--set-json", "dra.enabled=true", "--show-only", "templates/dra-deviceclasses.yaml",
+    ).stdout  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=rendered)
+
+
+def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float = 90) -> list[str]:
+    """`gpupart node --dra` on the node with `gpus` simulated A100s, whole and all on DRA, and
+    the node's pool published; returns each GPU's UUID by index.
+
+    Two stand-ins, for what is not built yet or not under test: the desired annotation is
+    written here as the operator writes it, and the pool is posted from the core's own
+    publisher functions (`pool_slices`, `gpu_devices`), as the agent's publisher will.
+    """
+    from kubernetes import client
+
+    core = client.CoreV1Api(stack.api_client)
+    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB")
+    config = GpuConfig(Mode.NONE, interface=Interface.DRA)
+    desired = encode_desired((DesiredGroup("e2e", 1, tuple(range(gpus)), config),))
+    core.patch_node(node.name, {"metadata": {"annotations": {DESIRED_ANNOTATION: desired}}})
+
+    def answered() -> Any:
+        """The GPUs in the inventory once the agent applied the desired annotation on each (the
+        DRA plugin reads each GPU's interface from it; a simulated GPU starts in MIG mode, and
+        a claim prepared before its reset is refused)."""
+        notes = core.read_node(node.name).metadata.annotations or {}
+        report = decode_report(notes[STATE_ANNOTATION])
+        found = decode_inventory(notes[INVENTORY_ANNOTATION]).gpus
+        applied = [g for g in report.gpus if g.state is GpuState.APPLIED and g.mode is Mode.NONE]
+        done = ("e2e", 1) in report.observed and len(applied) == gpus
+        return found if done and len(found) == gpus else None
+
+    def until(check: Any, what: str) -> Any:
+        return wait_for(check, wait_s, what, detail=lambda: f"{stack.tails()}\n{node.tails()}")
+
+    inventory = until(answered, "the agent's answer to the desired annotation")
+    until(
+        lambda: f'driverName="{names.DRIVER}"' in node.kubelet_log(),
+        "the kubelet connected to our DRA plugin",
+    )
+    offered = [
+        OfferedGpu(
+            g.index,
+            g.uuid,
+            g.product,
+            g.memory_mib,
+            g.index,
+            None,
+            Mode.NONE,
+            interface=Interface.DRA,
+        )  # fmt: skip
+        for g in sorted(inventory, key=lambda g: g.index)
+    ]
+    uid = core.read_node(node.name).metadata.uid
+    custom = client.CustomObjectsApi(stack.api_client)
+    for doc in pool_slices(node.name, uid, [gpu_devices(DraGpu(g)) for g in offered]):
+        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc)
+    return [g.uuid for g in offered]
 
 
 # --- the kubelet's own figures ---------------------------------------------------------------
