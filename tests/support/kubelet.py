@@ -11,6 +11,13 @@ outside by their path in that directory, which is what the node agent is given.
 The container runtime is `fakeruntime` (tests/k8s/kubernetes/fakeruntime): upstream's fake CRI
 server that records every CreateContainer (env, device nodes, mounts, CDI devices) as a JSON
 line in `created.jsonl`; a container whose env sets FAKE_RUNTIME_EXIT_CODE exits at once.
+
+DRA plugins register where a kubelet expects them, under its root directory (which is in the
+node's `/var/lib`): `plugins_registry/` and `plugins/<driver>/`. Their CDI spec files go to the
+node's `cdi/` directory (`KubeletNode.cdi_dir`), which the runtime resolves each container's CDI
+devices against (docs/adr-027-dra-test-bed.md): the same path inside the namespace and out, so
+a plugin started outside it (the node agent) writes where the runtime reads. The host's own
+`/etc/cdi` and `/var/run/cdi` are never read or written.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ SYSCTLS = (
 )
 """What the kubelet's container manager sets (setupKernelTunables with protectKernelDefaults off)."""
 EXIT_ENV = "FAKE_RUNTIME_EXIT_CODE"
+DEVICE_PLUGIN_CDI_KIND = "nvidia.com/gpu"
+"""The CDI kind of the device plugin's Allocate (`nvidia.com/gpu=<uuid>`). On a GPU node its specs
+come from the NVIDIA container toolkit, which the test bed does not run: the runtime records
+these IDs as unresolved instead of failing the container (every other kind must resolve)."""
 _REGISTERED = re.compile(
     r'Got registration request from device plugin with resource".*?resourceName="([^"]+)"'
 )
@@ -86,6 +97,21 @@ class KubeletNode:
         return self.var_lib / "kubelet" / "pod-resources" / "kubelet.sock"
 
     @property
+    def plugins_registry(self) -> Path:
+        """Where a DRA plugin (or any kubelet plugin) puts its registration socket."""
+        return self.var_lib / "kubelet" / "plugins_registry"
+
+    @property
+    def plugins(self) -> Path:
+        """The kubelet plugins' own directory: a DRA driver serves `<driver>/dra.sock` there."""
+        return self.var_lib / "kubelet" / "plugins"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The node's CDI spec directory: DRA plugins write here, the runtime resolves from here."""
+        return self.directory / "cdi"
+
+    @property
     def runtime_socket(self) -> Path:
         return self.directory / "cri.sock"
 
@@ -96,7 +122,13 @@ class KubeletNode:
     # -- lifecycle --
 
     def start(self) -> None:
-        for d in (self.var_lib, self.directory / "var-log", self.directory / "sysctl", self.logs):
+        for d in (
+            self.var_lib,
+            self.directory / "var-log",
+            self.directory / "sysctl",
+            self.logs,
+            self.cdi_dir,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         for name in SYSCTLS:
             # Start from the host's values: the kubelet reads them before it writes.
@@ -109,11 +141,13 @@ class KubeletNode:
     def start_runtime(self) -> None:
         self.runtime = spawn(
             "fakeruntime",
-            self._in_namespace(
+            self.in_namespace(
                 [
                     str(self.bin_dir / "fakeruntime"),
                     f"--listen={self.runtime_socket}",
                     f"--record={self.directory / 'created.jsonl'}",
+                    f"--cdi-spec-dir={self.cdi_dir}",
+                    f"--cdi-unresolved-kind={DEVICE_PLUGIN_CDI_KIND}",
                 ]
             ),
             self.logs,
@@ -128,7 +162,7 @@ class KubeletNode:
         work.mkdir(exist_ok=True)
         self.kubelet = spawn(
             "kubelet",
-            self._in_namespace(
+            self.in_namespace(
                 [
                     str(self.bin_dir / "kubelet"),
                     f"--config={self.directory / 'kubelet.yaml'}",
@@ -160,12 +194,15 @@ class KubeletNode:
             if p is not None
         )
 
+    def kubelet_log(self) -> str:
+        """The log of the kubelet's current run ("" before it started)."""
+        if self.kubelet is None:
+            return ""
+        return self.kubelet.log.read_text(errors="replace").rsplit("\n=== ", 1)[-1]
+
     def registered(self) -> set[str]:
         """Resources whose device plugin registered with the kubelet's current run (its log)."""
-        if self.kubelet is None:
-            return set()
-        run = self.kubelet.log.read_text(errors="replace").rsplit("\n=== ", 1)[-1]
-        return set(_REGISTERED.findall(run))
+        return set(_REGISTERED.findall(self.kubelet_log()))
 
     # -- what the kubelet handed to the runtime --
 
@@ -195,7 +232,7 @@ class KubeletNode:
 
     # -- internals --
 
-    def _in_namespace(self, command: list[str]) -> list[str]:
+    def in_namespace(self, command: list[str]) -> list[str]:
         """`command` in a private mount namespace where the node's directory stands in for the host."""
         mounts = [
             f"mount --bind {shlex.quote(str(self.var_lib))} /var/lib",

@@ -135,6 +135,19 @@ class Stack:
         )  # fmt: skip
         return real
 
+    def start_dra_agent(self, real: KubeletNode, gpus: str, *, create_s: float = 0.0) -> None:
+        """The node agent of a running real-kubelet node (one the caller owns and stops) with
+        its DRA kubelet plugin on: it registers in the node's `plugins_registry`, serves in its
+        `plugins` and writes each claim's CDI spec to its `cdi_dir`."""
+        self._start_agent(
+            real.name, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
+            auto_reset=True, resync_s=60, metrics_port=real.agent_metrics_port, create_s=create_s,
+            extra=(
+                "--dra", f"--plugins-registry-dir={real.plugins_registry}",
+                f"--dra-plugins-dir={real.plugins}", f"--cdi-root={real.cdi_dir}",
+            ),
+        )  # fmt: skip
+
     def stop_real_node(self, node: str) -> None:
         """Its node agent and kubelet stopped (a Node deleted under a running kubelet comes back)."""
         for proc in [p for p in self.processes if p.name == f"node-{node}"]:
@@ -157,12 +170,13 @@ class Stack:
         metrics_port: int = 0,
         create_s: float = 0.0,
         destroy_s: float = 0.0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self._agents[node] = {
             "node": node, "gpus": gpus, "plugin_dir": plugin_dir, "kubelet_socket": kubelet_socket,
             "pod_resources_socket": pod_resources_socket, "auto_reset": auto_reset,
             "resync_s": resync_s, "metrics_port": metrics_port, "create_s": create_s,
-            "destroy_s": destroy_s,
+            "destroy_s": destroy_s, "extra": extra,
         }  # fmt: skip
         mps = self.work / f"mps-control-{node}"
         mps.write_text(FAKE_MPS_CONTROL.format(python=sys.executable))
@@ -182,6 +196,7 @@ class Stack:
                 f"--simulate-state={self.work / f'simgpu-{node}.json'}",
                 *([f"--simulate-create-seconds={create_s}"] if create_s else []),
                 *([f"--simulate-destroy-seconds={destroy_s}"] if destroy_s else []),
+                *extra,
             ],
             self.work,
             env={"KUBECONFIG": str(self.cp.kubeconfig)},

@@ -9,11 +9,15 @@
 //   - a container whose environment sets FAKE_RUNTIME_EXIT_CODE exits with that code as soon as
 //     it starts, so init containers finish and pods move on to their app containers;
 //   - each pod gets a loopback address of its own where its declared container ports answer
-//     (probes.go), so the kubelet's HTTP, HTTPS and TCP probes pass and pods become Ready.
+//     (probes.go), so the kubelet's HTTP, HTTPS and TCP probes pass and pods become Ready;
+//   - a container's CDI devices are resolved against the spec files in --cdi-spec-dir, as
+//     containerd does (cdi.go): an ID no spec defines fails CreateContainer, and the edits of
+//     the ones that resolve are merged into what the container gets.
 //
 // Every CreateContainer request is appended as one JSON line to --record (pod, container, env,
-// device nodes, mounts, CDI devices, annotations): what the kubelet handed to the runtime after
-// the device plugin's Allocate.
+// device nodes, mounts, CDI devices and what they resolved to, annotations): what the kubelet
+// handed to the runtime after the device plugin's Allocate or the DRA plugins' Prepare, with the
+// CDI edits applied.
 package main
 
 import (
@@ -25,6 +29,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,6 +46,7 @@ type runtime struct {
 	*fake.RemoteRuntime
 	record *os.File
 	net    *network
+	cdi    *cdiRegistry
 	mu     sync.Mutex
 	exits  map[string]int32 // container id -> the exit code its FAKE_RUNTIME_EXIT_CODE asks for
 }
@@ -60,11 +66,22 @@ type created struct {
 	Devices     []string          `json:"devices"`
 	Mounts      []mount           `json:"mounts"`
 	CDIDevices  []string          `json:"cdiDevices"`
+	CDI         *cdiResult        `json:"cdi"`
 	Annotations map[string]string `json:"annotations"`
 	At          float64           `json:"at"`
 }
 
 func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	var ids []string
+	for _, d := range req.GetConfig().GetCDIDevices() {
+		ids = append(ids, d.GetName())
+	}
+	// Resolved before anything is created: a container whose CDI device does not resolve is
+	// never made, and the kubelet reports the error on the pod (CreateContainerError).
+	cdi, err := r.cdi.resolve(ids)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := r.RemoteRuntime.CreateContainer(ctx, req)
 	if err != nil {
 		return nil, err
@@ -93,7 +110,8 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		Env:         map[string]string{},
 		Devices:     []string{},
 		Mounts:      []mount{},
-		CDIDevices:  []string{},
+		CDIDevices:  append([]string{}, ids...),
+		CDI:         cdi,
 		Annotations: config.GetAnnotations(),
 		At:          float64(time.Now().UnixNano()) / 1e9,
 	}
@@ -106,8 +124,17 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 	for _, m := range config.GetMounts() {
 		entry.Mounts = append(entry.Mounts, mount{m.GetContainerPath(), m.GetHostPath(), m.GetReadonly()})
 	}
-	for _, d := range config.GetCDIDevices() {
-		entry.CDIDevices = append(entry.CDIDevices, d.GetName())
+	// What the container really gets: the CDI edits on top of what the kubelet asked for.
+	if cdi != nil {
+		for k, v := range cdi.Env {
+			entry.Env[k] = v
+		}
+		for _, d := range cdi.DeviceNodes {
+			entry.Devices = append(entry.Devices, d.HostPath)
+		}
+		for _, m := range cdi.Mounts {
+			entry.Mounts = append(entry.Mounts, mount{m.ContainerPath, m.HostPath, hasOption(m.Options, "ro")})
+		}
 	}
 	line, err := json.Marshal(entry)
 	if err != nil {
@@ -142,9 +169,27 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 	return resp, nil
 }
 
+func hasOption(options []string, want string) bool {
+	for _, o := range options {
+		if o == want {
+			return true
+		}
+	}
+	return false
+}
+
+// kinds is a repeatable flag.
+type kinds []string
+
+func (k *kinds) String() string     { return strings.Join(*k, ",") }
+func (k *kinds) Set(v string) error { *k = append(*k, v); return nil }
+
 func main() {
 	listen := flag.String("listen", "", "unix socket path to serve the CRI on")
 	record := flag.String("record", "", "file to append one JSON line per CreateContainer to")
+	cdiDir := flag.String("cdi-spec-dir", "", "directory of CDI spec files (.json, .yaml) to resolve CDI devices against")
+	var lenient kinds
+	flag.Var(&lenient, "cdi-unresolved-kind", "a CDI kind (vendor/class) whose IDs are recorded as unresolved instead of failing the container (repeatable)")
 	flag.Parse()
 	if *listen == "" || *record == "" {
 		fmt.Fprintln(os.Stderr, "usage: fakeruntime --listen PATH --record FILE")
@@ -160,7 +205,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), record: out, net: pods, exits: map[string]int32{}}
+	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), record: out, net: pods, cdi: newCDIRegistry(*cdiDir, lenient), exits: map[string]int32{}}
 	r.ImageService.SetFakeImageSize(4 << 20)
 	r.RuntimeService.FakeStatus = &runtimeapi.RuntimeStatus{
 		Conditions: []*runtimeapi.RuntimeCondition{
