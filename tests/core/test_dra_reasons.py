@@ -1,4 +1,4 @@
-"""DRA reasons: classes, claims and pods read bounded; per-node words; the law that reasons agree with the allocator model."""
+"""DRA reasons: classes, claims and pods read bounded; per-node words; the law that they agree with the allocator."""
 
 from __future__ import annotations
 
