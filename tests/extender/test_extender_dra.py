@@ -115,7 +115,7 @@ def test_a_pending_dra_pod_gets_the_node_gpu_and_holder() -> None:
     text = _service(cache).pending_reason(pending)
     assert text.startswith("0/2 nodes can take it (gpupart): "), text
     assert EXPECTED in text, text
-    assert "1 other: no gpupart DRA devices (no ResourceSlice)" in text, text
+    assert "1 node(s) had no gpupart DRA devices" in text, text
     kept = PendingPods(("default-scheduler",))
     kept.apply("ADDED", pending)
     assert list(kept.pods()) == ["uid-team-b-big"]

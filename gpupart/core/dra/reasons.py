@@ -637,9 +637,9 @@ def _holder(holder: tuple[str, str], what: str) -> str:
 
 
 def dra_message(ask: DraAsk, reasons: Sequence[NodeReason], *, others: Mapping[str, int]) -> str:
-    """The Event text for a pod waiting on DRA claims: its notes, then the nodes, three in
-    full (those with devices of ours first) and the rest counted; `others`: nodes left out
-    for reasons of their own (node selector), counted by text."""
+    """The Event text for a pod waiting on DRA claims: its notes, then the nodes, three with
+    devices of ours in full and the rest counted (nodes without any only counted); `others`:
+    nodes left out for reasons of their own (node selector), counted by text."""
     if ask.problem:
         return f"gpupart cannot explain this pod: {ask.problem}."
     fits = [r.node for r in reasons if r.fits]
@@ -647,7 +647,7 @@ def dra_message(ask: DraAsk, reasons: Sequence[NodeReason], *, others: Mapping[s
     detailed = sorted(failing, key=lambda r: (r.summary in (NO_DEVICES, INCOMPLETE), r.node))
     counted: dict[str, int] = {}
     for k, reason in enumerate(detailed):
-        text = reason.text if k < _SHOWN else reason.summary
+        text = reason.text if k < _SHOWN and reason.summary != NO_DEVICES else reason.summary
         counted[text] = counted.get(text, 0) + 1
     for text, count in others.items():
         counted[text] = counted.get(text, 0) + count
