@@ -407,3 +407,37 @@ def test_reasons_agree_with_the_allocator_model(
         alone = DeviceRequest("dev", tuple(sorted(pinned.items())), 1, request.capacity)
         taken = first_fit(slices, claims, [alone])
         assert taken is not None and taken[0].device == name
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios(), st.sampled_from(PROFILES), st.integers(1, 3))
+def test_first_available_fits_where_one_of_its_alternatives_fits(
+    scenario: tuple[list[SliceView], list[ClaimView], DeviceRequest], profile: str, count: int
+) -> None:
+    slices, claims, request = scenario
+    other = mig(profile, count)
+    ask = DraAsk("team-b/p", (Wanted("dev/dev", (request, other), ("a", "b")),))
+    found = node_reason("n", slices, claims, ask)
+    alone = [first_fit(slices, claims, [r]) is not None for r in (request, other)]
+    assert found.fits == any(alone)
+    if not found.fits:
+        assert "none of the alternatives fits" in found.text
+
+
+@settings(max_examples=60, deadline=None)
+@given(scenarios(), st.sampled_from(PROFILES[:4]))
+def test_match_attribute_fits_where_one_gpu_holds_every_device(
+    scenario: tuple[list[SliceView], list[ClaimView], DeviceRequest], profile: str
+) -> None:
+    """Two devices on one GPU (matchAttribute parentUUID) fit where one GPU index alone has them."""
+    slices, claims, _ = scenario
+    two = mig(profile, 2)
+    ask = DraAsk(
+        "team-b/p",
+        (Wanted("dev/dev", (two,), (profile,)),),
+        ((frozenset({0}), names.PARENT_UUID),),
+    )
+    per_gpu = [
+        first_fit(slices, claims, [mig(profile, 2, parentIndex=g)]) is not None for g in range(3)
+    ]
+    assert node_reason("n", slices, claims, ask).fits == any(per_gpu)

@@ -162,6 +162,8 @@ def _resolve(
             )
         if a.problem:
             return (), f"{where}: {a.problem}"
+        if a.selector.driver not in ("", names.DRIVER):
+            return (), f"{where}'s selector for {a.name} asks for driver {a.selector.driver}"
         match: dict[str, str | int | bool] = dict(device_class.selector.match)
         for key, value in a.selector.match:
             # Class and claim asking two values: no device has both, and the words say which.
