@@ -21,7 +21,7 @@ from gpupart.core.dra.requests import extended_class, pod_claims
 from gpupart.core.errors import GpupartError
 
 from .objects import key_of, problem_of
-from .snapshot import Snapshot
+from .snapshot import DraPicture, Snapshot
 from .texts import NOT_SELECTED, explain
 
 CLAIMS_WORD = "claim"
@@ -29,7 +29,7 @@ CLAIMS_WORD = "claim"
 `cannot allocate all claims`, `cannot schedule extended resource claim`)."""
 
 
-def dra_ask(pod: Mapping[str, Any], snap: Snapshot) -> DraAsk | None:
+def dra_ask(pod: Mapping[str, Any], dra: DraPicture) -> DraAsk | None:
     """What the pod asks through DRA; None when it is not a DRA pod (or not one it can read:
     the device-plugin path then says why)."""
     key = key_of(pod)
@@ -40,7 +40,6 @@ def dra_ask(pod: Mapping[str, Any], snap: Snapshot) -> DraAsk | None:
         if isinstance(spec, Mapping) and spec.get("resourceClaims"):
             return DraAsk(key, problem=f"its claims cannot be read: {problem_of(error)}")
         return None
-    dra = snap.dra
     if not asked.claims:
         served = any(extended_class(r, dra.classes) is not None for r, _ in asked.extended)
         condition = find_condition(pod, "PodScheduled") or {}
@@ -51,7 +50,7 @@ def dra_ask(pod: Mapping[str, Any], snap: Snapshot) -> DraAsk | None:
 
 
 def node_reasons(
-    pod: Mapping[str, Any], ask: DraAsk, snap: Snapshot
+    pod: Mapping[str, Any], ask: DraAsk, snap: Snapshot, dra: DraPicture
 ) -> tuple[list[NodeReason], Counter[str]]:
     """Each node's reason for the pod (every node of the snapshot), and the nodes its node
     selector and required node affinity rule out, counted in kube-scheduler's words."""
@@ -60,7 +59,6 @@ def node_reasons(
     others: Counter[str] = Counter()
     if ask.problem:
         return reasons, others
-    dra = snap.dra
     for name in snap.node_names():
         state = snap.nodes[name]
         if not allowed.allows(dict(state.entry.labels), name):
@@ -72,10 +70,10 @@ def node_reasons(
     return reasons, others
 
 
-def pending_text(pod: Mapping[str, Any], ask: DraAsk, snap: Snapshot) -> str:
+def pending_text(pod: Mapping[str, Any], ask: DraAsk, snap: Snapshot, dra: DraPicture) -> str:
     """The Event text for a pending DRA pod."""
     try:
-        reasons, others = node_reasons(pod, ask, snap)
+        reasons, others = node_reasons(pod, ask, snap, dra)
     except GpupartError as error:
         return f"gpupart cannot read this pod: {explain(error)}."
     return dra_message(ask, reasons, others=others)

@@ -51,7 +51,7 @@ from .metrics import Metrics
 from .objects import KeySource, PodEntry, read_node
 from .preemption import NodeVictims, victims_on
 from .reservations import Hold
-from .snapshot import Snapshot
+from .snapshot import DraPicture, Snapshot
 from .texts import NOT_SELECTED, explain, unknown_reason
 
 log = logging.getLogger(__name__)
@@ -295,10 +295,10 @@ class ExtenderService:
         asked by kube-scheduler), no decision counted, no log line. A pod waiting on DRA
         claims gets each node's DRA reason instead (`drapods`).
         """
-        snap = self.cache.snapshot
-        ask = dra_ask(pod, snap)
+        dra = self.cache.dra()
+        ask = dra_ask(pod, dra)
         if ask is not None:
-            return pending_text(pod, ask, snap)
+            return pending_text(pod, ask, self.cache.snapshot, dra)
         try:
             demand = self._demand(pod)
             allowed = node_constraint(pod)
@@ -342,10 +342,10 @@ class ExtenderService:
         reason (`drapods`): the nodes where the allocator model finds room are its `Scores`,
         at 0 (the extender does not rank DRA nodes).
         """
-        snap = self.cache.snapshot
-        ask = dra_ask(pod, snap)
+        dra = self.cache.dra()
+        ask = dra_ask(pod, dra)
         if ask is not None:
-            return self._diagnose_dra(pod, ask, snap, names)
+            return self._diagnose_dra(pod, ask, self.cache.snapshot, dra, names)
         demand = self._demand(pod)
         model = self.model(self.clock())
         self.cache.expire_mig_reservations(wait=False)
@@ -367,11 +367,16 @@ class ExtenderService:
         return Diagnosis(demand.pod, scores, failed, unresolvable, unreadable)
 
     def _diagnose_dra(
-        self, pod: Mapping[str, Any], ask: DraAsk, snap: Snapshot, names: Sequence[str]
+        self,
+        pod: Mapping[str, Any],
+        ask: DraAsk,
+        snap: Snapshot,
+        dra: DraPicture,
+        names: Sequence[str],
     ) -> Diagnosis:
         if ask.problem:
             raise InvalidInput(ask.pod, ask.problem)
-        reasons, _ = node_reasons(pod, ask, snap)
+        reasons, _ = node_reasons(pod, ask, snap, dra)
         found = {r.node: r for r in reasons}
         scores: dict[str, int] = {}
         failed: dict[str, str] = {}

@@ -87,7 +87,9 @@ def assemble_view(
 
 @dataclass(frozen=True, slots=True)
 class DraPicture:
-    """The DRA objects the extender watched, as the reasons read them (`cache.dra`)."""
+    """The DRA objects the extender watched, as the reasons read them (`cache.dra`): taken
+    when a DRA pod is explained (`ClusterCache.dra`), not on every publish, since only those
+    words read it."""
 
     slices: Mapping[str, tuple[SliceView, ...]]
     """Node name -> our slices whose `nodeName` it is, by name."""
@@ -98,10 +100,6 @@ class DraPicture:
     specs: Mapping[str, ClaimSpec]
     """`namespace/name` -> every readable claim's requests."""
     classes: Mapping[str, ClassView]
-
-    @classmethod
-    def empty(cls) -> DraPicture:
-        return cls({}, {}, {}, {}, {})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -131,12 +129,10 @@ class Snapshot:
     assumed: int
     reserved: Mapping[str, tuple[str, ...]]
     """Pod `namespace/name` -> the nodes whose view holds a live MIG reservation for it."""
-    dra: DraPicture
-    """ResourceSlices, ResourceClaims and DeviceClasses: only the words of DRA pods read them."""
 
     @classmethod
     def empty(cls) -> Snapshot:
-        return cls({}, {}, {}, {}, (), {}, {}, 0, (), 0, (), 0, 0, {}, DraPicture.empty())
+        return cls({}, {}, {}, {}, (), {}, {}, 0, (), 0, (), 0, 0, {})
 
     def reserved_for(self, pod: str) -> tuple[str, ...]:
         """The nodes where a live MIG reservation names `pod` (namespace/name)."""

@@ -6,7 +6,7 @@ _LOG_SIZE = 100_000
 """Node changes remembered for `changed_since` (a few MB of name references at most)."""
 
 STALE_PARTS = frozenset(
-    {"nominations", "budgets", "namespaces", "unreadable", "proposals", "counts", "dra"}
+    {"nominations", "budgets", "namespaces", "unreadable", "proposals", "counts"}
 )
 """The parts of a snapshot besides its nodes that a change can make stale."""
 

@@ -100,7 +100,6 @@ class Publisher:
             pods=len(index.pods),
             assumed=reservations.assumed_count(),
             reserved=self._reserved_pods() if dirty else old.reserved,
-            dra=index.dra.picture() if "dra" in stale else old.dra,
         )
 
     def _reserved_pods(self) -> dict[str, tuple[str, ...]]:
