@@ -380,9 +380,12 @@ class ExtenderService:
         found = {r.node: r for r in reasons}
         scores: dict[str, int] = {}
         failed: dict[str, str] = {}
+        waiting = not ask.wanted and not ask.pinned and "; ".join(ask.notes)
         for name in names or snap.node_names():
             if name not in snap.nodes:
                 failed[name] = unknown_reason(name)
+            elif waiting:
+                failed[name] = f"{name}: {waiting}"  # nothing to allocate yet
             elif name not in found:
                 failed[name] = f"{name}: {NOT_SELECTED.removeprefix('node(s) ')}"
             elif found[name].fits:

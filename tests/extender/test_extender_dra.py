@@ -125,7 +125,12 @@ def test_a_claim_not_made_yet_is_said_before_the_nodes() -> None:
     cache, pending = _dra_cache()
     del pending["status"]["resourceClaimStatuses"]
     text = _service(cache).pending_reason(pending)
-    assert text.startswith("its claim dev is not made yet"), text
+    assert text == (
+        "its claim dev is not made yet (the resourceclaim controller of kube-controller-manager "
+        "makes it from template one-4g)."
+    )
+    found = _service(cache).diagnose(pending)
+    assert found.scores == {} and found.failed[NODE_NAME].startswith(f"{NODE_NAME}: its claim dev")
 
 
 def test_diagnose_answers_a_dra_pod_in_the_same_shape() -> None:

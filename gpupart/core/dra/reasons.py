@@ -644,6 +644,8 @@ def dra_message(ask: DraAsk, reasons: Sequence[NodeReason], *, others: Mapping[s
     nodes left out for reasons of their own (node selector), counted by text."""
     if ask.problem:
         return f"gpupart cannot explain this pod: {ask.problem}."
+    if not ask.wanted and not ask.pinned and ask.notes:
+        return "; ".join(ask.notes) + "."  # nothing to allocate yet: the nodes do not matter
     fits = [r.node for r in reasons if r.fits]
     failing = [r for r in reasons if not r.fits]
     detailed = sorted(failing, key=lambda r: (r.summary in (NO_DEVICES, INCOMPLETE), r.node))
