@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Sequence
@@ -441,3 +442,40 @@ def test_match_attribute_fits_where_one_gpu_holds_every_device(
         first_fit(slices, claims, [mig(profile, 2, parentIndex=g)]) is not None for g in range(3)
     ]
     assert node_reason("n", slices, claims, ask).fits == any(per_gpu)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _shaped(key: str) -> st.SearchStrategy[Any]:
+    """Objects that look like a class, claim or pod, with anything in their fields."""
+    return st.fixed_dictionaries(
+        {"metadata": st.fixed_dictionaries({"name": st.text(max_size=8) | _JSON})},
+        optional={
+            "spec": st.fixed_dictionaries({}, optional={key: _JSON}) | _JSON,
+            "status": _JSON,
+        },
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _shaped("selectors") | _JSON,
+    _shaped("devices") | _JSON,
+    _shaped("resourceClaims") | _JSON,
+    st.text(max_size=80),
+)
+def test_no_input_makes_a_reader_raise_anything_but_invalid_input(
+    device_class: Any, claim: Any, pod: Any, expression: str
+) -> None:
+    read_selector(expression)
+    read_classes([device_class])
+    for read, obj in ((read_claim_spec, claim), (pod_claims, pod)):
+        with contextlib.suppress(InvalidInput):
+            read(obj)
