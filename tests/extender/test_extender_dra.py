@@ -182,3 +182,7 @@ def test_a_class_selector_gpupart_cannot_read_is_named() -> None:
     assert text.startswith(
         "gpupart cannot explain this pod: class mig-4g40gb.gpupart.io's selector is not one gpupart reads"
     ), text
+    with TestClient(create_app(ExtenderSettings(url_prefix="/gpupart"), _service(cache))) as http:
+        answer = http.post("/gpupart/diagnose", json=pending)
+    assert answer.status_code == 400
+    assert "mig-4g40gb.gpupart.io's selector is not one gpupart reads" in answer.json()["Error"]
