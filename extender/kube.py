@@ -1,4 +1,4 @@
-"""The extender's Kubernetes I/O: list+watch Nodes, Pods, PodDisruptionBudgets, Namespaces into the cache; bind writes.
+"""The extender's Kubernetes I/O: list+watch Nodes, Pods, budgets, Namespaces, DRA objects into the cache; bind writes.
 
 The watch (gpupart.watch, shared with the node agent) keeps raw JSON and resumes from the last
 resourceVersion; on 410 Gone or any break it relists. This module is the only one in the
@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ from gpupart.podevents import warn_pod
 from gpupart.watch import Backoff, Event, Expired, Failed, Listed, Raw, Resumed, list_watch
 
 from .cache import NAMESPACE, NODE, PDB, POD, ClusterCache
-from .objects import meta_of
+from .objects import DEVICE_CLASS, DRA_KINDS, RESOURCE_CLAIM, RESOURCE_SLICE, meta_of
 from .pending import PendingPods
 from .watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
 
+DRA_GROUP = "resource.k8s.io"
 POOL_SIZE = 64
 """Kept-alive API connections: binds run concurrently on the server's thread pool (up to 40 in
 flight), and the client's default pool (5 x CPUs) would drop the connections beyond it."""
@@ -158,10 +160,14 @@ class Watcher:
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
         self.cache = cache
         self.pending = pending
         """Also fed the Pod events, for the pending pods' reasons (None: not kept)."""
         self.health = health or WatchHealth()
+        self.dra_health = WatchHealth()
+        """The DRA kinds' own: readiness does not wait for them (a cluster without
+        `resource.k8s.io/v1` keeps the device-plugin path; DRA pods then get no words)."""
         self.period = period_seconds
         """Server-side length of one watch period (setting resync_seconds); then it resumes."""
         self.stopping = threading.Event()
@@ -177,6 +183,15 @@ class Watcher:
             (PDB, self.policy.list_pod_disruption_budget_for_all_namespaces),
             # Labels for the namespaceSelectors of pods' anti-affinity terms.
             (NAMESPACE, self.core.list_namespace),
+            # The words for pods waiting on DRA claims (read only).
+            *(
+                (kind, partial(self.custom.list_cluster_custom_object, DRA_GROUP, "v1", plural))
+                for kind, plural in (
+                    (RESOURCE_SLICE, "resourceslices"),
+                    (RESOURCE_CLAIM, "resourceclaims"),
+                    (DEVICE_CLASS, "deviceclasses"),
+                )
+            ),
         ):
             thread = threading.Thread(
                 target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True
@@ -187,6 +202,9 @@ class Watcher:
     def stop(self) -> None:
         self.stopping.set()
 
+    def _health(self, kind: str) -> WatchHealth:
+        return self.dra_health if kind in DRA_KINDS else self.health
+
     def _run(self, kind: str, lister: Callable[..., Any]) -> None:
         backoff = Backoff(1.0, 30.0)
         while not self.stopping.is_set():
@@ -194,7 +212,7 @@ class Watcher:
                 self._follow(kind, lister, backoff)
             except Exception as error:  # noqa: BLE001 - a failure to apply is contained: relist
                 problem = f"{type(error).__name__}: {error}"
-                self.health.failed(kind, problem)
+                self._health(kind).failed(kind, problem)
                 log.exception("Failed to apply a watch event; relisting", extra=logs.kv(kind=kind))
                 self.sleep(backoff.next())
 
@@ -218,17 +236,17 @@ class Watcher:
                     self.pending.replace(item.items)
                 # A fresh relist: the cache holds what the API server has now (readiness
                 # returns here, not after a watch period of a kind that may see no event).
-                self.health.worked(kind)
+                self._health(kind).worked(kind)
                 log.info(
                     "Listed objects",
                     extra=logs.kv(kind=kind, count=len(item.items), rv=item.version),
                 )
             elif isinstance(item, Resumed):
-                self.health.worked(kind)  # a whole watch period without a failure
+                self._health(kind).worked(kind)  # a whole watch period without a failure
             elif isinstance(item, Expired):
                 log.info("Relisting after the watch expired", extra=logs.kv(kind=kind))
             elif isinstance(item, Failed):
-                self.health.failed(kind, item.problem)
+                self._health(kind).failed(kind, item.problem)
                 log.warning(
                     "Watch failed; relisting",
                     extra=logs.kv(kind=kind, err=item.problem, retryAfter=item.retry_after),

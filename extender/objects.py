@@ -24,6 +24,7 @@ from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli, shared_conta
 from gpupart.core.api.provenance import AssignmentKeys, forgery
 from gpupart.core.api.resources import node_cpu_milli
 from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
+from gpupart.core.api.spec import Interface
 from gpupart.core.api.wire import (
     ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
@@ -49,6 +50,11 @@ NODE = "Node"
 POD = "Pod"
 PDB = "PodDisruptionBudget"
 NAMESPACE = "Namespace"
+RESOURCE_SLICE = "ResourceSlice"
+RESOURCE_CLAIM = "ResourceClaim"
+DEVICE_CLASS = "DeviceClass"
+DRA_KINDS = (RESOURCE_SLICE, RESOURCE_CLAIM, DEVICE_CLASS)
+"""`resource.k8s.io/v1`, read only: the words for pods waiting on DRA claims."""
 _DONE_PHASES = ("Succeeded", "Failed")
 
 KeySource = Callable[[], AssignmentKeys]
@@ -157,15 +163,18 @@ def _read_node(node: Mapping[str, Any], previous: NodeEntry | None) -> NodeEntry
         )
     try:
         inventory = decode_inventory(text)
+        # Only the device plugin's GPUs are the extender's to filter, score, assign and preempt
+        # for: a GPU served through DRA (or moving between the two) is the scheduler's own.
+        gpus = tuple(g for g in inventory.gpus if g.interface is Interface.DEVICE_PLUGIN)
         return NodeEntry(
-            inventory.gpus,
+            gpus,
             "",
             cpu,
             source,
             inventory.serial_admission,
             reservations=reservations,
             plan_problem=plan_problem,
-            dynamic=read_dynamic(desired, inventory.gpus),
+            dynamic=read_dynamic(desired, gpus),
             labels=labels,
         )
     except Exception as error:  # noqa: BLE001 - the node keeps its name and says why

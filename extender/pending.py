@@ -34,7 +34,8 @@ class EventSink(Protocol):
 def unschedulable(pod: Mapping[str, Any], scheduler_names: Sequence[str]) -> bool:
     """Whether `pod` is one of ours that kube-scheduler tried and could not place: its
     scheduler is one of `scheduler_names`, it is unbound, live, asks for a resource gpupart
-    serves (or for one it cannot read), and its PodScheduled condition is False/Unschedulable."""
+    serves (or for one it cannot read) or has ResourceClaims, and its PodScheduled condition
+    is False/Unschedulable."""
     spec = pod.get("spec")
     status = pod.get("status")
     if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
@@ -54,6 +55,8 @@ def unschedulable(pod: Mapping[str, Any], scheduler_names: Sequence[str]) -> boo
         for c in conditions
     ):
         return False
+    if spec.get("resourceClaims"):
+        return True  # waits on DRA claims (docs/dra.md, "Reasons")
     try:
         return not parse_pod_request(pod).empty
     except Exception:  # noqa: BLE001 - a request it cannot read: the reason will say so

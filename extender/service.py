@@ -24,6 +24,7 @@ from gpupart import logs
 from gpupart.core.api.pods import node_constraint
 from gpupart.core.api.provenance import AssignmentKeys, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
+from gpupart.core.dra.reasons import DraAsk
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.scheduling.demand import (
     PodDemand,
@@ -44,19 +45,17 @@ from gpupart.core.scheduling.views import NodeView, PlacedPod, assemble_node
 
 from .answers import FAILED, PASSED, Batch
 from .cache import ClusterCache
+from .drapods import dra_ask, node_reasons, pending_text
 from .memo import KEPT_LISTS, Memo
 from .metrics import Metrics
 from .objects import KeySource, PodEntry, read_node
 from .preemption import NodeVictims, victims_on
 from .reservations import Hold
-from .snapshot import Snapshot
-from .texts import explain, unknown_reason
+from .snapshot import DraPicture, Snapshot
+from .texts import NOT_SELECTED, explain, unknown_reason
 
 log = logging.getLogger(__name__)
 
-NOT_SELECTED = "node(s) didn't match Pod's node affinity/selector"
-"""kube-scheduler's own reason (its NodeAffinity plugin, v1.36) for the nodes a pod's node
-selector and required node affinity rule out: a pending pod's words count them so."""
 _Reply = TypeVar("_Reply")
 
 
@@ -293,8 +292,13 @@ class ExtenderService:
         of the current snapshot, as the text of an Event (docs/adr-019-pending-reasons.md).
 
         The memoised path filter takes, without its side effects: no hold (the pod was not
-        asked by kube-scheduler), no decision counted, no log line.
+        asked by kube-scheduler), no decision counted, no log line. A pod waiting on DRA
+        claims gets each node's DRA reason instead (`drapods`).
         """
+        dra = self.cache.dra()
+        ask = dra_ask(pod, dra)
+        if ask is not None:
+            return pending_text(pod, ask, self.cache.snapshot, dra)
         try:
             demand = self._demand(pod)
             allowed = node_constraint(pod)
@@ -334,8 +338,14 @@ class ExtenderService:
 
         Not on kube-scheduler's path and not memoised: every node of one snapshot is evaluated
         (0.06-1.5 s at 5,000 nodes: every node that fits is scored). InvalidInput (a pod we
-        cannot read) goes to the caller.
+        cannot read) goes to the caller. A pod waiting on DRA claims gets each node's DRA
+        reason (`drapods`): the nodes where the allocator model finds room are its `Scores`,
+        at 0 (the extender does not rank DRA nodes).
         """
+        dra = self.cache.dra()
+        ask = dra_ask(pod, dra)
+        if ask is not None:
+            return self._diagnose_dra(pod, ask, self.cache.snapshot, dra, names)
         demand = self._demand(pod)
         model = self.model(self.clock())
         self.cache.expire_mig_reservations(wait=False)
@@ -355,6 +365,35 @@ class ExtenderService:
                 (unresolvable if verdict.unresolvable else failed)[name] = verdict.reason
         unreadable = {f"{u.kind} {u.name}": u.problem for u in snap.unreadable}
         return Diagnosis(demand.pod, scores, failed, unresolvable, unreadable)
+
+    def _diagnose_dra(
+        self,
+        pod: Mapping[str, Any],
+        ask: DraAsk,
+        snap: Snapshot,
+        dra: DraPicture,
+        names: Sequence[str],
+    ) -> Diagnosis:
+        if ask.problem:
+            raise InvalidInput(ask.pod, ask.problem)
+        reasons, _ = node_reasons(pod, ask, snap, dra)
+        found = {r.node: r for r in reasons}
+        scores: dict[str, int] = {}
+        failed: dict[str, str] = {}
+        waiting = not ask.wanted and not ask.pinned and "; ".join(ask.notes)
+        for name in names or snap.node_names():
+            if name not in snap.nodes:
+                failed[name] = unknown_reason(name)
+            elif waiting:
+                failed[name] = f"{name}: {waiting}"  # nothing to allocate yet
+            elif name not in found:
+                failed[name] = f"{name}: {NOT_SELECTED.removeprefix('node(s) ')}"
+            elif found[name].fits:
+                scores[name] = 0
+            else:
+                failed[name] = found[name].text
+        unreadable = {f"{u.kind} {u.name}": u.problem for u in snap.unreadable}
+        return Diagnosis(ask.pod, scores, failed, {}, unreadable)
 
     def preempt(
         self, pod: Mapping[str, Any], candidates: Mapping[str, NodeVictims]

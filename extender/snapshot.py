@@ -12,11 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupart.core.api.wire import MigReservation
+from gpupart.core.dra.read import ClaimView, SliceView
+from gpupart.core.dra.requests import ClaimSpec, ClassView
 from gpupart.core.scheduling.preemption import Budget
 from gpupart.core.scheduling.shares import Shape
 from gpupart.core.scheduling.views import NodeView, assemble_node
 
 from .objects import (
+    DRA_KINDS,
     NAMESPACE,
     NODE,
     PDB,
@@ -80,6 +83,23 @@ def assemble_view(
     except Exception as error:  # noqa: BLE001 - this node fails with the reason, alone
         problem = f"cannot be evaluated: {problem_of(error)}"
         return assemble_node(name, None, (), problem=problem, version=version)
+
+
+@dataclass(frozen=True, slots=True)
+class DraPicture:
+    """The DRA objects the extender watched, as the reasons read them (`cache.dra`): taken
+    when a DRA pod is explained (`ClusterCache.dra`), not on every publish, since only those
+    words read it."""
+
+    slices: Mapping[str, tuple[SliceView, ...]]
+    """Node name -> our slices whose `nodeName` it is, by name."""
+    claims_on: Mapping[str, tuple[ClaimView, ...]]
+    """Pool name -> the claims allocated from it."""
+    allocated: Mapping[str, ClaimView]
+    """`namespace/name` -> the claim's allocation from our driver."""
+    specs: Mapping[str, ClaimSpec]
+    """`namespace/name` -> every readable claim's requests."""
+    classes: Mapping[str, ClassView]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -192,7 +212,7 @@ class Snapshot:
         return sum(1 for n in nodes for r in self.nodes[n].view.reserved if r.expires > now)
 
     def unreadable_counts(self) -> dict[str, int]:
-        found = {NODE: 0, POD: 0, PDB: 0, NAMESPACE: 0}
+        found = {NODE: 0, POD: 0, PDB: 0, NAMESPACE: 0, **dict.fromkeys(DRA_KINDS, 0)}
         for u in self.unreadable:
             found[u.kind] = found.get(u.kind, 0) + 1
         return found

@@ -17,6 +17,10 @@ def explain(error: BaseException) -> str:
     return f"internal error: {type(error).__name__}: {error}"
 
 
+NOT_SELECTED = "node(s) didn't match Pod's node affinity/selector"
+"""kube-scheduler's own reason (its NodeAffinity plugin, v1.36) for the nodes a pod's node
+selector and required node affinity rule out: a pending pod's words count them so."""
+
 UNKNOWN_SUMMARY = "node(s) not yet known to the gpupart extender"
 """A node the cluster state has not seen, as one counted reason (see `answers.DETAILED_NODES`)."""
 

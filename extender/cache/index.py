@@ -1,4 +1,4 @@
-"""The watched objects, indexed as the node views need them: Nodes, Pods, nominations, budgets, Namespaces.
+"""The watched objects, indexed as the node views need them: Nodes, Pods, nominations, budgets, Namespaces, DRA objects.
 
 Written only by the cluster state's writer (`ClusterCache`, under its lock); every change
 that alters a node's view touches that node in the change log (`changes.ChangeLog`) and every
@@ -33,6 +33,7 @@ from typing import Any
 from gpupart.core.scheduling.preemption import Budget, parse_budget
 
 from ..objects import (
+    DRA_KINDS,
     NAMESPACE,
     NODE,
     PDB,
@@ -53,6 +54,7 @@ from ..objects import (
 )
 from ..reservations import Reservations
 from .changes import ChangeLog
+from .dra import DraIndex
 from .problems import Problems
 
 _DONE_PHASES = ("Succeeded", "Failed")
@@ -79,6 +81,7 @@ class Index:
         """Namespace name -> its labels (each mapping new per read, never changed after)."""
         self.problems = Problems(changes)
         """Objects that could not be read, and pods whose assignment is not counted as it says."""
+        self.dra = DraIndex(changes, self.problems)
         self.reserving: dict[str, set[str]] = {}
         """Pod key -> the nodes whose MIG plan reserves an instance for it (live or not)."""
         self.placed: Counter[str] = Counter()
@@ -126,6 +129,8 @@ class Index:
             self._apply_budget(event, obj)
         elif kind == NAMESPACE:
             self._apply_namespace(event, obj)
+        elif kind in DRA_KINDS:
+            self.dra.apply(kind, event, obj)
 
     def replace(self, kind: str, listed: list[Mapping[str, Any]]) -> None:
         """A full list (start, or relist after 410 Gone): what is absent is gone."""
@@ -156,6 +161,8 @@ class Index:
                 self.set_pod(uid, entry)
                 self.set_nominated(uid, listed_by_uid[uid])
             keys = set(seen)
+        elif kind in DRA_KINDS:
+            keys = self.dra.replace(kind, listed)
         elif kind == NAMESPACE:
             keys = set()
             for o in listed:

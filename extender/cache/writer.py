@@ -24,7 +24,7 @@ from typing import Any
 
 from ..objects import NAMESPACE, NODE, POD, KeySource, PodEntry
 from ..reservations import Proposal, Reservations
-from ..snapshot import Snapshot
+from ..snapshot import DraPicture, Snapshot
 from .changes import ChangeLog
 from .index import Index
 from .publish import Publisher
@@ -153,6 +153,12 @@ class ClusterCache:
         if fresh is not None:
             self.snapshot = fresh
             self._changed.notify_all()
+
+    def dra(self) -> DraPicture:
+        """The DRA objects as they are now (a copy made under the writer lock when one changed
+        since the last call): only the words for DRA pods read them."""
+        with self._lock:
+            return self._index.dra.picture()
 
     # -- bind: evaluate and reserve as one step --
 

@@ -176,6 +176,10 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         | grants("policy", "poddisruptionbudgets", "list", "watch")  # the preempt verb's PDBs
         | grants("", "events", "create")  # a pending pod's reason (ADR 019)
         | grants("", "namespaces", "list", "watch")  # anti-affinity terms' namespaceSelectors
+        # A DRA pod's reasons: read only.
+        | grants("resource.k8s.io", "resourceslices", "list", "watch")
+        | grants("resource.k8s.io", "resourceclaims", "list", "watch")
+        | grants("resource.k8s.io", "deviceclasses", "list", "watch")
     )
     assert rules_of(objects, "operator") == (
         grants("gpupart.io", "gpupartitions", "list", "watch", "patch")

@@ -16,6 +16,7 @@ from kubernetes import client as kube
 
 from gpupart_extender.cache import NAMESPACE, NODE, PDB, POD, ClusterCache
 from gpupart_extender.kube import Watcher
+from gpupart_extender.objects import RESOURCE_CLAIM
 from gpupart_extender.watchhealth import FAILING_AFTER, WatchHealth, unready_reason
 from gpupart_testsupport.polling import wait_for
 
@@ -99,4 +100,31 @@ def test_a_kind_without_events_is_healthy_as_soon_as_its_relist_succeeds() -> No
         watcher.stop()
         api.done.set()
         api.back.set()
+        thread.join(30)
+
+
+def test_a_dra_kind_failing_does_not_make_the_extender_unready() -> None:
+    """A cluster without `resource.k8s.io/v1` keeps the device-plugin path ready."""
+    failures = []
+    gone = threading.Event()
+
+    def sleep(_: float) -> None:
+        failures.append(1)
+        if len(failures) >= FAILING_AFTER:
+            gone.set()
+            watcher.stopping.wait(30)
+
+    def refused(**_: Any) -> object:
+        raise kube.exceptions.ApiException(status=404, reason="Not Found")
+
+    watcher = Watcher(kube.ApiClient(), ClusterCache(), sleep=sleep)
+    thread = threading.Thread(target=watcher._run, args=(RESOURCE_CLAIM, refused), daemon=True)
+    thread.start()
+    try:
+        wait_for(gone.is_set, 30, f"{FAILING_AFTER} failed lists of ResourceClaims")
+        assert watcher.health.failing() == {}
+        assert RESOURCE_CLAIM in watcher.dra_health.failing()
+        assert unready_reason(dict.fromkeys((NODE, POD, NAMESPACE), True), watcher.health) == ""
+    finally:
+        watcher.stop()
         thread.join(30)
