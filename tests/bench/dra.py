@@ -12,6 +12,11 @@ default trace's GPU pods (its start drawn by the seed; skipped when the trace is
 when it arrives is given up (`patience_s=0`), so a stranded 4g does not wait and hold the next
 free room.
 
+Every pod given up is counted by its largest profile and the cause (`refused`,
+`gpupart.sim.dynamic.dra.refusal_cause`): `placement` (a GPU had the room in count but not
+in place: what the order within a GPU decides), `spread` (the node had it, no one GPU: the
+order across GPUs) or `full` (no order could have placed it).
+
 **Live order** (`order`): the same W4 sequences (`--live-seeds`) replayed through the real
 kube-scheduler and kube-controller-manager (the test bed's control plane, kwok nodes), on two
 nodes at once: one publishes our devices in NVIDIA's lexicographic order (`Order.NVIDIA`), the
@@ -39,7 +44,9 @@ kube-scheduler started for it (the others stopped):
 - `dra_gpupart_reorder`: the same, with the node agents' re-ordering on (every claim watched, a
   node's pool re-published after each of its allocation changes);
 - `dra_gpupart_same_devices`: our pools limited to the profile asked (`spec.mig.dynamic.profiles:
-  [1g.10gb]`: 7 placements and the whole GPU, 8 devices a GPU), the device count of the next;
+  [1g.10gb]`: 7 placements and the whole GPU, 8 devices a GPU), the device count of the example;
+- `dra_gpupart_static`: our pools of a static MIG layout, 7 x 1g.10gb instances a GPU, one
+  device each and no counters (so no counters-only slice);
 - `dra_example_driver`: the pools `sigs.k8s.io/dra-example-driver` v0.4.0 publishes with
   `--num-devices 8 --gpu-partitions 7` (file `internal/profiles/gpu/gpu.go`, `EnumerateDevices`:
   one counters-only slice with a `gpu-<i>-counters` set of `memory` 80Gi and `compute` 100 per
@@ -76,7 +83,7 @@ import uuid as uuidlib
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +107,7 @@ from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_c
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
-from gpupart.core.node.devices import OfferedGpu
+from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
 from gpupart.sim.dynamic.dra import DraOrder
 from gpupart.sim.dynamic.simulation import MIX_WINDOW_S, SimNode, SimPod, simulate
 from gpupart.sim.dynamic.workloads import (
@@ -117,6 +124,7 @@ from gpupart_testsupport.cluster import (
     bin_dir_from_env,
     create_nodes,
     gpu_node,
+    http_get,
     http_ok,
     missing_binaries,
     parallel,
@@ -201,6 +209,8 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
         for order in (Order.NVIDIA, Order.GPUPART)
     }
     per_workload: dict[str, dict[str, dict[str, int]]] = {}
+    refused: dict[str, dict[str, int]] = {order: {} for order in totals}
+    """Order -> "<profile>/<cause>" -> pods given up (`gpupart.sim.dynamic.dra.Refusal`)."""
     started = time.perf_counter()
     if not (trace_dir / "openb_pod_list_default.csv").exists():
         step(f"W1 skipped: no trace under {trace_dir}")
@@ -208,8 +218,13 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
         for name, pods in workloads(trace_dir, seed).items():
             for order in (Order.NVIDIA, Order.GPUPART):
                 t = time.perf_counter()
-                result = simulate(node, pods, DraOrder(order, patience_s=0.0))
+                policy = DraOrder(order, patience_s=0.0)
+                result = simulate(node, pods, policy)
                 bound = {name for name, _ in result.waits}
+                for pod, (profile, cause) in policy.refused.items():
+                    if pod not in bound:
+                        key = f"{profile}/{cause}"
+                        refused[order.value][key] = refused[order.value].get(key, 0) + 1
                 figures = {
                     "bound": len(bound),
                     "bound_4g_plus": sum(
@@ -229,7 +244,10 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
     step(f"simulated per workload: {json.dumps(per_workload)}")
     step(f"simulated seconds: {time.perf_counter() - started:.1f}")
     return {
-        **totals,
+        **{
+            order: {**f, "refused": dict(sorted(refused[order].items()))}
+            for order, f in totals.items()
+        },
         **comparison(totals["nvidia"], totals["gpupart"]),
         "per_workload": per_workload,
         "seeds": seeds,
@@ -268,18 +286,43 @@ def placements(docs: Sequence[Slice]) -> dict[str, tuple[int, MigInstance]]:
 
 @dataclass
 class LivePool:
-    """One node's pool of dynamic-MIG GPUs as its agent keeps it: the slices last written, the writes."""
+    """One node's pool of MIG GPUs as its agent keeps it: the slices last written, the writes."""
 
     custom: Any
     node: str
     uid: str
     order: Order
     profiles: tuple[str, ...] | None = None
+    """Dynamic MIG: the profiles offered (None: all); `static` instead: no counters."""
+    static: bool = False
+    """A static layout of 7 x 1g.10gb instances per GPU, each one device (no counters)."""
     views: dict[str, SliceView] = field(default_factory=dict)
     writes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wanted(self, in_use: Mapping[int, Sequence[MigInstance]], mix: Mix) -> tuple[Slice, ...]:
+        if self.static:
+            layout = [
+                OfferedMigDevice(f"MIG-{self.node}-{index}-{s}", at(SMALL, s), s + 1, 0)
+                for index in range(GPUS)
+                for s in H100.require_profile(SMALL).starts
+            ]
+            static = [
+                gpu_devices(
+                    DraGpu(
+                        replace(
+                            offered(self.node, index),
+                            mig=tuple(
+                                m for m in layout if m.uuid.startswith(f"MIG-{self.node}-{index}-")
+                            ),
+                        ),
+                        H100,
+                        facts=FACTS,
+                    )
+                )
+                for index in range(GPUS)
+            ]
+            return pool_slices(self.node, self.uid, static)
         gpus = [
             gpu_devices(
                 DraGpu(
@@ -328,6 +371,10 @@ class LivePool:
             count = len(plan.creates) + len(plan.updates) + len(plan.deletes)
             self.writes += count
             return count
+
+
+def at(profile: str, start: int) -> MigInstance:
+    return MigInstance(Placement(start, H100.require_profile(profile).memory_slices), profile)
 
 
 def in_use_of(
@@ -544,10 +591,15 @@ class Replay:
 
 
 def make_pool(
-    api: Any, node: str, order: Order, profiles: tuple[str, ...] | None = None
+    api: Any,
+    node: str,
+    order: Order,
+    profiles: tuple[str, ...] | None = None,
+    *,
+    static: bool = False,
 ) -> LivePool:
     uid = client.CoreV1Api(api).read_node(node).metadata.uid
-    pool = LivePool(client.CustomObjectsApi(api), node, uid, order, profiles)
+    pool = LivePool(client.CustomObjectsApi(api), node, uid, order, profiles, static)
     pool.publish({}, Mix())
     pool.writes = 0  # the pool's first publish is no re-order
     return pool
@@ -862,16 +914,47 @@ class Republisher:
 
 @contextmanager
 def scheduler(
-    bin_dir: Path, kubeconfig: Path, workdir: Path, config: Mapping[str, Any]
+    bin_dir: Path, kubeconfig: Path, workdir: Path, config: Mapping[str, Any], token: str
 ) -> Iterator[None]:
-    """A kube-scheduler of this configuration, healthy, stopped on leaving."""
+    """A kube-scheduler of this configuration, healthy, stopped on leaving (its plugins'
+    time per extension point logged first)."""
     name = config["profiles"][0]["schedulerName"]
     proc, port = start_scheduler(bin_dir, kubeconfig, config, name, workdir, verbosity=1)
     try:
         wait_for(lambda: http_ok(f"https://{LOOPBACK}:{port}/healthz"), 120, f"{name} healthy")
         yield
+        status, text = http_get(f"https://{LOOPBACK}:{port}/metrics", token=token)
+        if status == 200:
+            step(f"{name} plugin seconds (sampled): {plugin_seconds(text)}")
     finally:
         proc.stop()
+
+
+def plugin_seconds(metrics: str) -> str:
+    """The costliest plugins at each extension point from kube-scheduler's sampled histogram
+    `scheduler_plugin_execution_duration_seconds` (sum and count per plugin)."""
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
+    for line in metrics.splitlines():
+        for suffix, into in (("_sum{", sums), ("_count{", counts)):
+            head = "scheduler_plugin_execution_duration_seconds" + suffix
+            if not line.startswith(head):
+                continue
+            labels = dict(
+                part.split("=", 1)
+                for part in line[len(head) : line.index("}")].split(",")
+                if "=" in part
+            )
+            key = (
+                labels.get("extension_point", "").strip('"'),
+                labels.get("plugin", "").strip('"'),
+            )
+            into[key] = into.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    ranked = sorted(sums.items(), key=lambda item: -item[1])[:6]
+    return ", ".join(
+        f"{point}/{plugin} {total:.2f} s over {int(counts.get((point, plugin), 0))}"
+        for (point, plugin), total in ranked
+    )
 
 
 def dra_config() -> dict[str, Any]:
@@ -902,7 +985,7 @@ class Bench:
         return client.CustomObjectsApi(self.api)
 
     def scheduler(self, config: Mapping[str, Any]) -> AbstractContextManager[None]:
-        return scheduler(self.bin_dir, self.cp.kubeconfig, self.workdir, config)
+        return scheduler(self.bin_dir, self.cp.kubeconfig, self.workdir, config, self.cp.token)
 
     def batch(
         self, label: str, scheduler: str, manifest: Callable[[str, str], dict[str, Any]]
@@ -952,7 +1035,17 @@ class Bench:
         )
 
 
-def live_throughput(bench: Bench, node_count: int) -> dict[str, Any]:
+CONFIGS = (
+    "device_plugin_extender",
+    "dra_gpupart",
+    "dra_gpupart_reorder",
+    "dra_gpupart_same_devices",
+    "dra_gpupart_static",
+    "dra_example_driver",
+)
+
+
+def live_throughput(bench: Bench, node_count: int, configs: Sequence[str]) -> dict[str, Any]:
     api, custom = bench.api, bench.custom
     step(f"throughput: creating {node_count} nodes of 8 GPUs")
     create_nodes(api, shared_gpu_nodes(node_count, prefix="tp"))
@@ -960,17 +1053,6 @@ def live_throughput(bench: Bench, node_count: int) -> dict[str, Any]:
     bench.core.create_namespace({"metadata": {"name": bench.namespace}})
     bench.cp.wait_namespace_ready(bench.namespace)
     rates: dict[str, float] = {}
-
-    step("throughput: the device-plugin path with the extender")
-    extender, port = start_extender(bench.cp.kubeconfig, bench.workdir)
-    try:
-        config = extender_config(port)
-        with bench.scheduler(config):
-            rates["device_plugin_extender"] = bench.batch("dp", DP_SCHEDULER, shared_gpu_pod)
-            bench.clear("dp")
-    finally:
-        extender.stop()
-
     plain = dra_config()
     template = f"one-{names.profile_label(SMALL)}"
     custom.create_namespaced_custom_object(
@@ -981,28 +1063,110 @@ def live_throughput(bench: Bench, node_count: int) -> dict[str, Any]:
         claim_template(template, f"mig-{names.profile_label(SMALL)}.gpupart.io"),
     )
     ours = mixed_pods(template, f"nvidia.com/mig-{SMALL}")
-    writes: dict[str, Any] = {}
+    out: dict[str, Any] = {}
 
     def our_pools(profiles: tuple[str, ...] | None) -> dict[str, LivePool]:
         step(f"throughput: publishing our pools (profiles {profiles or 'all'})")
         found = parallel(lambda node: make_pool(api, node, Order.GPUPART, profiles), bench.nodes)
-        pools = {p.node: p for p in found}
         step(f"throughput: {sum(len(p.views) for p in found)} slices")
-        return pools
+        return {p.node: p for p in found}
 
-    pools = our_pools(None)
-    with bench.scheduler(plain):
-        step("throughput: DRA, our slices, no re-ordering")
-        rates["dra_gpupart"] = bench.batch("dra", DRA_SCHEDULER, ours)
-        bench.clear("dra")
+    if "device_plugin_extender" in configs:
+        step("throughput: the device-plugin path with the extender")
+        extender, port = start_extender(bench.cp.kubeconfig, bench.workdir)
+        try:
+            with bench.scheduler(extender_config(port)):
+                rates["device_plugin_extender"] = bench.batch("dp", DP_SCHEDULER, shared_gpu_pod)
+                bench.clear("dp")
+        finally:
+            extender.stop()
+    if "dra_gpupart" in configs or "dra_gpupart_reorder" in configs:
+        pools = our_pools(None)
+        if "dra_gpupart" in configs:
+            with bench.scheduler(plain):
+                step("throughput: DRA, our slices, no re-ordering")
+                rates["dra_gpupart"] = bench.batch("dra", DRA_SCHEDULER, ours)
+                bench.clear("dra")
+        if "dra_gpupart_reorder" in configs:
+            rates["dra_gpupart_reorder"], out["reorder"] = reordered(bench, pools, plain, ours)
+            out["slice_writes_per_allocation"] = out["reorder"]["slice_writes_per_allocation"]
+        bench.delete_slices(names.DRIVER)
+    if "dra_gpupart_same_devices" in configs:
+        our_pools((SMALL,))
+        with bench.scheduler(plain):
+            step("throughput: DRA, our slices limited to 1g.10gb (the example's device count)")
+            rates["dra_gpupart_same_devices"] = bench.batch("same", DRA_SCHEDULER, ours)
+            bench.clear("same")
+        bench.delete_slices(names.DRIVER)
+    if "dra_gpupart_static" in configs:
+        step("throughput: publishing our pools (static MIG, 7 x 1g.10gb per GPU)")
+        parallel(lambda node: make_pool(api, node, Order.GPUPART, static=True), bench.nodes)
+        with bench.scheduler(plain):
+            step("throughput: DRA, our static MIG slices (no counters)")
+            rates["dra_gpupart_static"] = bench.batch("static", DRA_SCHEDULER, ours)
+            bench.clear("static")
+        bench.delete_slices(names.DRIVER)
+    if "dra_example_driver" in configs:
+        step("throughput: publishing dra-example-driver's pools")
+        custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", EXAMPLE_CLASS)
+        uids = {n.metadata.name: n.metadata.uid for n in bench.core.list_node().items}
+        docs = [
+            doc
+            for node in bench.nodes
+            for doc in example_slices(node, uids[node], GPUS, EXAMPLE_PARTITIONS)
+        ]
+        parallel(
+            lambda doc: custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc),
+            docs,
+        )
+        custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            bench.namespace,
+            "resourceclaimtemplates",
+            claim_template("one-example", EXAMPLE_DRIVER),
+        )
+        with bench.scheduler(plain):
+            step("throughput: DRA, dra-example-driver's slices")
+            rates["dra_example_driver"] = bench.batch(
+                "example", DRA_SCHEDULER, mixed_pods("one-example", EXAMPLE_EXTENDED)
+            )
+            bench.clear("example")
+        bench.delete_slices(EXAMPLE_DRIVER)
+    ratios = {
+        name: round(rates[a] / rates[b], 3)
+        for name, a, b in (
+            ("dra_gpupart_to_device_plugin_extender", "dra_gpupart", "device_plugin_extender"),
+            ("dra_gpupart_to_dra_example_driver", "dra_gpupart", "dra_example_driver"),
+            ("dra_gpupart_reorder_to_dra_gpupart", "dra_gpupart_reorder", "dra_gpupart"),
+        )
+        if a in rates and b in rates
+    }
+    return {
+        "throughput_pods_s": {k: round(v, 1) for k, v in rates.items()},
+        "throughput_ratios": ratios,
+        **out,
+        "nodes": node_count,
+        "pods": bench.pods,
+    }
+
+
+def reordered(
+    bench: Bench,
+    pools: Mapping[str, LivePool],
+    config: Mapping[str, Any],
+    manifest: Callable[[str, str], dict[str, Any]],
+) -> tuple[float, dict[str, Any]]:
+    """The batch with every node's pool re-ordered after each of its allocation changes; the
+    rate and the slice writes (those while the batch is allocated, and while it is released)."""
     table = placements(next(iter(pools.values())).wanted({}, Mix()))
     before = sum(p.writes for p in pools.values())
-    republisher = Republisher(api, pools, table)
+    republisher = Republisher(bench.api, pools, table)
     republisher.start()
     try:
-        with bench.scheduler(plain):
+        with bench.scheduler(config):
             step("throughput: DRA, our slices, re-ordered after each allocation change")
-            rates["dra_gpupart_reorder"] = bench.batch("reorder", DRA_SCHEDULER, ours)
+            rate = bench.batch("reorder", DRA_SCHEDULER, manifest)
             republisher.settle()
             allocated = len(republisher.allocated)
             written = sum(p.writes for p in pools.values()) - before
@@ -1011,64 +1175,11 @@ def live_throughput(bench: Bench, node_count: int) -> dict[str, Any]:
     finally:
         republisher.stop()
     released = sum(p.writes for p in pools.values()) - before - written
-    writes = {
+    return rate, {
         "slice_writes_while_allocating": written,
         "claims_allocated": allocated,
         "slice_writes_per_allocation": round(written / max(1, allocated), 3),
         "slice_writes_while_releasing": released,
-    }
-    bench.delete_slices(names.DRIVER)
-
-    pools = our_pools((SMALL,))
-    with bench.scheduler(plain):
-        step("throughput: DRA, our slices limited to 1g.10gb (the example's device count)")
-        rates["dra_gpupart_same_devices"] = bench.batch("same", DRA_SCHEDULER, ours)
-        bench.clear("same")
-    bench.delete_slices(names.DRIVER)
-
-    step("throughput: publishing dra-example-driver's pools")
-    custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", EXAMPLE_CLASS)
-    uids = {n.metadata.name: n.metadata.uid for n in bench.core.list_node().items}
-    docs = [
-        doc
-        for node in bench.nodes
-        for doc in example_slices(node, uids[node], GPUS, EXAMPLE_PARTITIONS)
-    ]
-    parallel(
-        lambda doc: custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc),
-        docs,
-    )
-    custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        bench.namespace,
-        "resourceclaimtemplates",
-        claim_template("one-example", EXAMPLE_DRIVER),
-    )
-    with bench.scheduler(plain):
-        step("throughput: DRA, dra-example-driver's slices")
-        rates["dra_example_driver"] = bench.batch(
-            "example", DRA_SCHEDULER, mixed_pods("one-example", EXAMPLE_EXTENDED)
-        )
-        bench.clear("example")
-    bench.delete_slices(EXAMPLE_DRIVER)
-    rounded = {k: round(v, 1) for k, v in rates.items()}
-    dp, dra, example = (
-        rates["device_plugin_extender"],
-        rates["dra_gpupart"],
-        rates["dra_example_driver"],
-    )
-    return {
-        "throughput_pods_s": rounded,
-        "throughput_ratios": {
-            "dra_gpupart_to_device_plugin_extender": round(dra / dp, 3),
-            "dra_gpupart_to_dra_example_driver": round(dra / example, 3),
-            "reorder_cost": round(1 - rates["dra_gpupart_reorder"] / dra, 3),
-        },
-        "reorder": writes,
-        "slice_writes_per_allocation": writes["slice_writes_per_allocation"],
-        "nodes": node_count,
-        "pods": bench.pods,
     }
 
 
@@ -1085,6 +1196,9 @@ def main() -> int:
     )
     parser.add_argument("--nodes", type=int, default=100, help="throughput: kwok nodes")
     parser.add_argument("--pods", type=int, default=2000, help="throughput: pods per config")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help="throughput: the configurations to run"
+    )
     parser.add_argument("--skip-sim", action="store_true")
     parser.add_argument("--skip-live-order", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
@@ -1120,11 +1234,16 @@ def main() -> int:
             api = cp.api_client()
             # one kube-scheduler at a time, each started for its part
             if not args.skip_live_order:
-                with scheduler(bin_dir, cp.kubeconfig, workdir, dra_config()):
+                with scheduler(bin_dir, cp.kubeconfig, workdir, dra_config(), cp.token):
                     out["order"] = live_order(cp, api, args.live_seeds, args.live_arrivals)
             if not args.skip_throughput:
                 bench = Bench(cp, api, bin_dir, workdir, args.pods)
-                out.update(live_throughput(bench, args.nodes))
+                configs = [c for c in args.configs.split(",") if c]
+                unknown = sorted(set(configs) - set(CONFIGS))
+                if unknown:
+                    step(f"unknown --configs {unknown}; known: {','.join(CONFIGS)}")
+                    return 2
+                out.update(live_throughput(bench, args.nodes, configs))
         except BaseException:
             print(cp.log_tails(), file=sys.stderr)
             raise
