@@ -49,6 +49,7 @@ def inventory(
             replicas=v.replicas,
             client_memory_mib=v.mps_memory_mib if v.mode is Mode.MPS else 0,
             client_compute_percent=v.mps_compute_percent if v.mode is Mode.MPS else 0,
+            interface=v.interface,
         )
         for v in views
     )

@@ -6,6 +6,7 @@ import pytest
 
 from gpupart.core.api.spec import (
     Disruption,
+    Interface,
     Mode,
     parse_partition,
     plan_gpu,
@@ -59,6 +60,11 @@ def test_restore_on_delete_is_off_unless_asked_and_must_be_a_boolean():
         parse_partition(with_spec(restoreOnDelete="true"))
 
 
+def test_interface_is_the_device_plugin_unless_dra_is_asked():
+    assert parse_partition(MIG).config.interface is Interface.DEVICE_PLUGIN
+    assert parse_partition(with_spec(interface="dra")).config.interface is Interface.DRA
+
+
 def test_mps_and_time_slicing_and_none_parse():
     mps = parse_partition(
         with_spec(
@@ -89,6 +95,7 @@ def test_mps_and_time_slicing_and_none_parse():
         ({"gpus": [-1]}, r"spec.gpus\[0\]", "GPU index"),
         ({"disruption": "Sometimes"}, "spec.disruption", "WhenIdle or Never"),
         ({"colour": "blue"}, "spec.colour", "unknown field"),
+        ({"interface": "both"}, "spec.interface", "not an interface"),
         (
             {"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}},
             "operator",

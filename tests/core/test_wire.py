@@ -1,12 +1,13 @@
 """Annotation wire formats: decode(encode(x)) == x for each kind; unknown versions and bad payloads are errors."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import Disruption, GpuConfig, Mode, MpsSettings
+from gpupart.core.api.spec import Disruption, GpuConfig, Interface, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GivenContainer,
@@ -69,7 +70,7 @@ configs = st.one_of(
     st.builds(
         GpuConfig, st.just(Mode.MIG), mig_counts, disruption=disruptions, dynamic=st.just(True)
     ),
-)
+).flatmap(lambda c: st.sampled_from(Interface).map(lambda i: replace(c, interface=i)))
 groups = st.builds(
     DesiredGroup,
     partition=names,
@@ -105,6 +106,7 @@ inventories = st.builds(
             st.sampled_from(Mode),
             st.lists(st.builds(MigDevice, names, instances, st.booleans())).map(tuple),
             st.integers(0, 48),
+            interface=st.none() | st.sampled_from(Interface),
         )
     ).map(tuple),
     st.booleans(),
@@ -305,3 +307,22 @@ def test_unknown_version_is_refused_with_the_annotation_name():
 def test_malformed_payloads_are_refused(text, words):
     with pytest.raises(WireFormatError, match=words):
         decode_desired(text)
+
+
+def test_interface_is_written_only_when_not_the_device_plugin():
+    plain = DesiredGroup("p", 1, None, GpuConfig(Mode.NONE))
+    dra = DesiredGroup("d", 1, None, GpuConfig(Mode.NONE, interface=Interface.DRA))
+    assert "interface" not in encode_desired((plain,))
+    assert json.loads(encode_desired((dra,)))["groups"][0]["interface"] == "dra"
+    gpu = InventoryGpu(0, "GPU-0", "A100", 1, Mode.NONE)
+    assert "interface" not in encode_inventory(Inventory((gpu,)))
+    moving = decode_inventory(encode_inventory(Inventory((replace(gpu, interface=None),))))
+    assert moving.gpus[0].interface is None
+
+
+def test_an_unknown_interface_is_refused_naming_the_field():
+    text = encode_desired(
+        (DesiredGroup("d", 1, None, GpuConfig(Mode.NONE, interface=Interface.DRA)),)
+    )
+    with pytest.raises(WireFormatError, match="interface"):
+        decode_desired(text.replace('"dra"', '"both"'))

@@ -50,6 +50,15 @@ class Mode(StrEnum):
         return self in (Mode.MPS, Mode.TIME_SLICING)
 
 
+class Interface(StrEnum):
+    """The kubelet interface a GPU is served through (`spec.interface`); never both at once."""
+
+    DEVICE_PLUGIN = "devicePlugin"
+    """Extended resources from the device plugin (`nvidia.com/gpu`, `nvidia.com/mig-<profile>`)."""
+    DRA = "dra"
+    """DRA devices in the node's ResourceSlices (driver `gpu.gpupart.io`, docs/dra.md)."""
+
+
 class Disruption(StrEnum):
     WHEN_IDLE = "WhenIdle"
     NEVER = "Never"
@@ -116,6 +125,8 @@ class GpuConfig:
     dynamic: bool = False
     """MIG instances follow the operator's plans (`gpupart.io/mig-plan`), exact placements on
     demand; `mig` is then only the warm mix the plans keep on otherwise idle GPUs."""
+    interface: Interface = Interface.DEVICE_PLUGIN
+    """How the GPU reaches pods: the device plugin's extended resources, or DRA devices."""
 
     @property
     def mig_counts(self) -> dict[str, int]:
@@ -177,7 +188,13 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
     elif mode is Mode.TIME_SLICING:
         replicas = spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
     config = GpuConfig(
-        mode, mig, mps, replicas, _parse_disruption(spec), dynamic=dynamic is not None
+        mode,
+        mig,
+        mps,
+        replicas,
+        _parse_disruption(spec),
+        dynamic=dynamic is not None,
+        interface=_parse_interface(spec),
     )
     parsed = PartitionSpec(
         name,
@@ -349,6 +366,18 @@ def _parse_mps(mps: Record) -> tuple[MpsSettings, int]:
         compute = mps.integer("defaultComputePercent", minimum=1, maximum=100)
     mps.done()
     return MpsSettings(memory, compute), replicas
+
+
+def _parse_interface(spec: Record) -> Interface:
+    """`spec.interface`; absent: the device plugin, as before the field existed."""
+    text = spec.string("interface", Interface.DEVICE_PLUGIN.value)
+    try:
+        return Interface(text)
+    except ValueError:
+        raise InvalidInput(
+            spec.path("interface"),
+            f"{shown(text)} is not an interface (one of {', '.join(Interface)})",
+        ) from None
 
 
 def _parse_disruption(spec: Record) -> Disruption:

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from gpupart.core.api.records import Record
-from gpupart.core.api.spec import Disruption, GpuConfig, Mode, MpsSettings
+from gpupart.core.api.spec import Disruption, GpuConfig, Interface, Mode, MpsSettings
 from gpupart.core.errors import InvalidInput, WireFormatError
 from gpupart.core.mig.layout import Layout, MigInstance, Placement
 
@@ -132,6 +132,9 @@ class InventoryGpu:
     client_compute_percent: int = 0
     """MPS only: the most of the GPU's SMs one client may use (the daemon's default active
     thread percentage, likewise a ceiling); 0: no per-client limit."""
+    interface: Interface | None = Interface.DEVICE_PLUGIN
+    """The interface that serves the GPU now (`OfferedGpu.interface`); None while it moves
+    between the two and neither offers it. Only a device-plugin GPU is the extender's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +257,13 @@ def _config_json(config: GpuConfig) -> dict[str, Any]:
         "disruption": config.disruption.value,
         # Only when set, so a static partition's annotation keeps its bytes.
         **({"dynamic": True} if config.dynamic else {}),
+        # Only when not the default, likewise; an agent that predates DRA refuses the key
+        # (an unknown field) rather than serve a DRA GPU through its device plugin.
+        **(
+            {"interface": config.interface.value}
+            if config.interface is not Interface.DEVICE_PLUGIN
+            else {}
+        ),
     }
 
 
@@ -276,8 +286,19 @@ def _read_config(record: Record) -> GpuConfig:
     if mode is Mode.TIME_SLICING:
         replicas = max(1, sliced)  # a time-sliced GPU offers at least one slot
     dynamic = record.boolean("dynamic", False) and mode is Mode.MIG
+    interface = (
+        _enum(record, "interface", Interface)
+        if record.has("interface")
+        else Interface.DEVICE_PLUGIN
+    )
     return GpuConfig(
-        mode, mig, mps, replicas, _enum(record, "disruption", Disruption), dynamic=dynamic
+        mode,
+        mig,
+        mps,
+        replicas,
+        _enum(record, "disruption", Disruption),
+        dynamic=dynamic,
+        interface=interface,
     )
 
 
@@ -370,6 +391,19 @@ def decode_report(text: str) -> NodeReport:
     return _decode(text, STATE_ANNOTATION, read)
 
 
+def _served_by(g: Record) -> Interface | None:
+    """An inventory GPU's `interface`: absent is the device plugin, null is neither (moving)."""
+    text = g.string("interface", "")
+    if not text:
+        return None if "interface" in g.raw else Interface.DEVICE_PLUGIN
+    try:
+        return Interface(text)
+    except ValueError:
+        raise InvalidInput(
+            g.path("interface"), f"{text!r} is not one of {', '.join(Interface)}"
+        ) from None
+
+
 def encode_inventory(inventory: Inventory) -> str:
     gpus = inventory.gpus
     return _encode(
@@ -397,6 +431,11 @@ def encode_inventory(inventory: Inventory) -> str:
                         if gpu.client_compute_percent
                         else {}
                     ),
+                    **(
+                        {"interface": gpu.interface.value if gpu.interface else None}
+                        if gpu.interface is not Interface.DEVICE_PLUGIN
+                        else {}
+                    ),
                 }
                 for gpu in gpus
             ],
@@ -420,6 +459,7 @@ def decode_inventory(text: str) -> Inventory:
             replicas=g.integer("maxClients", 0, minimum=0),
             client_memory_mib=g.integer("mpsClientMemoryMiB", 0, minimum=0),
             client_compute_percent=g.integer("mpsClientComputePercent", 0, minimum=0, maximum=100),
+            interface=_served_by(g),
         )
 
     def read(record: Record) -> Inventory:

@@ -18,7 +18,7 @@ from gpupart.core.api.resources import (
     MIG_PREFIX,
     mig_resource_name,
 )
-from gpupart.core.api.spec import Mode
+from gpupart.core.api.spec import Interface, Mode
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance
 
@@ -59,6 +59,11 @@ class OfferedGpu:
     """Host path of the GPU's MPS pipe directory when the mode is MPS."""
     mps_memory_mib: int = 0
     mps_compute_percent: int = 0
+    interface: Interface | None = Interface.DEVICE_PLUGIN
+    """The one kubelet interface that offers this GPU now; None while it moves from one to the
+    other and neither may (a GPU is never offered through both at once)."""
+    pci_bus_id: str = ""
+    """NVML's PCI bus id (`0000:3b:00.0`), lower case; empty when not read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +81,15 @@ def slot_id(gpu_uuid: str, n: int) -> str:
 
 
 def node_devices(gpus: Iterable[OfferedGpu]) -> dict[str, tuple[Device, ...]]:
-    """Every resource this node offers and its devices; a GPU in MIG mode with no instance offers nothing."""
+    """Every resource this node's device plugin offers and its devices.
+
+    A GPU in MIG mode with no instance offers nothing, and neither does a GPU that is not the
+    device plugin's (served through DRA, or moving between the two).
+    """
     found: dict[str, list[Device]] = {}
     for gpu in sorted(gpus, key=lambda g: g.index):
+        if gpu.interface is not Interface.DEVICE_PLUGIN:
+            continue
         if gpu.mode is Mode.MIG:
             for mig in sorted(gpu.mig, key=lambda m: m.instance):
                 resource = mig_resource_name(mig.instance.profile)
@@ -100,7 +111,7 @@ def managed_capacity(gpus: Iterable[OfferedGpu]) -> dict[str, int]:
     there, a pod asking for `gpupart.io/gpu-memory` fits no node. The extender still decides
     per GPU.
     """
-    shared = [g for g in gpus if g.mode.is_shared]
+    shared = [g for g in gpus if g.mode.is_shared and g.interface is Interface.DEVICE_PLUGIN]
     return {
         GPU_MEMORY: sum(g.memory_mib for g in shared),
         GPU_COMPUTE: 100 * len(shared),
