@@ -60,9 +60,11 @@ kube-scheduler started for it (the others stopped):
 `slice_writes_per_allocation`: slice writes during `dra_gpupart_reorder` over the claims
 allocated in it.
 
-    python tests/bench/dra.py [--trace-dir DIR] [--seeds N] [--live-seeds N]
-                              [--nodes N] [--pods N] [--skip-sim] [--skip-live-order]
-                              [--skip-throughput]
+    python tests/bench/dra.py [--trace-dir DIR] [--seeds N] [--live-seeds N] [--live-arrivals N]
+                              [--nodes N] [--pods N] [--configs A,B,...] [--skip-sim]
+                              [--skip-live-order] [--skip-throughput]
+
+Why the parts are shaped so, and what the figures mean for the goals: docs/adr-025-dra-live-benchmarks.md.
 
 The live parts need the binaries of scripts/build-k8s-bins.sh (GPUPART_K8S_BIN or the cache).
 """
