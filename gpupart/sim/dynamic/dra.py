@@ -59,7 +59,8 @@ class Refusal(StrEnum):
 
     PLACEMENT = "placement"
     """A GPU has the compute slices, memory slices and instance room free, but no legal
-    placement of the profile among them: the order within that GPU put the others there."""
+    placement of the profile among them: the order within that GPU put the others there (or
+    a limit of the profile's own, such as its media engines, is used up)."""
     SPREAD = "spread"
     """The node has that much free in total, but no one GPU has it: the order across GPUs."""
     FULL = "full"
