@@ -29,6 +29,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from gpupart_testsupport.cluster import (
     start_scheduler,
     wait_for,
 )
+from gpupart_testsupport.objects import write_key_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,10 +108,20 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
-def run_batch(core: Any, ns: str, prefix: str, scheduler: str, pods: int) -> float:
+def run_batch(
+    core: Any,
+    ns: str,
+    prefix: str,
+    scheduler: str,
+    pods: int,
+    manifest: Callable[[str, str], dict[str, Any]] = _pod,
+) -> float:
+    """Create `pods` pods of `manifest(name, scheduler)` (labelled app=prefix) and wait until
+    every one is bound; pods per second from the first create to the last bind."""
     started = time.monotonic()
     parallel(
-        lambda i: core.create_namespaced_pod(ns, _pod(f"{prefix}-{i}", scheduler)), range(pods)
+        lambda i: core.create_namespaced_pod(ns, manifest(f"{prefix}-{i}", scheduler)),
+        range(pods),
     )
 
     def done() -> bool:
@@ -126,6 +138,58 @@ def run_batch(core: Any, ns: str, prefix: str, scheduler: str, pods: int) -> flo
 
     wait_for(done, 600, f"{pods} {prefix} pods bound", interval=0.2)
     return pods / (time.monotonic() - started)
+
+
+def start_extender(kubeconfig: Path, workdir: Path) -> tuple[Proc, int]:
+    """The real `gpupart extender` process, once its cache is ready; its port. It signs the
+    assignments it binds with a key of its own (it binds no shared-GPU pod without one)."""
+    port = free_port()
+    keys = write_key_file(workdir / "assignment-keys")
+    proc = spawn(
+        "extender",
+        [
+            sys.executable,
+            "-m",
+            "gpupart.cli",
+            "extender",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+            f"--assignment-key-file={keys}",
+        ],
+        workdir,
+    )
+    try:
+        wait_for(lambda: http_ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, port
+
+
+def extender_config(port: int) -> dict[str, Any]:
+    """The chart's scheduler configuration, pointed at the extender on `port`."""
+    config: dict[str, Any] = yaml.safe_load(CONFIG_FILE.read_text())
+    config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
+    return config
+
+
+def shared_gpu_nodes(count: int, prefix: str = "bench") -> list[dict[str, Any]]:
+    """kwok nodes of 8 MPS GPUs each, as the node agent advertises them to the extender: the
+    inventory annotation and the nvidia.com/gpu.shared and GPU memory/compute capacity."""
+    gpus = tuple(InventoryGpu(i, f"GPU-{i}", "H100", 81559, Mode.MPS, (), 16) for i in range(8))
+    inventory = encode_inventory(Inventory(gpus))
+    manifests = []
+    for n in range(count):
+        # The capacity the node agent advertises: kube-scheduler counts it (ADR 005).
+        capacity = {"gpupart.io/gpu-memory": 8 * 81559, "gpupart.io/gpu-compute": 800}
+        m = gpu_node(f"{prefix}-{n:05d}", {"nvidia.com/gpu.shared": 128, **capacity})
+        m["metadata"]["annotations"][INVENTORY_ANNOTATION] = inventory
+        manifests.append(m)
+    return manifests
 
 
 def main() -> int:
@@ -153,40 +217,12 @@ def main() -> int:
         from kubernetes import client
 
         core = client.CoreV1Api(api)
-        gpus = tuple(InventoryGpu(i, f"GPU-{i}", "H100", 81559, Mode.MPS, (), 16) for i in range(8))
-        inventory = encode_inventory(Inventory(gpus))
-        manifests = []
-        for n in range(args.nodes):
-            # The capacity the node agent advertises: kube-scheduler counts it (ADR 005).
-            capacity = {"gpupart.io/gpu-memory": 8 * 81559, "gpupart.io/gpu-compute": 800}
-            m = gpu_node(f"bench-{n:05d}", {"nvidia.com/gpu.shared": 128, **capacity})
-            m["metadata"]["annotations"][INVENTORY_ANNOTATION] = inventory
-            manifests.append(m)
         step(f"creating {args.nodes} nodes")
-        create_nodes(api, manifests)
-        port = free_port()
-        procs.append(
-            spawn(
-                "extender",
-                [
-                    sys.executable,
-                    "-m",
-                    "gpupart.cli",
-                    "extender",
-                    "--kubeconfig",
-                    str(cp.kubeconfig),
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "WARNING",
-                ],
-                workdir,
-            )
-        )
+        create_nodes(api, shared_gpu_nodes(args.nodes))
         step("starting the extender")
-        wait_for(lambda: http_ok(f"http://{LOOPBACK}:{port}/readyz"), 120, "the extender's cache")
-        config = yaml.safe_load(CONFIG_FILE.read_text())
-        config["extenders"][0]["urlPrefix"] = f"http://{LOOPBACK}:{port}/gpupart"
+        extender, port = start_extender(cp.kubeconfig, workdir)
+        procs.append(extender)
+        config = extender_config(port)
         plain = {k: v for k, v in config.items() if k != "extenders"}
         plain["profiles"] = [{**config["profiles"][0], "schedulerName": "gpupart-plain"}]
         unbatched = {**plain, "profiles": [{**plain["profiles"][0], "schedulerName": "unbatched"}]}

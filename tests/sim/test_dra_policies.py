@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from gpupart.cli import main
 from gpupart.core.dra.devices import Order
 from gpupart.core.mig.catalogue import require_gpu_model
-from gpupart.core.mig.layout import MigInstance, check_layout
+from gpupart.core.mig.layout import MigInstance, Placement, check_layout
 from gpupart.core.mig.planning import CreateGpuInstance, DestroyGpuInstance
-from gpupart.sim.dynamic.dra import DraOrder
+from gpupart.sim.dynamic.dra import DraOrder, Refusal, refusal_cause
 from gpupart.sim.dynamic.policies import POLICY_NAMES, run_policy
 from gpupart.sim.dynamic.simulation import (
     Cluster,
@@ -105,10 +105,13 @@ def test_nvidia_order_strands_a_4g_that_ours_places() -> None:
         SimPod("small", ("1g.10gb",), 0.0, 100_000.0),
         SimPod("large", ("4g.40gb",), 10.0, 100.0),
     ]
-    nvidia = simulate(one_gpu, pods, DraOrder(Order.NVIDIA))
+    by_name = DraOrder(Order.NVIDIA)
+    nvidia = simulate(one_gpu, pods, by_name)
     ours = simulate(one_gpu, pods, DraOrder(Order.GPUPART))
     assert [name for name, _ in nvidia.waits] == ["small"]
     assert [name for name, _ in ours.waits] == ["large", "small"]
+    # the GPU had room for a 4g, only not at slot 0: the order within the GPU missed it
+    assert by_name.refused == {"large": ("4g.40gb", Refusal.PLACEMENT)}
 
 
 def test_both_policies_are_registered_and_run_by_name() -> None:
@@ -147,3 +150,20 @@ def test_w4_mixes_every_size_at_the_asked_load() -> None:
     mean_rate = len(pods) / pods[-1].arrival
     # 8 GPUs x 8 slices at load 1, mean run 600 s, mean slices 2.95: about 0.036 pods/s
     assert 0.03 < mean_rate < 0.038
+
+
+def at(profile: str, start: int) -> MigInstance:
+    return MigInstance(Placement(start, H100.require_profile(profile).memory_slices), profile)
+
+
+def test_a_refusal_says_whether_a_gpu_an_order_across_gpus_or_nothing_could_have_helped() -> None:
+    # slot 0 taken, 6 compute and 7 memory slices free: a 4g fits there in count, not in place
+    assert refusal_cause(H100, [[at("1g.10gb", 0)]], "4g.40gb") is Refusal.PLACEMENT
+    # two GPUs with 3 compute slices free each: 6 in all, but no GPU has the 4g's 4
+    two = [[at("4g.40gb", 0)], [at("4g.40gb", 0)]]
+    assert refusal_cause(H100, two, "4g.40gb") is Refusal.SPREAD
+    # a full GPU, and a second one with a 3g's room only: no order makes a 7g fit
+    assert refusal_cause(H100, [[at("7g.80gb", 0)], [at("4g.40gb", 0)]], "7g.80gb") is Refusal.FULL
+    # seven 1g take every compute slice: a memory slice is left, but no 1g can be added
+    seven = [[at("1g.10gb", s) for s in range(7)]]
+    assert refusal_cause(H100, seven, "1g.10gb") is Refusal.FULL

@@ -14,11 +14,16 @@ dynamic-MIG agent would (`gpu_devices` with `in_use` the instances that exist, t
 `placement_order` against the observed mix. The devices are rebuilt after every allocation
 change, as the agent re-orders. The chosen instance is created for the pod (create latency)
 and destroyed when the pod leaves: no warm pool.
+
+Each pod the policy cannot place when it first tries is recorded with the cause
+(`refusal_cause`): whether a device order could have helped at that moment, and which part of
+the order (within a GPU, or across GPUs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
@@ -28,6 +33,7 @@ from gpupart.core.dra.pool import pool_slices
 from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_slice
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.errors import InvalidInput
+from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import Layout, MigInstance, Placement
 from gpupart.core.node.devices import OfferedGpu
 from gpupart.sim.dynamic.simulation import (
@@ -46,6 +52,42 @@ DRA_POLICIES = {"dra_nvidia_order": Order.NVIDIA, "dra_gpupart_order": Order.GPU
 _CLAIMS_NAMESPACE = "sim"
 CACHE_LIMIT = 4096
 """GPU device lists kept between decisions (a GPU's list depends only on its instances and the mix)."""
+
+
+class Refusal(StrEnum):
+    """Why no device of a node fits one more instance of a profile, from the GPUs' contents."""
+
+    PLACEMENT = "placement"
+    """A GPU has the compute slices, memory slices and instance room free, but no legal
+    placement of the profile among them: the order within that GPU put the others there (or
+    a limit of the profile's own, such as its media engines, is used up)."""
+    SPREAD = "spread"
+    """The node has that much free in total, but no one GPU has it: the order across GPUs."""
+    FULL = "full"
+    """The node has not that much free: no order could have placed it."""
+
+
+def refusal_cause(model: GpuModel, gpus: Sequence[Sequence[MigInstance]], profile: str) -> Refusal:
+    """Why one more `profile` fits on none of these GPUs (each GPU's instances; the caller
+    knows that none fits)."""
+    wanted = model.require_profile(profile)
+    free_compute = free_memory = 0
+    for gpu in gpus:
+        compute = model.compute_slices - sum(
+            model.require_profile(i.profile).compute_slices for i in gpu
+        )
+        memory = model.memory_slices - sum(i.placement.size for i in gpu)
+        if (
+            compute >= wanted.compute_slices
+            and memory >= wanted.memory_slices
+            and len(gpu) < model.max_instances
+        ):
+            return Refusal.PLACEMENT
+        free_compute += compute
+        free_memory += memory
+    if free_compute >= wanted.compute_slices and free_memory >= wanted.memory_slices:
+        return Refusal.SPREAD
+    return Refusal.FULL
 
 
 def instance_of_device(device_name: str, devices: Sequence[GpuDevices]) -> tuple[int, MigInstance]:
@@ -76,6 +118,8 @@ class DraOrder:
         self._cache: dict[tuple[int, int, tuple[MigInstance, ...]], GpuDevices] = {}
         self._views: dict[tuple[int, str, tuple[MigInstance, ...] | None], SliceView] = {}
         self._cache_mix: Mix | None = None
+        self.refused: dict[str, tuple[str, Refusal]] = {}
+        """Pod -> its largest profile and why it did not fit, at its first refusal."""
 
     def initial(self, node: SimNode) -> Layout:
         del node  # MIG on, no instance: each claim's instance is made when it is prepared
@@ -104,12 +148,31 @@ class DraOrder:
             ),
             key=lambda p: (-p.priority, p.arrival, p.name),
         )
-        return place_each(
+        decision = place_each(
             cluster.nodes,
             taken,
             waiting,
             lambda node, n, held, pod: self.allocate(node, n, held, pod, mix),
         )
+        placed = {pod for change in decision.changes for pod, _ in change.reservations}
+        for pod in waiting:
+            if pod.name not in placed and pod.name not in self.refused:
+                self.refused[pod.name] = self.refusal(cluster.nodes, taken, pod)
+        return decision
+
+    def refusal(
+        self, nodes: Sequence[SimNode], taken: dict[GpuKey, list[MigInstance]], pod: SimPod
+    ) -> tuple[str, Refusal]:
+        """The pod's largest profile and the nearest miss over the nodes (PLACEMENT first)."""
+        causes = []
+        largest = pod.profiles[0]
+        for n, node in enumerate(nodes):
+            model = node.model
+            largest = max(pod.profiles, key=lambda p: model.require_profile(p).memory_slices)
+            gpus = [taken[(n, index)] for index in range(node.gpus)]
+            causes.append(refusal_cause(model, gpus, largest))
+        rank = list(Refusal)
+        return largest, min(causes, key=rank.index, default=Refusal.FULL)
 
     def devices(
         self, node: SimNode, n: int, taken: dict[GpuKey, list[MigInstance]], mix: Mix
