@@ -1,4 +1,4 @@
-"""DRA test objects (no cluster): the chart's DeviceClasses as documents, H100 views, our pool documents, claims and pods."""
+"""DRA test objects without a cluster: DeviceClasses, H100 views, pool documents, claims, pods."""
 
 from __future__ import annotations
 
