@@ -127,6 +127,9 @@ class GpuConfig:
     demand; `mig` is then only the warm mix the plans keep on otherwise idle GPUs."""
     interface: Interface = Interface.DEVICE_PLUGIN
     """How the GPU reaches pods: the device plugin's extended resources, or DRA devices."""
+    dynamic_profiles: tuple[str, ...] | None = None
+    """Dynamic MIG only: the profiles it may offer (`spec.mig.dynamic.profiles`); None: all.
+    The planner reads them from the partition; DRA publishes only these placements."""
 
     @property
     def mig_counts(self) -> dict[str, int]:
@@ -195,6 +198,7 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         _parse_disruption(spec),
         dynamic=dynamic is not None,
         interface=_parse_interface(spec),
+        dynamic_profiles=dynamic.profiles if dynamic is not None else None,
     )
     parsed = PartitionSpec(
         name,
