@@ -77,14 +77,14 @@ def test_a_switch_is_withdrawn_first_then_offered_once_free():
     busy = Holders(("team-a/train",))
     first = served_interface(DRA, DP, busy, Holders())
     assert first.interface is None
-    assert "pods team-a/train" in first.message and first.holders == ("team-a/train",)
+    assert "pods team-a/train" in first.message and first.pods == ("team-a/train",)
     draining = served_interface(DRA, None, busy, Holders())
     assert draining.interface is None and "team-a/train" in draining.message
     assert served_interface(DRA, None, Holders(), Holders()).interface is DRA
     free = served_interface(DRA, DP, Holders(), Holders())
     assert free.interface is None and "withdrawn from devicePlugin" in free.message
     back = served_interface(DP, None, Holders(), ClaimUse({0: ("ns/c",)}).holders(0))
-    assert back.interface is None and "claims ns/c" in back.message
+    assert back.interface is None and "claims ns/c" in back.message and back.claims == ("ns/c",)
     unknown = served_interface(DP, None, Holders(), ClaimUse(known=False, problem="503").holders(0))
     assert unknown.interface is None and "unknown claims (503)" in unknown.message
 

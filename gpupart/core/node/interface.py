@@ -60,8 +60,10 @@ class Served:
     interface: Interface | None
     message: str = ""
     """Why neither interface offers the GPU ('' when one does)."""
-    holders: tuple[str, ...] = ()
-    """What the move waits for: pods or claims (namespace/name)."""
+    pods: tuple[str, ...] = ()
+    """The pods (namespace/name) the move waits for (to DRA)."""
+    claims: tuple[str, ...] = ()
+    """The claims (namespace/name) the move waits for (to the device plugin)."""
 
 
 def wanted_interface(target: GpuConfig | None) -> Interface:
@@ -87,7 +89,7 @@ def served_interface(
         return Served(
             None,
             f"{moving}: offered by neither while {old.text(kind)} hold it through {other}",
-            old.names,
+            **{kind: old.names},
         )
     if now is not None:
         return Served(None, f"{moving}: withdrawn from {other}, offered through {wanted} next")
