@@ -122,6 +122,8 @@ class Actuator:
         self._remembered: dict[int, RememberedMode] = {}
         self._served: dict[int, Interface | None] = {}
         """The interface each GPU was last offered through (None: neither); absent: unknown."""
+        self._targets: dict[int, GpuConfig | None] = {}
+        """Each GPU's target in the pass now (its views say whether it is dynamic MIG)."""
 
     def resume(self, previous: Inventory) -> None:
         """The time-sliced GPUs and their client slots from the inventory published before a restart.
@@ -169,6 +171,10 @@ class Actuator:
             return self.refuse(str(error), groups or (), plan)
         followed = self._follow(plan, gpus, None if groups is None else targets)
         claims = self._claim_use()
+        if groups is not None:
+            # A pass without a desired state to apply (none yet, or refused) changes nothing:
+            # the GPUs keep the targets, and so the interfaces, of the last one applied.
+            self._targets = {g.index: targets[g.index] for g in gpus}
 
         def one(info: GpuInfo) -> tuple[GpuReport, OfferedGpu, frozenset[str]]:
             target = None if groups is None else targets[info.index]
@@ -179,7 +185,8 @@ class Actuator:
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
                 report = GpuReport(info.index, GpuState.FAILED, Mode.NONE, message=str(error))
             view = self._view(info.index)
-            served = self._serve(view, wanted_interface(target), usage, claims)
+            wanted = self._targets.get(info.index)
+            served = self._serve(view, wanted_interface(wanted), usage, claims)
             view = replace(view, interface=served.interface)
             return _moving(report, served), view, self._held(info.index, view.mig, usage)
 
@@ -478,6 +485,8 @@ class Actuator:
     def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
         mode = self._mode(info)
+        target = self._targets.get(index)
+        dynamic = mode is Mode.MIG and target is not None and target.dynamic
         devices: tuple[OfferedMigDevice, ...] = tuple(
             r.device for r in self._records(info) if r.compute_instances
         )
@@ -513,6 +522,8 @@ class Actuator:
             mps_compute_percent=compute,
             interface=self._served.get(index, Interface.DEVICE_PLUGIN),
             pci_bus_id=info.pci_bus_id,
+            dynamic=dynamic,
+            dynamic_profiles=target.dynamic_profiles if dynamic and target else None,
         )
 
 
