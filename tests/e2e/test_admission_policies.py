@@ -645,9 +645,7 @@ def test_the_node_agent_writes_only_its_own_nodes_pool_of_our_driver(cp: Control
             "another pool": lambda: agent.create_resource_slice(
                 _slice("x-pool", NODE_A, pool=NODE_B)
             ),
-            "B's slice changed": lambda: agent.replace_resource_slice(
-                moved.metadata.name, moved
-            ),
+            "B's slice changed": lambda: agent.replace_resource_slice(moved.metadata.name, moved),
             "B's slice deleted": lambda: agent.delete_resource_slice("vap-b-gpupart-gpu-00"),
         }
         for what, attack in cases.items():

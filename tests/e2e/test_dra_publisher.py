@@ -16,10 +16,14 @@ writes it (`encode_desired`). One scenario, in order, because each step starts f
   in the order published before;
 - moved back to the device plugin: GPU 1 at once, GPU 0 only once no claim holds it; then the
   pool is gone.
+
+And the sink alone against the API server: a malformed claim, an unreachable API server and a
+slice deleted by someone else each affect only themselves.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import uuid
 from collections.abc import Generator
@@ -35,11 +39,18 @@ from gpupart.core.api.wire import (
     STATE_ANNOTATION,
     DesiredGroup,
     GpuState,
+    NodeReport,
     decode_report,
     encode_desired,
 )
 from gpupart.core.dra import names
 from gpupart.core.dra.read import SliceView, read_slices
+from gpupart.core.errors import GpupartError
+from gpupart.core.node.devices import OfferedGpu
+from gpupart_plugin.agent import Offer
+from gpupart_plugin.dra.publisher import PoolClient
+from gpupart_plugin.dra.sink import DraSink
+from gpupart_plugin.simgpu import SimulatedGpus
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane
 from gpupart_testsupport.polling import wait_for
@@ -288,3 +299,67 @@ def test_the_pool_follows_the_interface_the_kubelet_and_the_scheduler(
     pool.until(
         lambda: all(g.state is GpuState.APPLIED for g in pool.report().gpus), "both GPUs Applied"
     )
+
+
+def test_a_bad_claim_or_an_unreachable_api_server_affects_only_itself(
+    cp: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sink against the real API server, without a kubelet: a malformed claim is skipped
+    with its reason and the good one counts; a publish that cannot reach the API server is
+    logged, never raised; a slice deleted by someone else is published again."""
+    api = cp.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    node = f"drapub-{uuid.uuid4().hex[:6]}"
+    core.create_node({"metadata": {"name": node}})
+    sim = SimulatedGpus(["H100-SXM5-80GB"], node=node, mig_enabled=[False])
+    (info,) = sim.gpus()
+    view = OfferedGpu(
+        0, info.uuid, "H100-SXM5-80GB", info.memory_mib, 0, 0, Mode.NONE,
+        interface=Interface.DRA, pci_bus_id=info.pci_bus_id,
+    )  # fmt: skip
+    offer = Offer((view,), frozenset(), NodeReport((), ()))
+    sink = DraSink(PoolClient(api, node), sim.model)
+    good = {
+        "metadata": {"name": "good", "namespace": "ns", "uid": "u1"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "dev", "driver": names.DRIVER, "pool": node, "device": "gpu-0"}
+        ]}}},
+    }  # fmt: skip
+    bad = {
+        "metadata": {"name": "bad", "namespace": "ns", "uid": "u2"},
+        "status": {"allocation": {"devices": {"results": "all of them"}}},
+    }
+    caplog.set_level(logging.INFO)
+    sink.claims_listed((bad, good))
+    assert sink.claim_use().holders(0).names == ("ns/good",)
+    (skipped,) = [r for r in caplog.records if r.getMessage() == "Skipped unreadable ResourceClaim"]
+    assert "ResourceClaim ns/bad.status.allocation.devices.results: must be a list" in str(
+        skipped.kv["err"]
+    )
+    try:
+        sink.offer(offer)
+        name = f"{node}-gpupart-gpu-00"
+        (published,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+        assert published.metadata.name == name and published.spec.devices[0].name == "gpu-0"
+
+        unreachable = client.Configuration()
+        unreachable.host = "http://127.0.0.1:9"
+        down = DraSink(PoolClient(client.ApiClient(unreachable), node, timeout_s=2), sim.model)
+        down.offer(offer)  # logged, not raised
+        (failed,) = [
+            r for r in caplog.records if r.getMessage() == "Failed to publish ResourceSlices"
+        ]
+        assert "ResourceSlices of node" in str(failed.kv["err"])
+        with pytest.raises(GpupartError, match="list ResourceClaims"):
+            down.claim_use()  # the actuator counts every GPU as held through DRA
+
+        resource.delete_resource_slice(name)
+        sink.slice_deleted({"metadata": {"name": name}})
+        (again,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+        assert again.metadata.uid != published.metadata.uid
+        assert sink.writes == 2
+    finally:
+        core.delete_node(node)
+        for left in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+            resource.delete_resource_slice(left.metadata.name)
+        api.close()

@@ -57,7 +57,7 @@ def pool_use(claims: Iterable[ClaimView], pool: str) -> PoolUse:
                     Skipped(
                         "ResourceClaim",
                         claim.key,
-                        f"ResourceClaim {claim.key}: status.allocation.devices.results: "
+                        f"ResourceClaim {claim.key}.status.allocation.devices.results: "
                         f"{result.device[: names.MAX_DNS_LABEL]!r} is not a device of ours",
                     )
                 )
