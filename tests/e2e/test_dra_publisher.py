@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import uuid
 from collections.abc import Generator
 from pathlib import Path
@@ -40,16 +41,19 @@ from gpupart.core.api.wire import (
     DesiredGroup,
     GpuState,
     NodeReport,
+    decode_inventory,
     decode_report,
     encode_desired,
 )
 from gpupart.core.dra import names
-from gpupart.core.dra.read import SliceView, read_slices
+from gpupart.core.dra.claims import gpu_index
+from gpupart.core.dra.read import SliceView, read_claims, read_slices
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.devices import OfferedGpu
 from gpupart_plugin.agent import Offer
 from gpupart_plugin.dra.publisher import PoolClient
 from gpupart_plugin.dra.sink import DraSink
+from gpupart_plugin.podresources import PodResourcesClient
 from gpupart_plugin.simgpu import SimulatedGpus
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane
@@ -115,8 +119,9 @@ WHOLE_DRA = GpuConfig(Mode.NONE, interface=Interface.DRA)
 class Pool:
     """Reads of the node, its pool and its agent."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, node: str = NODE) -> None:
         self.stack = stack
+        self.node = node
         self.core = client.CoreV1Api(stack.api_client)
         self.resource = client.ResourceV1Api(stack.api_client)
         self.custom = client.CustomObjectsApi(stack.api_client)
@@ -129,7 +134,7 @@ class Pool:
 
     def raw(self) -> list[dict[str, Any]]:
         found = self.custom.list_cluster_custom_object(
-            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={self.node}"
         )
         return list(found["items"])
 
@@ -363,3 +368,156 @@ def test_a_bad_claim_or_an_unreachable_api_server_affects_only_itself(
         for left in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
             resource.delete_resource_slice(left.metadata.name)
         api.close()
+
+
+def test_a_node_moved_to_dra_and_back_with_pods_running_never_serves_a_gpu_twice(
+    cp: ControlPlane, stack: Stack
+) -> None:
+    """Two whole GPUs moved from the device plugin to DRA and back while a device-plugin pod
+    and a claim hold one each. A sampler checks, the whole time, from what the kubelet
+    (PodResources) and the API server (slices, claims) say: no GPU is in the kubelet's
+    device-plugin allocatable and in a slice at once, none a pod holds through the device plugin
+    is in a slice, and none is held by a device-plugin pod and a claim at once."""
+    node = "real-dra-move"
+    pool = Pool(stack, node)
+    core = pool.core
+    stack.start_real_node(node, "2xH100-SXM5-80GB:mig-off", {})
+    real = stack.real_nodes[node]
+    pool.until(lambda: core.read_node(node), "the kubelet to register the Node")
+    both = encode_desired((DesiredGroup("whole", 1, None, WHOLE_DP),))
+    core.patch_node(node, {"metadata": {"annotations": {DESIRED_ANNOTATION: both}}})
+    pool.until(lambda: (core.read_node(node).status.allocatable or {}).get(GPU) == "2", "2 GPUs")
+    inventory = (core.read_node(node).metadata.annotations or {})["gpupart.io/inventory"]
+    uuids = {g.index: g.uuid for g in decode_inventory(inventory).gpus}
+    namespace = f"drapub-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    cp.wait_namespace_ready(namespace)
+    kubelet = PodResourcesClient(str(real.pod_resources_socket))
+    violations: list[str] = []
+    samples = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        offered = set(kubelet.allocatable().get(GPU, ()))
+        held = {d for p in kubelet.list() if p.resource == GPU for d in p.device_ids}
+        found = pool.custom.list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={node}"
+        )["items"]
+        published = {
+            str(v.attribute(names.UUID)) for s in read_slices(found).items for v in s.devices
+        }
+        claimed = set()
+        listed = pool.custom.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims"
+        )["items"]
+        for c in read_claims(listed).items:
+            for r in c.results:
+                if r.pool == node and (index := gpu_index(r.device)) is not None:
+                    claimed.add(uuids[index])
+        for what, overlap in (
+            ("in allocatable and in a slice", offered & published),
+            ("held by a pod and in a slice", held & published),
+            ("held by a pod and a claim", held & claimed),
+        ):
+            if overlap:
+                violations.append(f"{what}: {sorted(overlap)}")
+        samples[0] += 1
+
+    def sampler() -> None:
+        while not stop.is_set():
+            try:
+                sample()
+            except Exception as error:  # noqa: BLE001 - a read that failed is no sample
+                print(f"sample failed: {error}")
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+
+    def pod(name: str, spec: dict[str, Any]) -> None:
+        claims = spec.pop("claims", None)
+        core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "gpupart/cuda:0", **spec}],
+                    **({"resourceClaims": claims} if claims else {}),
+                },
+            },
+        )
+
+    def running(name: str) -> bool:
+        return core.read_namespaced_pod(name, namespace).status.phase == "Running"
+
+    try:
+        pod("plugin-a", {"resources": {"limits": {GPU: "1"}}})
+        pool.until(lambda: running("plugin-a"), "a device-plugin pod running")
+        core.patch_node(
+            node,
+            {"metadata": {"annotations": {DESIRED_ANNOTATION: encode_desired(
+                (DesiredGroup("whole", 2, None, WHOLE_DRA),)
+            )}}},
+        )  # fmt: skip
+        # The free GPU moves; the held one waits for its pod.
+        pool.until(
+            lambda: sum(len(s["spec"].get("devices", [])) for s in pool.raw()) == 1,
+            "the free GPU published",
+        )
+        pool.custom.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims",
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "whole"},
+             "spec": {"devices": {"requests": [
+                 {"name": "dev", "exactly": {"deviceClassName": "gpu.gpupart.io"}}]}}},
+        )  # fmt: skip
+        pod(
+            "claims-b",
+            {
+                "resources": {"claims": [{"name": "dev"}]},
+                "claims": [{"name": "dev", "resourceClaimName": "whole"}],
+            },
+        )
+        pool.until(
+            lambda: core.read_namespaced_pod("claims-b", namespace).spec.node_name,
+            "the claim's pod bound",
+        )
+        core.delete_namespaced_pod("plugin-a", namespace, grace_period_seconds=0)
+        # PodResources may list a deleted pod for a while (the kubelet's termination of it),
+        # and the agent's retries back off to its 60 s relist meanwhile.
+        pool.until(
+            lambda: sum(len(s["spec"].get("devices", [])) for s in pool.raw()) == 2,
+            "the other GPU published once its pod left",
+            timeout=180,
+        )
+        # And back: the GPU the claim holds waits for it.
+        core.patch_node(
+            node,
+            {"metadata": {"annotations": {DESIRED_ANNOTATION: encode_desired(
+                (DesiredGroup("whole", 3, None, WHOLE_DP),)
+            )}}},
+        )  # fmt: skip
+        pool.until(
+            lambda: (core.read_node(node).status.allocatable or {}).get(GPU) == "1",
+            "one GPU back on the device plugin",
+        )
+        pod("plugin-c", {"resources": {"limits": {GPU: "1"}}})
+        pool.until(lambda: running("plugin-c"), "a device-plugin pod running again")
+        core.delete_namespaced_pod("claims-b", namespace, grace_period_seconds=0)
+        pool.custom.delete_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", "whole"
+        )
+        pool.until(
+            lambda: (core.read_node(node).status.allocatable or {}).get(GPU) == "2",
+            "both GPUs back on the device plugin",
+        )
+        pool.until(lambda: not pool.raw(), "no slice")
+    finally:
+        stop.set()
+        thread.join(30)
+        kubelet.close()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        stack.stop_real_node(node)
+    assert samples[0] > 20, samples
+    assert violations == []
