@@ -123,7 +123,8 @@ class Actuator:
         self._served: dict[int, Interface | None] = {}
         """The interface each GPU was last offered through (None: neither); absent: unknown."""
         self._targets: dict[int, GpuConfig | None] = {}
-        """Each GPU's target in the pass now (its views say whether it is dynamic MIG)."""
+        """Each GPU's target in the last desired state applied (its interface, and whether it is
+        dynamic MIG, go into its views)."""
 
     def resume(self, previous: Inventory) -> None:
         """The time-sliced GPUs and their client slots from the inventory published before a restart.
