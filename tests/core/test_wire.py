@@ -79,7 +79,16 @@ configs = st.one_of(
         .filter(bool)
         .map(lambda p: tuple(sorted(p))),
     ),
-).flatmap(lambda c: st.sampled_from(Interface).map(lambda i: replace(c, interface=i)))
+).flatmap(
+    lambda c: st.sampled_from(Interface).map(
+        # The profiles go with DRA only (parse_partition drops them otherwise).
+        lambda i: replace(
+            c,
+            interface=i,
+            dynamic_profiles=c.dynamic_profiles if i is Interface.DRA else None,
+        )
+    )
+)
 groups = st.builds(
     DesiredGroup,
     partition=names,
@@ -338,7 +347,13 @@ def test_an_unknown_interface_is_refused_naming_the_field():
 
 
 def test_dynamic_profiles_are_written_only_when_set_and_bad_ones_refused():
-    dyn = GpuConfig(Mode.MIG, (), dynamic=True, dynamic_profiles=("1g.10gb", "3g.40gb"))
+    dyn = GpuConfig(
+        Mode.MIG,
+        (),
+        dynamic=True,
+        interface=Interface.DRA,
+        dynamic_profiles=("1g.10gb", "3g.40gb"),
+    )
     text = encode_desired((DesiredGroup("d", 1, None, dyn),))
     assert json.loads(text)["groups"][0]["profiles"] == ["1g.10gb", "3g.40gb"]
     assert decode_desired(text)[0].config == dyn

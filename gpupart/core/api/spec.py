@@ -128,8 +128,10 @@ class GpuConfig:
     interface: Interface = Interface.DEVICE_PLUGIN
     """How the GPU reaches pods: the device plugin's extended resources, or DRA devices."""
     dynamic_profiles: tuple[str, ...] | None = None
-    """Dynamic MIG only: the profiles it may offer (`spec.mig.dynamic.profiles`); None: all.
-    The planner reads them from the partition; DRA publishes only these placements."""
+    """Dynamic MIG through DRA only: the profiles whose placements it publishes
+    (`spec.mig.dynamic.profiles`); None: all. Set only with `interface: dra`, so the desired
+    annotation of a device-plugin partition keeps its bytes (the planner reads the profiles
+    from the partition itself)."""
 
     @property
     def mig_counts(self) -> dict[str, int]:
@@ -190,6 +192,7 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         mps, replicas = _parse_mps(spec.record("mps"))
     elif mode is Mode.TIME_SLICING:
         replicas = spec.record("timeSlicing").integer("replicas", minimum=1, maximum=MAX_REPLICAS)
+    interface = _parse_interface(spec)
     config = GpuConfig(
         mode,
         mig,
@@ -197,8 +200,10 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         replicas,
         _parse_disruption(spec),
         dynamic=dynamic is not None,
-        interface=_parse_interface(spec),
-        dynamic_profiles=dynamic.profiles if dynamic is not None else None,
+        interface=interface,
+        dynamic_profiles=(
+            dynamic.profiles if dynamic is not None and interface is Interface.DRA else None
+        ),
     )
     parsed = PartitionSpec(
         name,
