@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from gpupart import logs
-from gpupart.core.api.spec import GpuConfig, Mode
+from gpupart.core.api.spec import GpuConfig, Interface, Mode
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuReport,
@@ -47,6 +47,14 @@ from gpupart.core.node.gpuplan import (
     plan_gpu,
     refused_report,
 )
+from gpupart.core.node.interface import (
+    NO_CLAIMS,
+    ClaimUse,
+    Holders,
+    Served,
+    served_interface,
+    wanted_interface,
+)
 from gpupart.core.node.modes import (
     DisableMig,
     EnableMig,
@@ -61,6 +69,10 @@ from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
 
 log = logging.getLogger(__name__)
+
+ClaimSource = Callable[[], ClaimUse]
+"""What this node's allocated ResourceClaims of our driver hold, per GPU (the DRA publisher's
+claim watch); raises when it cannot tell (every GPU then counts as held through DRA)."""
 
 Progress = Callable[[OfferedGpu, frozenset[str]], None]
 """Called from a GPU's thread after each instance a MIG plan creates there (GI and CI made):
@@ -94,12 +106,25 @@ ROUNDS = 3
 class Actuator:
     """Applies desired groups to this node's GPUs through a GpuBackend, as `plan_gpu` decides."""
 
-    def __init__(self, backend: GpuBackend, usage: UsageSource, mps: MpsDaemons) -> None:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        usage: UsageSource,
+        mps: MpsDaemons,
+        claims: ClaimSource | None = None,
+    ) -> None:
+        """`claims`: None where nothing is served through DRA (no claim can hold a GPU)."""
         self.backend = backend
         self.usage = usage
         self.mps = mps
+        self.claims = claims
         # TimeSlicing and None look the same to NVML; the agent remembers which it applied.
         self._remembered: dict[int, RememberedMode] = {}
+        self._served: dict[int, Interface | None] = {}
+        """The interface each GPU was last offered through (None: neither); absent: unknown."""
+        self._targets: dict[int, GpuConfig | None] = {}
+        """Each GPU's target in the last desired state applied (its interface, and whether it is
+        dynamic MIG, go into its views)."""
 
     def resume(self, previous: Inventory) -> None:
         """The time-sliced GPUs and their client slots from the inventory published before a restart.
@@ -110,6 +135,9 @@ class Actuator:
         """
         uuids = {g.index: g.uuid for g in self.backend.gpus()}
         for gpu in previous.gpus:
+            if uuids.get(gpu.index) == gpu.uuid:
+                # Which interface served it: a restart does not withdraw a GPU for nothing.
+                self._served[gpu.index] = gpu.interface
             if gpu.mode is not Mode.TIME_SLICING:
                 continue
             if uuids.get(gpu.index) != gpu.uuid or gpu.replicas < 1:
@@ -143,6 +171,11 @@ class Actuator:
             log.error("Refused desired layout", extra=logs.kv(err=error))
             return self.refuse(str(error), groups or (), plan)
         followed = self._follow(plan, gpus, None if groups is None else targets)
+        claims = self._claim_use()
+        if groups is not None:
+            # A pass without a desired state to apply (none yet, or refused) changes nothing:
+            # the GPUs keep the targets, and so the interfaces, of the last one applied.
+            self._targets = {g.index: targets[g.index] for g in gpus}
 
         def one(info: GpuInfo) -> tuple[GpuReport, OfferedGpu, frozenset[str]]:
             target = None if groups is None else targets[info.index]
@@ -153,7 +186,10 @@ class Actuator:
                 log.error("Failed to reconcile GPU", extra=logs.kv(gpu=info.index, err=error))
                 report = GpuReport(info.index, GpuState.FAILED, Mode.NONE, message=str(error))
             view = self._view(info.index)
-            return report, view, self._held(info.index, view.mig, usage)
+            wanted = self._targets.get(info.index)
+            served = self._serve(view, wanted_interface(wanted), usage, claims)
+            view = replace(view, interface=served.interface)
+            return _moving(report, served), view, self._held(info.index, view.mig, usage)
 
         # One thread per GPU: each GPU's steps run in order, GPUs at the same time (a plan's
         # instances on two GPUs take one create's time, not two). Each touches only its own
@@ -184,6 +220,32 @@ class Actuator:
         result = self.reconcile(None)
         report = refused_report(reason, result.report.gpus, groups, plan)
         return replace(result, report=report, failed=len(report.gpus))
+
+    def _claim_use(self) -> ClaimUse:
+        if self.claims is None:
+            return NO_CLAIMS
+        try:
+            return self.claims()
+        except Exception as error:  # noqa: BLE001 - unknown claims: every GPU counts as held
+            return ClaimUse(known=False, problem=str(error))
+
+    def _serve(
+        self, view: OfferedGpu, wanted: Interface, usage: DeviceUsage, claims: ClaimUse
+    ) -> Served:
+        """The interface the GPU is offered through now (`served_interface`), remembered."""
+        index = view.index
+        pods = Holders(usage.of(view.uuid, *(m.uuid for m in view.mig)), usage.known, usage.problem)
+        now = self._served.get(index)
+        served = served_interface(wanted, now, pods, claims.holders(index))
+        if served.interface is not now or index not in self._served:
+            log.info(
+                "Served GPU through interface",
+                extra=logs.kv(
+                    gpu=index, interface=served.interface or "none", reason=served.message
+                ),
+            )
+        self._served[index] = served.interface
+        return served
 
     def _follow(
         self,
@@ -457,6 +519,8 @@ class Actuator:
     def _view(self, index: int) -> OfferedGpu:
         info = self._fresh(index)
         mode = self._mode(info)
+        target = self._targets.get(index)
+        dynamic = mode is Mode.MIG and target is not None and target.dynamic
         devices: tuple[OfferedMigDevice, ...] = tuple(
             r.device for r in self._records(info) if r.compute_instances
         )
@@ -490,4 +554,18 @@ class Actuator:
             mps_pipe_directory=pipe,
             mps_memory_mib=memory,
             mps_compute_percent=compute,
+            interface=self._served.get(index, Interface.DEVICE_PLUGIN),
+            pci_bus_id=info.pci_bus_id,
+            dynamic=dynamic,
+            dynamic_profiles=target.dynamic_profiles if dynamic and target else None,
         )
+
+
+def _moving(report: GpuReport, served: Served) -> GpuReport:
+    """A GPU that neither interface offers while it moves reports Pending with why, unless
+    its pass has a worse state to say."""
+    if served.interface is not None or report.state is not GpuState.APPLIED:
+        return report
+    return replace(
+        report, state=GpuState.PENDING, message=served.message, blocking_pods=served.pods
+    )

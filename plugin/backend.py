@@ -47,6 +47,9 @@ class GpuInfo:
     mig_enabled: bool
     mig_pending: bool
     """A MIG mode change waits for a GPU reset (pending mode differs from current)."""
+    pci_bus_id: str = ""
+    """The PCI address (`0000:3b:00.0`), lower case as `resource.kubernetes.io/pciBusID`
+    wants it; empty when NVML did not say."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ from gpupart_plugin.deviceplugin.nodestatus import NodeStatusWriter
 from gpupart_plugin.deviceplugin.registration import DevicePlugins
 from gpupart_plugin.deviceplugin.sink import DevicePluginSink
 from gpupart_plugin.dra.kubelet.plugin import DesiredTargets, DraKubeletPlugin
+from gpupart_plugin.dra.publisher import PoolClient
+from gpupart_plugin.dra.sink import DraSink
 from gpupart_plugin.health import Boards, HealthMonitor
 from gpupart_plugin.metrics import NodeMetrics, serve_http
 from gpupart_plugin.mps import MpsDaemons
@@ -185,13 +187,20 @@ def run(args: argparse.Namespace) -> int:
         plugin_dir=settings.plugin_dir,
         kubelet_socket=settings.kubelet_socket,
     )
+    pool = PoolClient(client.ApiClient(configuration), settings.node_name)
+    dra = DraSink(pool, backend.model)
     actuator = Actuator(
-        backend, pod_resources.list, MpsDaemons(settings.mps_root, settings.mps_control)
+        backend,
+        pod_resources.list,
+        MpsDaemons(settings.mps_root, settings.mps_control),
+        dra.claim_use,
     )
     # In this order: a new device reaches the kubelet (served and registered) before the
     # inventory names it to the extender, and the Node status only once the kubelet holds it.
+    # A GPU leaving the device plugin is withdrawn there before DRA publishes it.
     sinks = (
         DevicePluginSink(hub, plugins, metrics),
+        dra,
         NodeAnnotations(node.publish),
         NodeStatusWriter(hub, pod_resources.allocatable, node.write_status),
     )
@@ -277,8 +286,19 @@ def run(args: argparse.Namespace) -> int:
             log.info("Pod left node", extra=logs.kv(pod=pod))
             passes.wake(pod)
 
+    def follow_claims() -> None:
+        for item in pool.watch_claims(stop, relist_s=settings.relist_s):
+            dra.claims_seen(item)
+
+    def follow_slices() -> None:
+        for deleted in pool.watch_slices(stop, relist_s=settings.relist_s):
+            dra.slice_deleted(deleted)
+
+    dra.wake = passes.wake
     threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
     threading.Thread(target=follow_pods, name="pod-watch", daemon=True).start()
+    threading.Thread(target=follow_claims, name="claim-watch", daemon=True).start()
+    threading.Thread(target=follow_slices, name="slice-watch", daemon=True).start()
     try:
         serve(passes, reconcile, stop)
     finally:

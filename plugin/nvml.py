@@ -67,6 +67,18 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+_BUS_ID = re.compile(r"([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+
+
+def pci_bus_id(text: str) -> str:
+    """NVML's bus id (`00000000:3B:00.0`) as `resource.kubernetes.io/pciBusID` wants it
+    (`0000:3b:00.0`: a 4-digit domain, lower case); '' when it is not one."""
+    match = _BUS_ID.fullmatch(text.strip().lower())
+    if match is None or int(match[1], 16) > 0xFFFF:
+        return ""
+    return f"{int(match[1], 16):04x}:{match[2]}:{match[3]}.{match[4]}"
+
+
 def _listed(
     what: str, function: Callable[..., None], parent: Any, profile_id: object, kind: Any, size: int
 ) -> list[Any]:
@@ -131,6 +143,10 @@ class NvmlGpus:
         except (pynvml.NVMLError, AttributeError):
             numa = None
         memory = _call(f"read memory of GPU {index}", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        try:
+            bus = pci_bus_id(_text(pynvml.nvmlDeviceGetPciInfo_v3(handle).busId))
+        except (pynvml.NVMLError, AttributeError):
+            bus = ""  # an attribute left out, never guessed
         return GpuInfo(
             index=index,
             uuid=_text(_call(f"read UUID of GPU {index}", pynvml.nvmlDeviceGetUUID, handle)),
@@ -141,6 +157,7 @@ class NvmlGpus:
             mig_capable=capable,
             mig_enabled=current == pynvml.NVML_DEVICE_MIG_ENABLE,
             mig_pending=pending != current,
+            pci_bus_id=bus,
         )
 
     def model(self, index: int) -> GpuModel:

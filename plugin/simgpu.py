@@ -91,6 +91,11 @@ class Fault:
     times: int = 1
 
 
+def simulated_bus_id(index: int) -> str:
+    """A simulated GPU's PCI address: one bus per GPU."""
+    return f"0000:{0x18 + index:02x}:00.0"
+
+
 class SimulatedGpus:
     """In-memory GPUs of one node; thread-safe, because the health loop waits on events concurrently."""
 
@@ -271,6 +276,7 @@ class SimulatedGpus:
                     mig_capable=True,
                     mig_enabled=g.mig_enabled,
                     mig_pending=g.mig_pending is not None,
+                    pci_bus_id=simulated_bus_id(g.index),
                 )
                 for g in self._gpus
             )

@@ -132,8 +132,11 @@ def test_rbac_has_no_wildcards_and_no_admin_roles(render: Render, combination: s
             for key in ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs"):
                 assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: * in {key}"
                 assert not any("*" in item for item in rule.get(key, [])), role["metadata"]["name"]
-            assert not {"escalate", "bind", "impersonate", "delete", "deletecollection"} & set(
-                rule["verbs"]
+            # One delete: the node agent's of its own pool's ResourceSlices (the admission
+            # policy confines it to its node and our driver).
+            deletes = "delete" if rule.get("resources") == ["resourceslices"] else None
+            assert not {"escalate", "bind", "impersonate", "delete", "deletecollection"} & (
+                set(rule["verbs"]) - {deletes}
             ), role["metadata"]["name"]
             assert "secrets" not in rule.get("resources", []), role["metadata"]["name"]
     for binding in by_kind(objects, "RoleBinding") + by_kind(objects, "ClusterRoleBinding"):
@@ -168,6 +171,9 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         | grants("", "nodes/status", "patch")  # capacity: extender-managed resources, new slices
         | grants("", "pods", "list", "watch", "patch")  # pods leaving; the allocation record
         | grants("", "events", "create")  # why an Allocate was refused
+        # DRA: its pool's slices (plugin/dra/publisher.py), and the claims allocated from it
+        | grants("resource.k8s.io", "resourceslices", "list", "watch", "create", "update", "delete")
+        | grants("resource.k8s.io", "resourceclaims", "list", "watch")
     )
     assert rules_of(objects, "extender") == (
         grants("", "nodes", "list", "watch")

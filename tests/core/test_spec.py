@@ -241,3 +241,10 @@ def test_bad_dynamic_fields_are_rejected_with_their_path(mig, where, words):
     with pytest.raises(InvalidInput, match=words) as error:
         parse_partition(with_spec(mig=mig))
     assert error.value.where == where
+
+
+def test_dynamic_profiles_reach_the_gpu_config_only_through_dra():
+    mig = {"dynamic": {"profiles": ["3g.40gb", "1g.10gb"]}}
+    dra = parse_partition(with_spec(mode="MIG", mig=mig, interface="dra")).config
+    assert dra.dynamic_profiles == ("1g.10gb", "3g.40gb")
+    assert parse_partition(with_spec(mode="MIG", mig=mig)).config.dynamic_profiles is None

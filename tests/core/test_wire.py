@@ -68,9 +68,27 @@ configs = st.one_of(
     ),
     st.builds(GpuConfig, st.just(Mode.NONE), disruption=disruptions),
     st.builds(
-        GpuConfig, st.just(Mode.MIG), mig_counts, disruption=disruptions, dynamic=st.just(True)
+        GpuConfig,
+        st.just(Mode.MIG),
+        mig_counts,
+        disruption=disruptions,
+        dynamic=st.just(True),
+        # As `spec.mig.dynamic.profiles` parses: sorted, distinct, 1 to 16; or all (None).
+        dynamic_profiles=st.none()
+        | st.sets(st.sampled_from(["1g.10gb", "1g.10gb+me", "2g.20gb", "3g.40gb", "7g.80gb"]))
+        .filter(bool)
+        .map(lambda p: tuple(sorted(p))),
     ),
-).flatmap(lambda c: st.sampled_from(Interface).map(lambda i: replace(c, interface=i)))
+).flatmap(
+    lambda c: st.sampled_from(Interface).map(
+        # The profiles go with DRA only (parse_partition drops them otherwise).
+        lambda i: replace(
+            c,
+            interface=i,
+            dynamic_profiles=c.dynamic_profiles if i is Interface.DRA else None,
+        )
+    )
+)
 groups = st.builds(
     DesiredGroup,
     partition=names,
@@ -326,3 +344,20 @@ def test_an_unknown_interface_is_refused_naming_the_field():
     )
     with pytest.raises(WireFormatError, match="interface"):
         decode_desired(text.replace('"dra"', '"both"'))
+
+
+def test_dynamic_profiles_are_written_only_when_set_and_bad_ones_refused():
+    dyn = GpuConfig(
+        Mode.MIG,
+        (),
+        dynamic=True,
+        interface=Interface.DRA,
+        dynamic_profiles=("1g.10gb", "3g.40gb"),
+    )
+    text = encode_desired((DesiredGroup("d", 1, None, dyn),))
+    assert json.loads(text)["groups"][0]["profiles"] == ["1g.10gb", "3g.40gb"]
+    assert decode_desired(text)[0].config == dyn
+    every = encode_desired((DesiredGroup("d", 1, None, replace(dyn, dynamic_profiles=None)),))
+    assert "profiles" not in every
+    with pytest.raises(WireFormatError, match=r"profiles\[1\]"):
+        decode_desired(text.replace('"3g.40gb"', '"3x.40gb"'))

@@ -11,6 +11,7 @@ server accepts and stores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Generator
 from typing import Any
@@ -597,3 +598,85 @@ def test_a_bound_token_names_the_pods_node_and_confines_the_agent(cp: ControlPla
         assert "without its node name" in message
     finally:
         api.close()
+
+
+# -- the node agent's ResourceSlices (DRA) -----------------------------------------------------
+
+
+def _slice(name: str, node: str, *, driver: str = "gpu.gpupart.io", pool: str = "") -> Any:
+    return client.V1ResourceSlice.model_validate(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": pool or node, "generation": 0, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}],
+            },
+        }
+    )
+
+
+def _slices(cp: ControlPlane, user: str | None = None, node: str | None = None) -> Any:
+    return client.ResourceV1Api(
+        cp.api_client() if user is None else impersonating(cp, user, node=node)
+    )
+
+
+def test_the_node_agent_writes_only_its_own_nodes_pool_of_our_driver(cp: ControlPlane) -> None:
+    """The agent of node A creates, updates and deletes slices of A's pool; it cannot write a
+    slice of node B, of another driver, or of B's pool name (which would make B's pool
+    incomplete), nor move or delete B's slice; nothing it was refused is stored."""
+    admin, agent = _slices(cp), _slices(cp, AGENT, NODE_A)
+    mine = agent.create_resource_slice(_slice("vap-a-gpupart-gpu-00", NODE_A))
+    mine.spec.pool.generation = 1
+    agent.replace_resource_slice(mine.metadata.name, mine)
+    admin.create_resource_slice(_slice("vap-b-gpupart-gpu-00", NODE_B))
+    moved = admin.read_resource_slice("vap-b-gpupart-gpu-00")
+    moved.spec.pool.generation = 7  # B's pool made incomplete at a generation of its own
+    try:
+        cases = {
+            "another node": lambda: agent.create_resource_slice(_slice("x-b", NODE_B)),
+            "another driver": lambda: agent.create_resource_slice(
+                _slice("x-nv", NODE_A, driver="gpu.nvidia.com")
+            ),
+            "another pool": lambda: agent.create_resource_slice(
+                _slice("x-pool", NODE_A, pool=NODE_B)
+            ),
+            "B's slice changed": lambda: agent.replace_resource_slice(moved.metadata.name, moved),
+            "B's slice deleted": lambda: agent.delete_resource_slice("vap-b-gpupart-gpu-00"),
+        }
+        for what, attack in cases.items():
+            message = refused_by(AGENT_POLICY, attack)
+            assert f"the gpupart node agent of node {NODE_A} may " in message, what
+            assert f"whose nodeName and pool are {NODE_A}" in message, what
+        assert "has driver gpu.nvidia.com, nodeName vap-node-a" in refused_by(
+            AGENT_POLICY, cases["another driver"]
+        )
+        names = {s.metadata.name for s in admin.list_resource_slice().items}
+        assert {"x-b", "x-nv", "x-pool"}.isdisjoint(names)
+        kept = admin.read_resource_slice("vap-b-gpupart-gpu-00")
+        assert kept.spec.node_name == NODE_B and kept.spec.pool.generation == 0
+        agent.delete_resource_slice(mine.metadata.name)
+        assert mine.metadata.name not in {
+            s.metadata.name for s in admin.list_resource_slice().items
+        }
+        # The agent's account without a node name writes no slice either.
+        nameless = _slices(cp, AGENT)
+        assert "without its node name" in refused_by(
+            AGENT_POLICY, lambda: nameless.create_resource_slice(_slice("x-none", NODE_A))
+        )
+    finally:
+        for name in ("vap-a-gpupart-gpu-00", "vap-b-gpupart-gpu-00"):
+            with contextlib.suppress(ApiException):
+                admin.delete_resource_slice(name)
+
+
+def test_the_node_agent_reads_claims_but_cannot_write_them(cp: ControlPlane) -> None:
+    agent = _slices(cp, AGENT, NODE_A)
+    agent.list_resource_claim_for_all_namespaces()
+    with pytest.raises(ApiException) as denied:
+        agent.delete_collection_namespaced_resource_claim(TENANT)
+    assert denied.value.status == 403  # RBAC: read only

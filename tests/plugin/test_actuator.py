@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from plugin_fakes import Pods
 
-from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Interface, Mode, MpsSettings
 from gpupart.core.api.wire import (
     DesiredGroup,
     GpuState,
@@ -22,6 +23,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement, layout_counts
 from gpupart.core.mig.planning import GpuInstanceState, plan_counts
+from gpupart.core.node.interface import ClaimUse
 from gpupart.logs import KlogFormatter
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.agent import NodeAgent
@@ -441,3 +443,59 @@ def test_a_missing_bad_or_foreign_inventory_falls_back_and_is_logged(
     assert result.report.gpus[1].state is GpuState.BLOCKED
     agent.reconcile(encode_desired(SHARED))
     assert caplog.text.count(logged) == 1, "read once, before the first pass"
+
+
+def test_a_gpu_moves_to_dra_once_no_pod_holds_it_and_back_once_no_claim_does(
+    tmp_path: Path,
+) -> None:
+    """Withdrawn first (neither offers it, Pending naming the holders), then offered through
+    the new interface once nothing holds it through the old one; the bus id rides along."""
+    sim = SimulatedGpus([H200, H200], mig_enabled=[False, False])
+    pods = Pods()
+    claims: dict[int, tuple[str, ...]] = {}
+    actuator = Actuator(
+        sim, pods, MpsDaemons(tmp_path / "mps", ["true"]), lambda: ClaimUse(dict(claims))
+    )
+    plain = DesiredGroup("p", 1, None, GpuConfig(Mode.NONE))
+    dra = DesiredGroup("p", 2, (0,), GpuConfig(Mode.NONE, interface=Interface.DRA))
+    first = actuator.reconcile((plain,))
+    assert [v.interface for v in first.views] == [Interface.DEVICE_PLUGIN] * 2
+    assert [v.pci_bus_id for v in first.views] == ["0000:18:00.0", "0000:19:00.0"]
+    uuid = first.views[0].uuid
+    pods.held = [PodDevices("team-a/train", "nvidia.com/gpu", (uuid,))]
+    for _ in range(2):  # withdrawn, then held back while the pod runs
+        moving = actuator.reconcile((dra, replace(plain, gpus=(1,))))
+        assert [v.interface for v in moving.views] == [None, Interface.DEVICE_PLUGIN]
+        report = moving.report.gpus[0]
+        assert report.state is GpuState.PENDING and report.blocking_pods == ("team-a/train",)
+        assert "pods team-a/train" in report.message and moving.waiting
+    pods.held = []
+    assert actuator.reconcile((dra, replace(plain, gpus=(1,)))).views[0].interface is Interface.DRA
+    claims[0] = ("team-b/claim",)
+    for _ in range(2):
+        back = actuator.reconcile((plain,))
+        assert back.views[0].interface is None
+        assert "claims team-b/claim" in back.report.gpus[0].message
+    claims.clear()
+    done = actuator.reconcile((plain,))
+    assert done.views[0].interface is Interface.DEVICE_PLUGIN
+    assert done.report.gpus[0].state is GpuState.APPLIED
+
+
+def test_a_restart_resumes_the_interface_and_unknown_claims_hold_the_move(tmp_path: Path) -> None:
+    sim = SimulatedGpus([H200], mig_enabled=[False])
+    (gpu,) = sim.gpus()
+    previous = Inventory((InventoryGpu(0, gpu.uuid, H200, 1, Mode.NONE, interface=Interface.DRA),))
+
+    def unreadable() -> ClaimUse:
+        raise KubeUnavailable("list claims: 503")
+
+    actuator = Actuator(sim, Pods(), MpsDaemons(tmp_path / "mps", ["true"]), unreadable)
+    actuator.resume(previous)
+    dra = DesiredGroup("p", 1, None, GpuConfig(Mode.NONE, interface=Interface.DRA))
+    assert actuator.reconcile((dra,)).views[0].interface is Interface.DRA  # no withdrawal
+    plain = DesiredGroup("p", 2, None, GpuConfig(Mode.NONE))
+    actuator.reconcile((plain,))
+    held = actuator.reconcile((plain,))
+    assert held.views[0].interface is None
+    assert "unknown claims" in held.report.gpus[0].message and "503" in held.report.gpus[0].message

@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 from gpupart.core.mig.catalogue import GpuModel, catalogue, compare_models, require_gpu_model
-from gpupart_plugin.nvml import NvmlGpus
+from gpupart_plugin.nvml import NvmlGpus, pci_bus_id
 
 NVML_NAME = {
     "A30-24GB": "NVIDIA A30",
@@ -89,6 +89,7 @@ def simulate_driver(monkeypatch: pytest.MonkeyPatch, name: str, model: GpuModel)
         "nvmlDeviceGetUUID": lambda _: "GPU-00000000-0000-0000-0000-000000000000",
         "nvmlDeviceGetName": lambda _: name,
         "nvmlDeviceGetMinorNumber": lambda _: 0,
+        "nvmlDeviceGetPciInfo_v3": lambda _: SimpleNamespace(busId=b"00000000:3B:00.0"),
         "nvmlDeviceGetGpuInstanceProfileInfo": profile_info,
         "nvmlDeviceGetGpuInstancePossiblePlacements": placements,
     }
@@ -115,3 +116,18 @@ def test_nvml_answers_read_back_as_the_catalogue_table(
         known.max_instances,
     )
     assert ctypes.sizeof(pynvml.c_nvmlGpuInstancePlacement_t) == 8  # the struct NVML fills
+
+
+def test_the_bus_id_is_read_as_the_standard_attribute_wants_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    known = require_gpu_model("A100-SXM4-80GB")
+    simulate_driver(monkeypatch, NVML_NAME["A100-SXM4-80GB"], known)
+    gpus = NvmlGpus(read_only=True)
+    try:
+        (info,) = gpus.gpus()
+    finally:
+        gpus.close()
+    assert info.pci_bus_id == "0000:3b:00.0"
+    assert pci_bus_id("0000:AF:1F.7") == "0000:af:1f.7"
+    assert pci_bus_id("not a bus") == pci_bus_id("100000000:3b:00.0") == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +33,8 @@ def test_discovery_and_read_only(nvml: object) -> None:
     assert isinstance(nvml, NvmlGpus)
     for info in nvml.gpus():
         assert info.uuid.startswith("GPU-") and info.memory_mib > 0
+        # As `resource.kubernetes.io/pciBusID` wants it (DRA), from nvmlDeviceGetPciInfo_v3.
+        assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", info.pci_bus_id)
         with pytest.raises(NvmlError):
             nvml.set_mig_mode(info.index, info.mig_enabled)  # refused before reaching NVML
 

@@ -127,6 +127,11 @@ class GpuConfig:
     demand; `mig` is then only the warm mix the plans keep on otherwise idle GPUs."""
     interface: Interface = Interface.DEVICE_PLUGIN
     """How the GPU reaches pods: the device plugin's extended resources, or DRA devices."""
+    dynamic_profiles: tuple[str, ...] | None = None
+    """Dynamic MIG through DRA only: the profiles whose placements it publishes
+    (`spec.mig.dynamic.profiles`); None: all. Set only with `interface: dra`, so the desired
+    annotation of a device-plugin partition keeps its bytes (the planner reads the profiles
+    from the partition itself)."""
 
     @property
     def mig_counts(self) -> dict[str, int]:
@@ -198,6 +203,9 @@ def parse_partition(raw: Mapping[str, Any]) -> PartitionSpec:
         _parse_disruption(spec),
         dynamic=dynamic is not None,
         interface=interface,
+        dynamic_profiles=(
+            dynamic.profiles if dynamic is not None and interface is Interface.DRA else None
+        ),
     )
     parsed = PartitionSpec(
         name,

@@ -12,7 +12,15 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from gpupart.core.api.records import Record
-from gpupart.core.api.spec import Disruption, GpuConfig, Interface, Mode, MpsSettings
+from gpupart.core.api.resources import check_profile_name
+from gpupart.core.api.spec import (
+    MAX_MIG_PROFILES,
+    Disruption,
+    GpuConfig,
+    Interface,
+    Mode,
+    MpsSettings,
+)
 from gpupart.core.errors import InvalidInput, WireFormatError
 from gpupart.core.mig.layout import Layout, MigInstance, Placement
 
@@ -257,6 +265,11 @@ def _config_json(config: GpuConfig) -> dict[str, Any]:
         "disruption": config.disruption.value,
         # Only when set, so a static partition's annotation keeps its bytes.
         **({"dynamic": True} if config.dynamic else {}),
+        **(
+            {"profiles": list(config.dynamic_profiles)}
+            if config.dynamic and config.dynamic_profiles is not None
+            else {}
+        ),
         # Only when not the default, likewise; an agent that predates DRA refuses the key
         # (an unknown field) rather than serve a DRA GPU through its device plugin.
         **(
@@ -286,6 +299,7 @@ def _read_config(record: Record) -> GpuConfig:
     if mode is Mode.TIME_SLICING:
         replicas = max(1, sliced)  # a time-sliced GPU offers at least one slot
     dynamic = record.boolean("dynamic", False) and mode is Mode.MIG
+    profiles = _profiles(record) if dynamic and record.has("profiles") else None
     interface = (
         _enum(record, "interface", Interface)
         if record.has("interface")
@@ -299,7 +313,21 @@ def _read_config(record: Record) -> GpuConfig:
         _enum(record, "disruption", Disruption),
         dynamic=dynamic,
         interface=interface,
+        dynamic_profiles=profiles,
     )
+
+
+def _profiles(record: Record) -> tuple[str, ...]:
+    """A dynamic GPU's allowed MIG profiles, as `spec.mig.dynamic.profiles` allows them."""
+    items = record.items("profiles")
+    where = record.path("profiles")
+    if not items or len(items) > MAX_MIG_PROFILES:
+        raise InvalidInput(where, f"lists {len(items)} profiles; 1 to {MAX_MIG_PROFILES}")
+    for position, name in enumerate(items):
+        if not isinstance(name, str):
+            raise InvalidInput(f"{where}[{position}]", f"must be a profile name, got {name!r:.40}")
+        check_profile_name(name, where=f"{where}[{position}]")
+    return tuple(sorted(set(items)))
 
 
 def encode_desired(groups: tuple[DesiredGroup, ...]) -> str:

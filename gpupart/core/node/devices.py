@@ -64,6 +64,10 @@ class OfferedGpu:
     other and neither may (a GPU is never offered through both at once)."""
     pci_bus_id: str = ""
     """NVML's PCI bus id (`0000:3b:00.0`), lower case; empty when not read."""
+    dynamic: bool = False
+    """MIG mode, dynamic (`spec.mig.dynamic`): instances are made on demand, so DRA offers
+    every placement of `dynamic_profiles` (None: all of the model's)."""
+    dynamic_profiles: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
