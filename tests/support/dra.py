@@ -30,9 +30,6 @@ from gpupart.core.api.wire import (
     encode_desired,
 )
 from gpupart.core.dra import names
-from gpupart.core.dra.devices import DraGpu, gpu_devices
-from gpupart.core.dra.pool import pool_slices
-from gpupart.core.node.devices import OfferedGpu
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane, http_get
 from gpupart_testsupport.kubelet import KubeletNode
@@ -194,9 +191,8 @@ def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float 
     """`gpupart node --dra` on the node with `gpus` simulated A100s, whole and all on DRA, and
     the node's pool published; returns each GPU's UUID by index.
 
-    Two stand-ins, for what is not built yet or not under test: the desired annotation is
-    written here as the operator writes it, and the pool is posted from the core's own
-    publisher functions (`pool_slices`, `gpu_devices`), as the agent's publisher will.
+    The desired annotation is written here as the operator writes it (the operator is not
+    under test); the pool is the agent's own publisher's.
     """
     from kubernetes import client
 
@@ -225,24 +221,18 @@ def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float 
         lambda: f'driverName="{names.DRIVER}"' in node.kubelet_log(),
         "the kubelet connected to our DRA plugin",
     )
-    offered = [
-        OfferedGpu(
-            g.index,
-            g.uuid,
-            g.product,
-            g.memory_mib,
-            g.index,
-            None,
-            Mode.NONE,
-            interface=Interface.DRA,
-        )  # fmt: skip
-        for g in sorted(inventory, key=lambda g: g.index)
-    ]
-    uid = core.read_node(node.name).metadata.uid
     custom = client.CustomObjectsApi(stack.api_client)
-    for doc in pool_slices(node.name, uid, [gpu_devices(DraGpu(g)) for g in offered]):
-        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc)
-    return [g.uuid for g in offered]
+
+    def published() -> bool:
+        """The agent's publisher has the node's pool out: one whole-GPU device per GPU."""
+        listed = custom.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={node.name}"
+        )["items"]
+        ours = [s for s in listed if s["spec"].get("driver") == names.DRIVER]
+        return sum(len(s["spec"].get("devices") or ()) for s in ours) == gpus
+
+    until(published, "the agent's ResourceSlices for the node's GPUs")
+    return [g.uuid for g in sorted(inventory, key=lambda g: g.index)]
 
 
 # --- the kubelet's own figures ---------------------------------------------------------------

@@ -17,8 +17,9 @@ Targets = Callable[[], Mapping[int, GpuConfig] | None]
 def gpu_source(
     backend: GpuBackend, actuator: Actuator, targets: Targets
 ) -> Callable[[], dict[int, DraGpuNow]]:
-    """Reads every GPU now. A GPU is DRA's only when its target says `interface: dra`
-    (before any desired annotation, none is); its MIG model is NVML's, None when not stated."""
+    """Reads every GPU now. A GPU is DRA's only while the agent serves it through DRA (its
+    view's interface: not while it moves there from the device plugin, nor back); its MIG
+    model is NVML's, None when not stated."""
 
     def read() -> dict[int, DraGpuNow]:
         wanted = targets() or {}
@@ -32,12 +33,13 @@ def gpu_source(
                 except GpupartError:
                     model = None
             dynamic = target is not None and target.mode is Mode.MIG and target.dynamic
+            view = actuator.view(info.index)
             found[info.index] = DraGpuNow(
-                actuator.view(info.index),
+                view,
                 model,
                 dynamic=dynamic,
                 warm=target.mig if target is not None and dynamic else (),
-                served=target is not None and target.interface is Interface.DRA,
+                served=view.interface is Interface.DRA,
             )
         return found
 
