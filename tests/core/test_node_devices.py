@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupart.core.api.spec import GpuConfig, Mode, MpsSettings
+from gpupart.core.api.spec import GpuConfig, Interface, Mode, MpsSettings
 from gpupart.core.api.wire import DesiredGroup
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance, Placement
@@ -105,6 +105,13 @@ def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:
     targets = gpu_targets(groups, [0, 1, 2])
     assert targets[0] == groups[0].config and targets[1].replicas == 3
     assert targets[2] == UNPARTITIONED
+
+
+def test_a_gpu_no_partition_names_on_a_dra_node_is_a_whole_gpu_through_dra():
+    dra = GpuConfig(Mode.MIG, (("1g.18gb", 7),), interface=Interface.DRA)
+    targets = gpu_targets((DesiredGroup("a", 1, (0,), dra),), [0, 1])
+    assert targets[1] == GpuConfig(Mode.NONE, interface=Interface.DRA)
+    assert gpu_targets((), [0])[0].interface is Interface.DEVICE_PLUGIN
 
 
 IDS = st.frozensets(st.sampled_from([f"MIG-{n}" for n in range(6)]))

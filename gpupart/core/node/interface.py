@@ -67,7 +67,8 @@ class Served:
 
 
 def wanted_interface(target: GpuConfig | None) -> Interface:
-    """A GPU's target interface; a GPU in no partition (or no desired state yet): the device plugin."""
+    """A GPU's target interface; no desired state yet: the device plugin (a GPU in no partition
+    has the node's interface in its target, `gpupart.core.node.targets`)."""
     return target.interface if target is not None else Interface.DEVICE_PLUGIN
 
 

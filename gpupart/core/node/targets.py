@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from gpupart.core.api.spec import GpuConfig, Mode
+from gpupart.core.api.spec import GpuConfig, Interface, Mode
 from gpupart.core.api.wire import DESIRED_ANNOTATION, DesiredGroup
 from gpupart.core.errors import InvalidInput
 
@@ -16,7 +16,10 @@ UNPARTITIONED = GpuConfig(Mode.NONE)
 def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[int, GpuConfig]:
     """Each GPU index's target; the operator orders groups by priority, so the first match wins.
 
-    A GPU that no group names returns to a whole GPU (the partition that held it was removed).
+    A GPU that no group names returns to a whole GPU (the partition that held it was removed),
+    served through the node's interface: the groups' (the operator never gives one node groups
+    of two interfaces, ADR 023), so a DRA node never offers its other GPUs through the device
+    plugin, where a pod asking `nvidia.com/gpu` would take that path instead of DRA's.
     A group that names a GPU twice, or one this node does not have, is InvalidInput: the
     operator never writes one, so the whole desired state is suspect and nothing is applied.
     MIG profiles asked zero times are left out of the target.
@@ -24,9 +27,11 @@ def gpu_targets(groups: Iterable[DesiredGroup], indices: Iterable[int]) -> dict[
     groups = tuple(groups)
     indices = tuple(indices)
     check_groups(groups, indices)
+    node_interface = groups[0].config.interface if groups else Interface.DEVICE_PLUGIN
+    unpartitioned = replace(UNPARTITIONED, interface=node_interface)
     targets = {}
     for index in indices:
-        target = UNPARTITIONED
+        target = unpartitioned
         for group in groups:
             if group.gpus is None or index in group.gpus:
                 config = group.config
