@@ -35,6 +35,8 @@ from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.mig.planning import CreateGpuInstance
 from gpupart_plugin.actuator import Actuator
+from gpupart_plugin.api import podresources_pb2 as pr
+from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
 from gpupart_plugin.backend import NvmlFailure
 from gpupart_plugin.dra.api.health import api_pb2 as health_api
 from gpupart_plugin.dra.api.health import api_pb2_grpc as health_grpc
@@ -450,6 +452,27 @@ AGENT_NODE = "dra-agent-node"
 GPUPART = Path(sys.executable).parent / "gpupart"
 
 
+class _NoPods(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources with no pod on the node: the agent needs its answer before it
+    moves a GPU to DRA (unknown use counts as held, ADR 022), and this test runs no kubelet."""
+
+    def List(self, _request: Any, _context: Any) -> Any:  # noqa: N802 (gRPC method name)
+        return pr.ListPodResourcesResponse()
+
+    def GetAllocatableResources(self, _request: Any, _context: Any) -> Any:  # noqa: N802
+        return pr.AllocatableResourcesResponse()
+
+
+@pytest.fixture
+def no_pods(tmp_path: Path) -> Generator[None, None, None]:
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    pr_grpc.add_PodResourcesListerServicer_to_server(_NoPods(), server)
+    server.add_insecure_port(f"unix://{tmp_path / 'pod-resources.sock'}")
+    server.start()
+    yield
+    server.stop(grace=None).wait(5)
+
+
 def _start_agent(root: Path, kubeconfig: Path) -> Proc:
     (root / "keys").touch()
     return spawn(
@@ -498,6 +521,7 @@ def _ready(root: Path, probe: dict[str, Any]) -> None:
     )
 
 
+@pytest.mark.usefixtures("no_pods")
 def test_a_real_agent_killed_mid_create_leaks_nothing_and_creates_once(
     api: Any, k8s_control_plane: Any, namespace: str, tmp_path: Path
 ) -> None:
