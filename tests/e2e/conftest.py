@@ -21,7 +21,7 @@ from gpupart_testsupport.cluster import (
     bin_dir_from_env,
     missing_binaries,
 )
-from gpupart_testsupport.dra import start_dra_node
+from gpupart_testsupport.dra import install_gpupart_device_classes, start_dra_node
 from gpupart_testsupport.kubelet import KubeletNode
 from gpupart_testsupport.stack import Stack
 
@@ -104,6 +104,19 @@ def dra_control_plane(k8s_bin_dir: Path) -> Generator[ControlPlane, None, None]:
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-dra-"))
     cp = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
     yield from _run_control_plane("dra_control_plane", cp, None)
+
+
+@pytest.fixture(scope="module")
+def dra_kwok_plane(
+    k8s_bin_dir: Path, request: pytest.FixtureRequest
+) -> Generator[ControlPlane, None, None]:
+    """A module's own control plane with kube-controller-manager and the chart's DeviceClasses,
+    for the DRA modules on kwok nodes: what one module allocates never meets another's pools."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"gpupart-e2e-{request.module.__name__}-"))
+    cp = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
+    for plane in _run_control_plane("dra_kwok_plane", cp, None):
+        install_gpupart_device_classes(plane)
+        yield plane
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,9 @@ slice deleted by someone else each affect only themselves.
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import uuid
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,7 +53,6 @@ from gpupart_plugin.dra.publisher import PoolClient
 from gpupart_plugin.dra.sink import DraSink
 from gpupart_plugin.podresources import PodResourcesClient
 from gpupart_plugin.simgpu import SimulatedGpus
-from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.stack import Stack
@@ -69,22 +66,9 @@ GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture(scope="module")
-def cp(k8s_bin_dir: Path) -> Generator[ControlPlane, None, None]:
-    workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-drapub-"))
-    plane = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
-    try:
-        plane.start(scheduler_config=None)
-        rendered = plane.helm(
-            "template", "gp", str(CHART), *IMAGE_FLAGS, "--set-json", "dra.enabled=true",
-            "--show-only", "templates/dra-deviceclasses.yaml",
-        ).stdout  # fmt: skip
-        plane.kubectl("apply", "-f", "-", input=rendered)
-        yield plane
-    except BaseException:
-        print(plane.log_tails())
-        raise
-    finally:
-        plane.stop()
+def cp(dra_kwok_plane: ControlPlane) -> ControlPlane:
+    """The module's own control plane with kube-controller-manager and our DeviceClasses."""
+    return dra_kwok_plane
 
 
 @pytest.fixture(scope="module")

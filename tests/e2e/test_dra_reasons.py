@@ -10,11 +10,9 @@ PodScheduled message first: it says the claims cannot be allocated, and nothing 
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import uuid
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,12 +27,10 @@ from gpupart_extender.metrics import Metrics
 from gpupart_extender.pending import REASON, PendingPods, Reporter
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
-from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import ControlPlane, condition
 from gpupart_testsupport.polling import wait_for
 
 from .test_dra_scheduler import (
-    CHART,
     FACTS,
     H100,
     WAIT_S,
@@ -54,28 +50,9 @@ SCHEDULERS = ("default-scheduler",)
 
 
 @pytest.fixture(scope="module")
-def cp(k8s_bin_dir: Path) -> Generator[ControlPlane, None, None]:
-    workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-dra-reasons-"))
-    plane = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
-    try:
-        plane.start(scheduler_config=None)
-        rendered = plane.helm(
-            "template",
-            "gp",
-            str(CHART),
-            *IMAGE_FLAGS,
-            "--set-json",
-            "dra.enabled=true",
-            "--show-only",
-            "templates/dra-deviceclasses.yaml",
-        ).stdout
-        plane.kubectl("apply", "-f", "-", input=rendered)
-        yield plane
-    except BaseException:
-        print(plane.log_tails())
-        raise
-    finally:
-        plane.stop()
+def cp(dra_kwok_plane: ControlPlane) -> ControlPlane:
+    """The module's own control plane with kube-controller-manager and our DeviceClasses."""
+    return dra_kwok_plane
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,8 @@ so that what one test allocates never changes another's answer.
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from collections.abc import Generator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +26,6 @@ from gpupart.core.dra.read import SliceView, read_claims, read_slices
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.devices import OfferedGpu, OfferedMigDevice
-from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane, condition, create_nodes, gpu_node
 from gpupart_testsupport.polling import wait_for
 
@@ -40,29 +37,9 @@ WAIT_S = 60
 
 
 @pytest.fixture(scope="module")
-def cp(k8s_bin_dir: Path) -> Generator[ControlPlane, None, None]:
-    """A control plane with kube-controller-manager, and the chart's DeviceClasses installed."""
-    workdir = Path(tempfile.mkdtemp(prefix="gpupart-e2e-dra-"))
-    plane = ControlPlane(bin_dir=k8s_bin_dir, workdir=workdir, controller_manager=True)
-    try:
-        plane.start(scheduler_config=None)
-        rendered = plane.helm(
-            "template",
-            "gp",
-            str(CHART),
-            *IMAGE_FLAGS,
-            "--set-json",
-            "dra.enabled=true",
-            "--show-only",
-            "templates/dra-deviceclasses.yaml",
-        ).stdout
-        plane.kubectl("apply", "-f", "-", input=rendered)
-        yield plane
-    except BaseException:
-        print(plane.log_tails())
-        raise
-    finally:
-        plane.stop()
+def cp(dra_kwok_plane: ControlPlane) -> ControlPlane:
+    """The module's own control plane with kube-controller-manager and our DeviceClasses."""
+    return dra_kwok_plane
 
 
 @pytest.fixture

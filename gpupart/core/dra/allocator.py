@@ -71,19 +71,33 @@ def round_up(request: Fraction | None, capacity: Capacity) -> Fraction | None:
     return request
 
 
+DeviceKey = tuple[str, str, str]
+"""(driver, pool, device name)."""
+CounterKey = tuple[str, str, str, str]
+"""(driver, pool, counter set, counter)."""
+
+
+def pool_contents(
+    pools: Mapping[tuple[str, str], Sequence[SliceView]],
+) -> tuple[dict[DeviceKey, DeviceView], dict[CounterKey, Fraction]]:
+    """Every device and every counter's total of the usable pools, by key."""
+    devices: dict[DeviceKey, DeviceView] = {}
+    counters: dict[CounterKey, Fraction] = {}
+    for (driver, pool), views in pools.items():
+        for view in views:
+            for device in view.devices:
+                devices[(driver, pool, device.name)] = device
+            for set_name, amounts in view.counter_sets:
+                for counter, value in amounts:
+                    counters[(driver, pool, set_name, counter)] = value
+    return devices, counters
+
+
 class _State:
     """What is taken: devices, counters, consumed capacity; changed and restored by the search."""
 
     def __init__(self, pools: Mapping[tuple[str, str], Sequence[SliceView]]) -> None:
-        self.devices: dict[tuple[str, str, str], DeviceView] = {}
-        self.counters: dict[tuple[str, str, str, str], Fraction] = {}
-        for (driver, pool), views in pools.items():
-            for view in views:
-                for device in view.devices:
-                    self.devices[(driver, pool, device.name)] = device
-                for set_name, amounts in view.counter_sets:
-                    for counter, value in amounts:
-                        self.counters[(driver, pool, set_name, counter)] = value
+        self.devices, self.counters = pool_contents(pools)
         self.taken: set[tuple[str, str, str]] = set()
         self.used: dict[tuple[str, str, str, str], Fraction] = {}
         self.consumed: dict[tuple[str, str, str, str], Fraction] = {}

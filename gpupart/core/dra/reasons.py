@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gpupart.core.dra import names
-from gpupart.core.dra.allocator import DeviceRequest, first_fit, round_up, usable_pools
+from gpupart.core.dra.allocator import (
+    DeviceRequest,
+    first_fit,
+    pool_contents,
+    round_up,
+    usable_pools,
+)
 from gpupart.core.dra.read import AllocationResult, ClaimView, DeviceView, SliceView
 from gpupart.core.dra.requests import (
     Alternative,
@@ -277,15 +283,7 @@ class _Usage:
     """What the allocated claims take of a node's usable pools, and who holds it."""
 
     def __init__(self, pools: Mapping[tuple[str, str], Sequence[SliceView]]) -> None:
-        self.devices: dict[tuple[str, str, str], DeviceView] = {}
-        self.counters: dict[tuple[str, str, str, str], Fraction] = {}
-        for (driver, pool), views in pools.items():
-            for view in views:
-                for device in view.devices:
-                    self.devices[(driver, pool, device.name)] = device
-                for set_name, amounts in view.counter_sets:
-                    for counter, value in amounts:
-                        self.counters[(driver, pool, set_name, counter)] = value
+        self.devices, self.counters = pool_contents(pools)
         self.taken: dict[tuple[str, str, str], str] = {}
         self.used: dict[tuple[str, str, str, str], Fraction] = {}
         self.users: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
