@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -186,7 +186,8 @@ def _device(
         raise ClaimRefused(
             ref.key,
             f"{where}.device: GPU {gpu.gpu.index} is not served through DRA now (its partition "
-            "does not say interface: dra, or the node agent has not read its desired state yet)",
+            "does not say interface: dra, it is still moving from the device plugin, or the "
+            "node agent has not read its desired state yet)",
         )
     view = gpu.gpu
     base = PreparedDevice(
@@ -247,14 +248,9 @@ def _mig(
                 ref.key,
                 f"{where}.device: GPU {view.index} has a static layout without {wanted}",
             )
-    return PreparedDevice(
-        request=base.request,
-        pool=base.pool,
-        device=base.device,
-        gpu_index=base.gpu_index,
-        gpu_uuid=base.gpu_uuid,
+    return replace(
+        base,
         kind=DeviceKind.MIG,
-        share_id=base.share_id,
         instance=wanted,
         mig_uuid=found.uuid if found is not None else "",
         dynamic=gpu.dynamic,
@@ -298,14 +294,9 @@ def _shared(
             client_limits(memory_mib, percent, defaults=defaults, gpu_memory_mib=view.memory_mib)
         except InvalidInput as error:
             raise ClaimRefused(ref.key, f"{where}: {error.problem}") from None
-    return PreparedDevice(
-        request=base.request,
-        pool=base.pool,
-        device=base.device,
-        gpu_index=base.gpu_index,
-        gpu_uuid=base.gpu_uuid,
+    return replace(
+        base,
         kind=DeviceKind.SHARED,
-        share_id=base.share_id,
         memory_mib=memory_mib,
         compute_percent=percent,
     )
