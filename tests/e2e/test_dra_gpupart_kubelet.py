@@ -297,3 +297,72 @@ def test_a_burst_of_mixed_claims_gives_each_container_exactly_its_device_and_lim
         "the burst's MIG instances destroyed",
         detail=lambda: f"{agent.mig_instances(MIG_GPU)}\n{agent.stack.tails()}",
     )
+
+
+def test_a_failed_compute_instance_create_shows_on_the_pod_leaves_no_instance_and_clears(
+    dra_node: KubeletNode, agent: Agent, dra_namespace: str
+) -> None:
+    api = agent.stack.api_client
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ns, node = dra_namespace, dra_node
+    # Every compute instance create fails until cleared (the kubelet retries the prepare).
+    fault = {"operation": "CreateComputeInstance", "kind": "InsufficientResources", "times": 10**6}
+    agent.stack.inject_faults(node.name, fault)
+    try:
+        custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            "resourceclaimtemplates",
+            claim_template("mig", "mig-1g10gb.gpupart.io"),
+        )
+        core.create_namespaced_pod(ns, claim_pod("faulty", "mig", node.name))
+
+        def refused() -> str | None:
+            events = core.list_namespaced_event(ns, field_selector="involvedObject.name=faulty")
+            return next(
+                (
+                    e.message
+                    for e in events.items
+                    if e.reason == "FailedPrepareDynamicResources"
+                    and "could not create its MIG instance" in (e.message or "")
+                ),
+                None,
+            )
+
+        message = wait_for(
+            refused,
+            WAIT_S,
+            "FailedPrepareDynamicResources with our reason on pod faulty",
+            detail=lambda: f"{agent.stack.tails()}\n{node.tails()}",
+        )
+        assert "CreateComputeInstance" in message and "InsufficientResources" in message, message
+        # The GPU instance made before the failing call was rolled back.
+        wait_for(
+            lambda: agent.mig_instances(MIG_GPU) == {},
+            WAIT_S,
+            "no MIG instance left after the failed create",
+            detail=lambda: f"{agent.mig_instances(MIG_GPU)}",
+        )
+        assert core.read_namespaced_pod("faulty", ns).status.phase == "Pending"
+    finally:
+        agent.stack.inject_faults(node.name)
+
+    pod = wait_for(
+        lambda: _running(api, ns, "faulty"),
+        3 * WAIT_S,
+        "pod faulty Running once the fault is cleared",
+        detail=lambda: f"{agent.stack.tails()}\n{node.tails()}",
+    )
+    wanted = placement_of(_allocated(api, ns, pod)["device"])
+    made = agent.mig_instances(MIG_GPU)
+    assert list(made) == [wanted], made
+    got = node.container(ns, "faulty", "app-0")
+    assert got is not None and got["env"]["NVIDIA_VISIBLE_DEVICES"] == made[wanted], got
+    core.delete_namespaced_pod("faulty", ns, grace_period_seconds=0)
+    wait_for(
+        lambda: agent.mig_instances(MIG_GPU) == {},
+        WAIT_S,
+        "the claim's MIG instance destroyed at unprepare",
+        detail=agent.stack.tails,
+    )
