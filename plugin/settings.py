@@ -60,8 +60,8 @@ class NodeSettings:
     """Simulated GPUs only: a file that keeps their MIG modes and instances across restarts of
     the agent, as a real GPU keeps them; None: they start empty with each process."""
     simulate_faults: Path | None
-    """Simulated GPUs only: a JSON file of NVML faults to inject, read again whenever it
-    changes (how a test fails a call in a running agent); None: none."""
+    """Simulated GPUs only: a JSON file of NVML faults to inject and Xids to raise, read again
+    whenever it changes (how a test fails a call in a running agent); None: none."""
     ignored_xids: frozenset[int]
     recovery_s: float
     relist_s: float

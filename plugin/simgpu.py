@@ -99,10 +99,20 @@ class Fault:
     times: int = 1
 
 
-def parse_faults(path: Path) -> list[Fault]:
-    """The faults a `--simulate-faults` file lists: a JSON list of objects with `kind` (an
-    NvmlFailure value), and optionally `operation`, `after` and `times`; InvalidInput naming
-    the file and the entry when it is not that."""
+@dataclass(frozen=True, slots=True)
+class SimulatedXid:
+    """An Xid on GPU `gpu` (its GPU instance, if set) that a faults file raises once."""
+
+    gpu: int
+    xid: int
+    gpu_instance_id: int | None = None
+
+
+def parse_faults(path: Path) -> tuple[list[Fault], list[SimulatedXid]]:
+    """The faults and Xids a `--simulate-faults` file lists: a JSON list of objects, each a
+    fault (`kind`, an NvmlFailure value, and optionally `operation`, `after`, `times`) or an
+    Xid (`xid`, `gpu`, optionally `gpuInstanceId`); InvalidInput naming the file and the entry
+    when it is not that."""
     where = f"--simulate-faults {path}"
     try:
         with path.open("rb") as f:
@@ -113,22 +123,37 @@ def parse_faults(path: Path) -> list[Fault]:
     except (OSError, ValueError) as error:
         raise InvalidInput(where, f"cannot be read ({error})") from None
     if not isinstance(raw, list):
-        raise InvalidInput(where, "must be a JSON list of faults")
-    found = []
+        raise InvalidInput(where, "must be a JSON list of faults and Xids")
+    faults, xids = [], []
     for k, entry in enumerate(raw):
         try:
+            if isinstance(entry, dict) and "xid" in entry:
+                xids.append(_xid(entry))
+                continue
             if not isinstance(entry, dict) or set(entry) - {"kind", "operation", "after", "times"}:
-                raise ValueError("an object with kind, operation, after, times")
+                raise ValueError("a fault is an object with kind, operation, after, times")
             operation = entry.get("operation")
             after, times = entry.get("after", 0), entry.get("times", 1)
             if operation is not None and not isinstance(operation, str):
                 raise ValueError("operation must be a string")
             if type(after) is not int or type(times) is not int or after < 0 or times < 1:
                 raise ValueError("after must be an integer ≥ 0 and times ≥ 1")
-            found.append(Fault(NvmlFailure(entry.get("kind")), after, operation, times))
+            kind = entry.get("kind")
+            if kind not in set(NvmlFailure):
+                raise ValueError(f"kind {kind!r} is none of {', '.join(NvmlFailure)}")
+            faults.append(Fault(NvmlFailure(str(kind)), after, operation, times))
         except ValueError as error:
             raise InvalidInput(f"{where} [{k}]", str(error)) from None
-    return found
+    return faults, xids
+
+
+def _xid(entry: dict[str, object]) -> SimulatedXid:
+    if set(entry) - {"xid", "gpu", "gpuInstanceId"}:
+        raise ValueError("an Xid is an object with xid, gpu, gpuInstanceId")
+    xid, gpu, gi = entry.get("xid"), entry.get("gpu"), entry.get("gpuInstanceId")
+    if type(xid) is not int or type(gpu) is not int or not (gi is None or type(gi) is int):
+        raise ValueError("xid, gpu and gpuInstanceId must be integers")
+    return SimulatedXid(gpu, xid, gi)
 
 
 def simulated_bus_id(index: int) -> str:
@@ -259,7 +284,8 @@ class SimulatedGpus:
             self._faults.clear()
 
     def _read_faults_file(self) -> None:
-        """The faults file's faults in place of the current ones, when it changed (under `_lock`).
+        """The faults file's faults in place of the current ones, and its Xids raised, when it
+        changed (under `_lock`).
 
         A missing file means no faults. One that cannot be read or parsed leaves the current
         faults as they are, and says why in the log: a test control never guesses a fault.
@@ -285,12 +311,18 @@ class SimulatedGpus:
             return
         self._faults_seen = seen
         try:
-            self._faults = [[f, 0, f.times] for f in parse_faults(path)]
+            faults, xids = parse_faults(path)
+            if any(not 0 <= x.gpu < len(self._gpus) for x in xids):
+                raise InvalidInput(f"--simulate-faults {path}", "an Xid names no GPU of this node")
         except InvalidInput as error:
             log.warning(
                 "Ignored unreadable simulated faults",
                 extra=logs.kv(path=str(path), error=str(error)),
             )
+            return
+        self._faults = [[f, 0, f.times] for f in faults]
+        for x in xids:
+            self._events.put(XidEvent(self._gpus[x.gpu].uuid, x.xid, x.gpu_instance_id, None))
 
     def start_process(self, index: int, pid: int, instance: MigInstance | None = None) -> None:
         """A CUDA process on the whole GPU, or on the GPU instance at `instance`."""
@@ -451,6 +483,8 @@ class SimulatedGpus:
             self._save()
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
+        with self._lock:
+            self._read_faults_file()
         try:
             return self._events.get(timeout=timeout_s)
         except queue.Empty:

@@ -58,6 +58,8 @@ CONFIGS = (
     GpuConfig(Mode.MIG, dynamic=True, interface=Interface.DRA),
     GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=8, interface=Interface.DRA),
 )
+RECOVERY_S = 10
+"""The agent's clean window after an Xid."""
 WHOLE_ONLY = (f'device.attributes["{names.DRIVER}"].{names.INDEX} < {MIG_GPU}',)
 """A whole-GPU claim kept off the dynamic GPU's `gpu-2` (its prepare is refused: ADR 026)."""
 
@@ -99,7 +101,9 @@ def agent(
     api = dra_control_plane.api_client()
     stack = Stack(dra_control_plane, api, Path(tmp_path_factory.mktemp("dra-agent")))
     try:
-        uuids = start_gpupart_dra(stack, dra_node, len(CONFIGS), configs=CONFIGS)
+        uuids = start_gpupart_dra(
+            stack, dra_node, len(CONFIGS), configs=CONFIGS, recovery_s=RECOVERY_S
+        )
         yield Agent(stack, uuids, stack.work / f"simgpu-{dra_node.name}.json")
     except BaseException:
         print(stack.tails())
@@ -366,3 +370,63 @@ def test_a_failed_compute_instance_create_shows_on_the_pod_leaves_no_instance_an
         "the claim's MIG instance destroyed at unprepare",
         detail=agent.stack.tails,
     )
+
+
+def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears(
+    dra_node: KubeletNode, agent: Agent, dra_namespace: str
+) -> None:
+    api = agent.stack.api_client
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ns, node = dra_namespace, dra_node
+    gpu_1 = (f'device.attributes["{names.DRIVER}"].{names.INDEX} == 1',)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, "resourceclaimtemplates",
+        claim_template("gpu1", GPUPART_GPU_CLASS, selectors=gpu_1),
+    )  # fmt: skip
+    core.create_namespaced_pod(ns, claim_pod("xid", "gpu1", node.name))
+    pod = wait_for(
+        lambda: _running(api, ns, "xid"),
+        WAIT_S,
+        "pod xid Running",
+        detail=lambda: f"{agent.stack.tails()}\n{node.tails()}",
+    )
+    assert _allocated(api, ns, pod)["device"] == "gpu-1"
+    got = node.container(ns, "xid", "app-0")
+    assert got is not None
+    # The kubelet names a DRA device by the CDI ID the container got (kubelet 1.36).
+    (resource,) = got["cdiDevices"]
+
+    def health() -> str | None:
+        """What the kubelet says of the container's device (from our health stream)."""
+        found = _running(api, ns, "xid") or {}
+        for status in (found.get("status") or {}).get("containerStatuses") or []:
+            for allocated in status.get("allocatedResourcesStatus") or []:
+                if allocated.get("name") != "claim:gpu":
+                    continue
+                for r in allocated.get("resources") or []:
+                    if r.get("resourceID") == resource:
+                        return r.get("health")  # type: ignore[no-any-return]
+        return None
+
+    def seen(want: str) -> Any:
+        return lambda: health() == want
+
+    def statuses() -> str:
+        found = _running(api, ns, "xid") or {}
+        return str((found.get("status") or {}).get("containerStatuses"))
+
+    wait_for(seen("Healthy"), WAIT_S, "the container's GPU Healthy", detail=statuses)
+    agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 1})  # fell off the bus: fatal
+    wait_for(
+        seen("Unhealthy"),
+        WAIT_S,
+        "the container's GPU Unhealthy after the Xid",
+        detail=lambda: f"{health()}\n{agent.stack.tails()}",
+    )
+    wait_for(
+        seen("Healthy"),
+        WAIT_S + RECOVERY_S,
+        "the container's GPU Healthy after the clean window",
+        detail=lambda: f"{health()}\n{agent.stack.tails()}",
+    )
+    core.delete_namespaced_pod("xid", ns, grace_period_seconds=0)

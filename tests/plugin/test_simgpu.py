@@ -190,6 +190,11 @@ def test_a_faults_file_fails_the_calls_it_names_while_it_lists_them(tmp_path, ca
     ]
     error = record.kv["error"]  # type: ignore[attr-defined]
     assert "faults.json [0]" in error and "times ≥ 1" in error, error
+    # An Xid it lists is raised once, on the GPU it names.
+    write(json.dumps([{"xid": 79, "gpu": 0}]))
+    event = sim.wait_xid(0)
+    assert event is not None and (event.gpu_uuid, event.xid) == (sim.gpus()[0].uuid, 79)
+    assert sim.wait_xid(0) is None
     write(json.dumps([{"kind": "Other"}]))
     path.unlink()  # gone: no faults
     sim.apply(DestroyGpuInstance(0, one))

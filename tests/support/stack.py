@@ -150,11 +150,14 @@ class Stack:
         partial.write_text(json.dumps(list(faults)))
         os.replace(partial, path)
 
-    def start_dra_agent(self, real: KubeletNode, gpus: str, *, create_s: float = 0.0) -> None:
+    def start_dra_agent(
+        self, real: KubeletNode, gpus: str, *, create_s: float = 0.0, recovery_s: float = 60
+    ) -> None:
         """The node agent of a running real-kubelet node (one the caller owns and stops) with
         its DRA kubelet plugin on: it registers in the node's `plugins_registry`, serves in its
         `plugins` and writes each claim's CDI spec to its `cdi_dir`. Its simulated GPUs read
-        faults from `faults_file(node)`."""
+        faults and Xids from `faults_file(node)`; a GPU is Healthy again `recovery_s` after its
+        last Xid."""
         self._start_agent(
             real.name, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
             auto_reset=True, resync_s=60, metrics_port=real.agent_metrics_port, create_s=create_s,
@@ -162,6 +165,7 @@ class Stack:
                 "--dra", f"--plugins-registry-dir={real.plugins_registry}",
                 f"--dra-plugins-dir={real.plugins}", f"--cdi-root={real.cdi_dir}",
                 f"--simulate-faults={self.faults_file(real.name)}",
+                f"--recovery-seconds={recovery_s:g}",
             ),
         )  # fmt: skip
 
