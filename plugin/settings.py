@@ -164,9 +164,9 @@ SIMULATE_FAULTS = Setting(
     "--simulate-faults",
     text,
     "",
-    'simulated GPUs only: a JSON file of NVML faults to inject ([{"operation": '
-    '"CreateComputeInstance", "kind": "InsufficientResources", "times": 1}]), read '
-    "again whenever it changes; empty: none",
+    'simulated GPUs only: a JSON file of NVML faults to inject ({"operation": '
+    '"CreateComputeInstance", "kind": "InsufficientResources", "times": 1}) and Xids to '
+    'raise once ({"xid": 79, "gpu": 1}), read again whenever it changes; empty: none',
 )
 IGNORED_XIDS = Setting(
     "--ignored-xids",

@@ -8,8 +8,8 @@ oracle `apply_steps`. This module adds only what NVML adds: the error kind of ea
 unknown profile: NotSupported), InUse for an instance with processes, NotSupported for MIG calls
 on a GPU without MIG mode, a MIG mode change that stays pending until `reset` (or `reset_idle`,
 the reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between
-passes), Xid events, lost GPUs and injected faults (in process, or from a file a running
-agent reads again when it changes: `--simulate-faults`), and optionally NVML's time per GPU instance
+passes), Xid events, lost GPUs and injected faults (in process, or from a file a running agent
+reads again when it changes: `--simulate-faults`), and optionally NVML's time per GPU instance
 create or destroy (`create_s`, `destroy_s`), one step at a time per GPU, GPUs in parallel.
 """
 

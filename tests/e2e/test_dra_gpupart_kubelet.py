@@ -96,7 +96,7 @@ def placement_of(device: str) -> MigInstance:
 def agent(
     dra_control_plane: ControlPlane, dra_node: KubeletNode, tmp_path_factory: pytest.TempPathFactory
 ) -> Generator[Agent]:
-    """`gpupart node --dra` for the module's node, GPU 0 on DRA, its pool published."""
+    """`gpupart node --dra` for the module's node, its four GPUs as CONFIGS, its pool published."""
     install_gpupart_device_classes(dra_control_plane)
     api = dra_control_plane.api_client()
     stack = Stack(dra_control_plane, api, Path(tmp_path_factory.mktemp("dra-agent")))
@@ -111,6 +111,22 @@ def agent(
     finally:
         stack.stop()
         api.close()
+
+
+def _running(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
+    found: dict[str, Any] = api.sanitize_for_serialization(
+        client.CoreV1Api(api).read_namespaced_pod(pod, ns)
+    )
+    return found if found["status"].get("phase") == "Running" else None
+
+
+def _allocated(api: Any, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """The one device result of the pod's claim."""
+    claim = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, ns, "resourceclaims", claim_of(pod) or ""
+    )
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return result  # type: ignore[no-any-return]
 
 
 def test_a_whole_gpu_claim_is_prepared_and_its_container_gets_exactly_that_gpu(
@@ -128,12 +144,11 @@ def test_a_whole_gpu_claim_is_prepared_and_its_container_gets_exactly_that_gpu(
     )
     core.create_namespaced_pod(ns, claim_pod("app", "whole", node.name, containers=2))
 
-    def running() -> dict[str, Any] | None:
-        pod = api.sanitize_for_serialization(core.read_namespaced_pod("app", ns))
-        return pod if pod["status"].get("phase") == "Running" else None
-
     pod = wait_for(
-        running, WAIT_S, "pod app Running", detail=lambda: f"{agent.stack.tails()}\n{node.tails()}"
+        lambda: _running(api, ns, "app"),
+        WAIT_S,
+        "pod app Running",
+        detail=lambda: f"{agent.stack.tails()}\n{node.tails()}",
     )
     claim = custom.get_namespaced_custom_object(
         GROUP, VERSION, ns, "resourceclaims", claim_of(pod) or ""
@@ -167,20 +182,6 @@ def test_a_whole_gpu_claim_is_prepared_and_its_container_gets_exactly_that_gpu(
         "the claim's CDI spec removed at unprepare",
         detail=agent.stack.tails,
     )
-
-
-def _running(api: Any, ns: str, pod: str) -> dict[str, Any] | None:
-    found = api.sanitize_for_serialization(client.CoreV1Api(api).read_namespaced_pod(pod, ns))
-    return found if found["status"].get("phase") == "Running" else None  # type: ignore[no-any-return]
-
-
-def _allocated(api: Any, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
-    """The one device result of the pod's claim."""
-    claim = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        GROUP, VERSION, ns, "resourceclaims", claim_of(pod) or ""
-    )
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    return result  # type: ignore[no-any-return]
 
 
 def test_a_dynamic_mig_claim_makes_exactly_the_allocated_instance_and_deleting_the_pod_destroys_it(
