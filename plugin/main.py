@@ -55,6 +55,7 @@ def _backend(settings: node_settings.NodeSettings) -> GpuBackend:
             create_s=settings.simulate_create_s,
             destroy_s=settings.simulate_destroy_s,
             state_path=settings.simulate_state,
+            faults_path=settings.simulate_faults,
         )
     from gpupart_plugin.nvml import NvmlGpus  # only on real nodes: loads libnvidia-ml
 

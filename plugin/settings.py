@@ -59,6 +59,9 @@ class NodeSettings:
     simulate_state: Path | None
     """Simulated GPUs only: a file that keeps their MIG modes and instances across restarts of
     the agent, as a real GPU keeps them; None: they start empty with each process."""
+    simulate_faults: Path | None
+    """Simulated GPUs only: a JSON file of NVML faults to inject and Xids to raise, read again
+    whenever it changes (how a test fails a call in a running agent); None: none."""
     ignored_xids: frozenset[int]
     recovery_s: float
     relist_s: float
@@ -157,6 +160,14 @@ SIMULATE_STATE = Setting(
     "simulated GPUs only: a file keeping their MIG modes and instances across restarts of the "
     "agent (a real GPU keeps them); empty: they start empty with each process",
 )
+SIMULATE_FAULTS = Setting(
+    "--simulate-faults",
+    text,
+    "",
+    'simulated GPUs only: a JSON file of NVML faults to inject ({"operation": '
+    '"CreateComputeInstance", "kind": "InsufficientResources", "times": 1}) and Xids to '
+    'raise once ({"xid": 79, "gpu": 1}), read again whenever it changes; empty: none',
+)
 IGNORED_XIDS = Setting(
     "--ignored-xids",
     integers,
@@ -208,7 +219,8 @@ SETTINGS = SettingsTable(
     (
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, STATE_DIR,
         ASSIGNMENT_KEY_FILE, MPS_ROOT, MPS_CONTROL,
-        SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE, IGNORED_XIDS, RECOVERY,
+        SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE,
+        SIMULATE_FAULTS, IGNORED_XIDS, RECOVERY,
         RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, DRA, PLUGINS_REGISTRY_DIR, DRA_PLUGINS_DIR,
         CDI_ROOT, KUBECONFIG, ONCE,
     ),
@@ -264,6 +276,9 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
     state = read(SIMULATE_STATE)
     if state and not gpus:
         raise InvalidInput("--simulate-state", "works only with --simulate")
+    faults = read(SIMULATE_FAULTS)
+    if faults and not gpus:
+        raise InvalidInput("--simulate-faults", "works only with --simulate")
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
@@ -278,6 +293,7 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         simulate_create_s=latencies[SIMULATE_CREATE],
         simulate_destroy_s=latencies[SIMULATE_DESTROY],
         simulate_state=Path(state) if state else None,
+        simulate_faults=Path(faults) if faults else None,
         ignored_xids=read(IGNORED_XIDS),
         recovery_s=read(RECOVERY),
         relist_s=read(RELIST),

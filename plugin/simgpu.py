@@ -8,13 +8,15 @@ oracle `apply_steps`. This module adds only what NVML adds: the error kind of ea
 unknown profile: NotSupported), InUse for an instance with processes, NotSupported for MIG calls
 on a GPU without MIG mode, a MIG mode change that stays pending until `reset` (or `reset_idle`,
 the reset an administrator would run, which `gpupart node --simulate-auto-reset` calls between
-passes), Xid events, lost GPUs and injected faults, and optionally NVML's time per GPU instance
+passes), Xid events, lost GPUs and injected faults (in process, or from a file a running agent
+reads again when it changes: `--simulate-faults`), and optionally NVML's time per GPU instance
 create or destroy (`create_s`, `destroy_s`), one step at a time per GPU, GPUs in parallel.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpupart import logs
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
@@ -45,6 +48,11 @@ from gpupart_plugin.backend import (
     NvmlError,
     NvmlFailure,
 )
+
+log = logging.getLogger(__name__)
+
+MAX_FAULTS_FILE_BYTES = 64 * 1024
+"""A faults file is a few entries; anything larger is refused unread."""
 
 _NAMESPACE = uuidlib.UUID("6a1f0c1e-0d1b-4c59-9d0e-67707570a271")
 _NVML_KINDS = {
@@ -91,6 +99,63 @@ class Fault:
     times: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class SimulatedXid:
+    """An Xid on GPU `gpu` (its GPU instance, if set) that a faults file raises once."""
+
+    gpu: int
+    xid: int
+    gpu_instance_id: int | None = None
+
+
+def parse_faults(path: Path) -> tuple[list[Fault], list[SimulatedXid]]:
+    """The faults and Xids a `--simulate-faults` file lists: a JSON list of objects, each a
+    fault (`kind`, an NvmlFailure value, and optionally `operation`, `after`, `times`) or an
+    Xid (`xid`, `gpu`, optionally `gpuInstanceId`); InvalidInput naming the file and the entry
+    when it is not that."""
+    where = f"--simulate-faults {path}"
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FAULTS_FILE_BYTES + 1)
+        if len(data) > MAX_FAULTS_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FAULTS_FILE_BYTES} bytes")
+        raw = json.loads(data)
+    except (OSError, ValueError) as error:
+        raise InvalidInput(where, f"cannot be read ({error})") from None
+    if not isinstance(raw, list):
+        raise InvalidInput(where, "must be a JSON list of faults and Xids")
+    faults, xids = [], []
+    for k, entry in enumerate(raw):
+        try:
+            if isinstance(entry, dict) and "xid" in entry:
+                xids.append(_xid(entry))
+                continue
+            if not isinstance(entry, dict) or set(entry) - {"kind", "operation", "after", "times"}:
+                raise ValueError("a fault is an object with kind, operation, after, times")
+            operation = entry.get("operation")
+            after, times = entry.get("after", 0), entry.get("times", 1)
+            if operation is not None and not isinstance(operation, str):
+                raise ValueError("operation must be a string")
+            if type(after) is not int or type(times) is not int or after < 0 or times < 1:
+                raise ValueError("after must be an integer ≥ 0 and times ≥ 1")
+            kind = entry.get("kind")
+            if kind not in set(NvmlFailure):
+                raise ValueError(f"kind {kind!r} is none of {', '.join(NvmlFailure)}")
+            faults.append(Fault(NvmlFailure(str(kind)), after, operation, times))
+        except ValueError as error:
+            raise InvalidInput(f"{where} [{k}]", str(error)) from None
+    return faults, xids
+
+
+def _xid(entry: dict[str, object]) -> SimulatedXid:
+    if set(entry) - {"xid", "gpu", "gpuInstanceId"}:
+        raise ValueError("an Xid is an object with xid, gpu, gpuInstanceId")
+    xid, gpu, gi = entry.get("xid"), entry.get("gpu"), entry.get("gpuInstanceId")
+    if type(xid) is not int or type(gpu) is not int or not (gi is None or type(gi) is int):
+        raise ValueError("xid, gpu and gpuInstanceId must be integers")
+    return SimulatedXid(gpu, xid, gi)
+
+
 def simulated_bus_id(index: int) -> str:
     """A simulated GPU's PCI address: one bus per GPU."""
     return f"0000:{0x18 + index:02x}:00.0"
@@ -109,6 +174,7 @@ class SimulatedGpus:
         create_s: float = 0.0,
         destroy_s: float = 0.0,
         state_path: Path | None = None,
+        faults_path: Path | None = None,
     ) -> None:
         """`mig_enabled`: the MIG mode every GPU starts in, or one per GPU (as a driver keeps it).
 
@@ -145,6 +211,10 @@ class SimulatedGpus:
         """Where MIG modes and instances outlive this object (`--simulate-state`), or None."""
         if state_path is not None and state_path.exists():
             self._load(state_path)
+        self._faults_path = faults_path
+        """A file whose faults replace the injected ones whenever it changes, or None."""
+        self._faults_seen: tuple[int, int, int] | None = None
+        """(inode, size, mtime) of the faults file as last read; None: not read yet."""
 
     # ---- the state file: what a real GPU keeps when the agent restarts ----
 
@@ -212,6 +282,47 @@ class SimulatedGpus:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def _read_faults_file(self) -> None:
+        """The faults file's faults in place of the current ones, and its Xids raised, when it
+        changed (under `_lock`).
+
+        A missing file means no faults. One that cannot be read or parsed leaves the current
+        faults as they are, and says why in the log: a test control never guesses a fault.
+        """
+        path = self._faults_path
+        if path is None:
+            return
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            if self._faults_seen is not None:
+                self._faults.clear()
+            self._faults_seen = None
+            return
+        except OSError as error:
+            log.warning(
+                "Ignored unreadable simulated faults",
+                extra=logs.kv(path=str(path), error=str(error)),
+            )
+            return
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._faults_seen:
+            return
+        self._faults_seen = seen
+        try:
+            faults, xids = parse_faults(path)
+            if any(not 0 <= x.gpu < len(self._gpus) for x in xids):
+                raise InvalidInput(f"--simulate-faults {path}", "an Xid names no GPU of this node")
+        except InvalidInput as error:
+            log.warning(
+                "Ignored unreadable simulated faults",
+                extra=logs.kv(path=str(path), error=str(error)),
+            )
+            return
+        self._faults = [[f, 0, f.times] for f in faults]
+        for x in xids:
+            self._events.put(XidEvent(self._gpus[x.gpu].uuid, x.xid, x.gpu_instance_id, None))
 
     def start_process(self, index: int, pid: int, instance: MigInstance | None = None) -> None:
         """A CUDA process on the whole GPU, or on the GPU instance at `instance`."""
@@ -372,6 +483,8 @@ class SimulatedGpus:
             self._save()
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
+        with self._lock:
+            self._read_faults_file()
         try:
             return self._events.get(timeout=timeout_s)
         except queue.Empty:
@@ -390,6 +503,7 @@ class SimulatedGpus:
 
     def _fault(self, operation: str, what: str) -> None:
         self.calls.append(operation)
+        self._read_faults_file()
         for entry in self._faults:
             fault, seen, left = entry
             assert isinstance(fault, Fault) and isinstance(seen, int) and isinstance(left, int)

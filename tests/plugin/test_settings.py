@@ -62,3 +62,11 @@ def test_simulated_latencies_default_to_zero_and_need_simulated_gpus(
         parse("--simulate=A30", "--simulate-create-seconds=-1")
     with pytest.raises(InvalidInput, match="^--simulate-create-seconds: expected a number"):
         parse("--simulate=A30", "--simulate-create-seconds=soon")
+
+
+def test_a_faults_file_needs_simulated_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPART_SIMULATE_FAULTS", raising=False)
+    assert parse("--simulate=A30").simulate_faults is None
+    assert str(parse("--simulate=A30", "--simulate-faults=f.json").simulate_faults) == "f.json"
+    with pytest.raises(InvalidInput, match="^--simulate-faults: works only with --simulate"):
+        parse("--simulate-faults=f.json")

@@ -153,3 +153,49 @@ def test_a_state_file_keeps_mig_modes_and_instances_across_restarts(tmp_path) ->
     path.write_text("{")
     with pytest.raises(InvalidInput, match="--simulate-state"):
         SimulatedGpus(["H100-SXM5-80GB", "H100-SXM5-80GB"], node="n", state_path=path)
+
+
+def test_a_faults_file_fails_the_calls_it_names_while_it_lists_them(tmp_path, caplog) -> None:
+    import json
+    import os
+
+    path = tmp_path / "faults.json"
+    sim = SimulatedGpus(["A100-SXM4-80GB"], node="n", faults_path=path)
+    one = MigInstance(Placement(0, 1), "1g.10gb")
+
+    def write(text: str) -> None:
+        partial = tmp_path / "partial"
+        partial.write_text(text)
+        os.replace(partial, path)  # a new inode: read again even within one mtime tick
+
+    write(
+        json.dumps(
+            [{"operation": "CreateComputeInstance", "kind": "InsufficientResources", "times": 2}]
+        )
+    )
+    sim.apply(CreateGpuInstance(0, one))  # another operation: not failed
+    for _ in range(2):
+        with pytest.raises(NvmlError, match="InsufficientResources"):
+            sim.apply(CreateComputeInstance(0, one))
+    sim.apply(CreateComputeInstance(0, one))  # its two failures spent
+    # A file that cannot be parsed keeps the faults there are, and the log says why.
+    write(json.dumps([{"kind": "NotFound"}]))
+    with pytest.raises(NvmlError, match="NotFound"):
+        sim.apply(DestroyComputeInstance(0, one))
+    write(json.dumps([{"kind": "NotFound", "times": 0}]))
+    with caplog.at_level("WARNING"):
+        sim.apply(DestroyComputeInstance(0, one))  # the earlier fault's one failure was spent
+    (record,) = [
+        r for r in caplog.records if r.getMessage() == "Ignored unreadable simulated faults"
+    ]
+    error = record.kv["error"]  # type: ignore[attr-defined]
+    assert "faults.json [0]" in error and "times ≥ 1" in error, error
+    # An Xid it lists is raised once, on the GPU it names.
+    write(json.dumps([{"xid": 79, "gpu": 0}]))
+    event = sim.wait_xid(0)
+    assert event is not None and (event.gpu_uuid, event.xid) == (sim.gpus()[0].uuid, 79)
+    assert sim.wait_xid(0) is None
+    write(json.dumps([{"kind": "Other"}]))
+    path.unlink()  # gone: no faults
+    sim.apply(DestroyGpuInstance(0, one))
+    assert sim.instances(0) == ()

@@ -13,7 +13,7 @@ given the node's directories by their paths.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,28 +62,30 @@ def device_class(name: str, driver: str) -> dict[str, Any]:
     }
 
 
-def claim_template(name: str, device_class_name: str, count: int = 1) -> dict[str, Any]:
-    """A ResourceClaimTemplate with one request `gpu` for `count` devices of the class."""
+def claim_template(
+    name: str,
+    device_class_name: str,
+    count: int = 1,
+    *,
+    selectors: tuple[str, ...] = (),
+    capacity: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate with one request `gpu` for `count` devices of the class, each
+    device also matching the CEL `selectors` and giving the `capacity` asked (shared devices)."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class_name,
+        "allocationMode": "ExactCount",
+        "count": count,
+    }
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    if capacity:
+        exactly["capacity"] = {"requests": dict(capacity)}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": device_class_name,
-                                "allocationMode": "ExactCount",
-                                "count": count,
-                            },
-                        }
-                    ]
-                }
-            }
-        },
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
     }
 
 
@@ -187,19 +189,38 @@ def install_gpupart_device_classes(cp: ControlPlane) -> None:
     cp.kubectl("apply", "-f", "-", input=rendered)
 
 
-def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float = 90) -> list[str]:
-    """`gpupart node --dra` on the node with `gpus` simulated A100s, whole and all on DRA, and
-    the node's pool published; returns each GPU's UUID by index.
+WHOLE_DRA = GpuConfig(Mode.NONE, interface=Interface.DRA)
+"""A whole GPU through DRA, as a GpuPartition without a partition mode asks for it."""
 
+
+def start_gpupart_dra(
+    stack: Stack,
+    node: KubeletNode,
+    gpus: int,
+    wait_s: float = 90,
+    *,
+    configs: Sequence[GpuConfig] = (),
+    recovery_s: float = 60,
+) -> list[str]:
+    """`gpupart node --dra` on the node with `gpus` simulated A100s, all on DRA, and the
+    node's pool published; returns each GPU's UUID by index.
+
+    `configs`: what each GPU becomes, by index (every one a DRA config); empty: all whole.
+    `recovery_s`: the agent's clean window after an Xid.
     The desired annotation is written here as the operator writes it (the operator is not
-    under test); the pool is the agent's own publisher's.
+    under test: one group per GPU, as one GpuPartition per GPU would give); the pool is the
+    agent's own publisher's.
     """
     from kubernetes import client
 
+    configs = tuple(configs) or (WHOLE_DRA,) * gpus
+    if len(configs) != gpus or any(c.interface is not Interface.DRA for c in configs):
+        raise ValueError(f"{len(configs)} configs for {gpus} GPUs, each must be on DRA")
     core = client.CoreV1Api(stack.api_client)
-    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB")
-    config = GpuConfig(Mode.NONE, interface=Interface.DRA)
-    desired = encode_desired((DesiredGroup("e2e", 1, tuple(range(gpus)), config),))
+    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB", recovery_s=recovery_s)
+    desired = encode_desired(
+        tuple(DesiredGroup(f"e2e-{i}", 1, (i,), c) for i, c in enumerate(configs))
+    )
     core.patch_node(node.name, {"metadata": {"annotations": {DESIRED_ANNOTATION: desired}}})
 
     def answered() -> Any:
@@ -209,8 +230,13 @@ def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float 
         notes = core.read_node(node.name).metadata.annotations or {}
         report = decode_report(notes[STATE_ANNOTATION])
         found = decode_inventory(notes[INVENTORY_ANNOTATION]).gpus
-        applied = [g for g in report.gpus if g.state is GpuState.APPLIED and g.mode is Mode.NONE]
-        done = ("e2e", 1) in report.observed and len(applied) == gpus
+        applied = {
+            g.index
+            for g in report.gpus
+            if g.state is GpuState.APPLIED and g.mode is configs[g.index].mode
+        }
+        observed = all((f"e2e-{i}", 1) in report.observed for i in range(gpus))
+        done = observed and applied == set(range(gpus))
         return found if done and len(found) == gpus else None
 
     def until(check: Any, what: str) -> Any:
@@ -224,15 +250,28 @@ def start_gpupart_dra(stack: Stack, node: KubeletNode, gpus: int, wait_s: float 
     custom = client.CustomObjectsApi(stack.api_client)
 
     def published() -> bool:
-        """The agent's publisher has the node's pool out: one whole-GPU device per GPU."""
+        """The agent's publisher has the node's pool out: each GPU's devices of its mode (the
+        whole-GPU one, the shared one, or the placements of a dynamic MIG GPU)."""
         listed = custom.list_cluster_custom_object(
             GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={node.name}"
         )["items"]
         ours = [s for s in listed if s["spec"].get("driver") == names.DRIVER]
-        return sum(len(s["spec"].get("devices") or ()) for s in ours) == gpus
+        # A device's name starts with its GPU's (`gpu-<i>`, docs/dra.md).
+        kinds = {
+            (int(d["name"].split("-")[1]), d["attributes"][names.TYPE]["string"])
+            for s in ours
+            for d in s["spec"].get("devices") or ()
+        }
+        return all((i, _published_kind(c)) in kinds for i, c in enumerate(configs))
 
     until(published, "the agent's ResourceSlices for the node's GPUs")
     return [g.uuid for g in sorted(inventory, key=lambda g: g.index)]
+
+
+def _published_kind(config: GpuConfig) -> str:
+    if config.mode is Mode.MIG:
+        return names.TYPE_MIG
+    return names.TYPE_SHARED if config.mode.is_shared else names.TYPE_GPU
 
 
 # --- the kubelet's own figures ---------------------------------------------------------------

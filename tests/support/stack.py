@@ -9,6 +9,8 @@ directory and PodResources socket.
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -135,16 +137,35 @@ class Stack:
         )  # fmt: skip
         return real
 
-    def start_dra_agent(self, real: KubeletNode, gpus: str, *, create_s: float = 0.0) -> None:
+    def faults_file(self, node: str) -> Path:
+        """The file of NVML faults the simulated GPUs of a DRA node's agent read whenever it
+        changes (`--simulate-faults`); `inject_faults` writes it."""
+        return self.work / f"simfaults-{node}.json"
+
+    def inject_faults(self, node: str, *faults: dict[str, Any]) -> None:
+        """The node's simulated GPUs fail the calls `faults` name from their next call on (none:
+        they fail nothing); written whole and renamed, so the agent reads all or nothing."""
+        path = self.faults_file(node)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(list(faults)))
+        os.replace(partial, path)
+
+    def start_dra_agent(
+        self, real: KubeletNode, gpus: str, *, create_s: float = 0.0, recovery_s: float = 60
+    ) -> None:
         """The node agent of a running real-kubelet node (one the caller owns and stops) with
         its DRA kubelet plugin on: it registers in the node's `plugins_registry`, serves in its
-        `plugins` and writes each claim's CDI spec to its `cdi_dir`."""
+        `plugins` and writes each claim's CDI spec to its `cdi_dir`. Its simulated GPUs read
+        faults and Xids from `faults_file(node)`; a GPU is Healthy again `recovery_s` after its
+        last Xid."""
         self._start_agent(
             real.name, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
             auto_reset=True, resync_s=60, metrics_port=real.agent_metrics_port, create_s=create_s,
             extra=(
                 "--dra", f"--plugins-registry-dir={real.plugins_registry}",
                 f"--dra-plugins-dir={real.plugins}", f"--cdi-root={real.cdi_dir}",
+                f"--simulate-faults={self.faults_file(real.name)}",
+                f"--recovery-seconds={recovery_s:g}",
             ),
         )  # fmt: skip
 
