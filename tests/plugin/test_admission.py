@@ -356,8 +356,9 @@ class Kubelet:
         reusable: list[str] = []
         out = []
         for c in containers:
-            take = reusable[: c.replicas] if not c.init else []
-            reusable = reusable[len(take) :]
+            # The device manager's devicesToReuse: an init container's devices serve the
+            # next init container and then the app containers, each taking from them first.
+            take = reusable[: c.replicas]
             free = [s for s in self.free() if s not in {d for ids in got.values() for d in ids}]
             if len(free) < c.replicas - len(take):
                 self._reject(uid)
@@ -373,7 +374,9 @@ class Kubelet:
                 return out
             got[c.name] = ids
             if c.init:
-                reusable.extend(ids)
+                reusable.extend(d for d in ids if d not in reusable)
+            else:
+                reusable = [d for d in reusable if d not in ids]
             envs = dict(answer.envs)
             self.answers.setdefault(uid, {})[c.name] = envs
             out.append((uid, c.name, envs))
