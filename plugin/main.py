@@ -256,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         hub if kubelet_plugin is None else Boards(hub, kubelet_plugin.health),
         ignored=settings.ignored_xids,
         quiet_s=settings.recovery_s,
+        faults=dra,  # a faulty GPU's DRA devices are tainted in their slices (ADR 028)
     )
     threading.Thread(target=monitor.run, args=(stop,), name="health", daemon=True).start()
 

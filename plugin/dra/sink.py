@@ -22,10 +22,12 @@ from gpupart.core.dra.claims import PoolUse, claimed_placements, pool_use
 from gpupart.core.dra.devices import DraGpu, GpuDevices, GpuFacts, gpu_devices
 from gpupart.core.dra.pool import pool_slices, publish_plan
 from gpupart.core.dra.read import ClaimView, read_claim, read_slices
+from gpupart.core.dra.taints import TaintEffect, taint_devices
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.node.devices import OfferedGpu
+from gpupart.core.node.faults import GpuFault
 from gpupart.core.node.interface import ClaimUse
 from gpupart.watch import Event, Listed
 from gpupart_plugin.agent import Offer
@@ -46,12 +48,21 @@ class DraSink:
     """Publishes the DRA GPUs of each offer; keeps our claims in this node's pool from the claim watch."""
 
     def __init__(
-        self, pool: PoolClient, models: Models, *, wake: Callable[[], None] | None = None
+        self,
+        pool: PoolClient,
+        models: Models,
+        *,
+        wake: Callable[[], None] | None = None,
+        taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE,
     ) -> None:
-        """`wake`: asks the agent for a pass (a claim left a GPU that waits to leave DRA)."""
+        """`wake`: asks the agent for a pass (a claim left a GPU that waits to leave DRA);
+        `taint_effect`: of the taint a faulty GPU's devices carry (ADR 028)."""
         self.pool = pool
         self.models = models
         self.wake = wake
+        self.taint_effect = taint_effect
+        self._faults: tuple[GpuFault, ...] = ()
+        """The health monitor's GPU faults now (the `FaultBoard` side)."""
         self._lock = threading.RLock()
         self._views: tuple[OfferedGpu, ...] | None = None
         """The views last offered (None: no offer yet, nothing to publish)."""
@@ -76,6 +87,26 @@ class DraSink:
             if self._claims is None:
                 self._list_claims()
             return self._use().claim_use()
+
+    # ---- the health monitor's side (its `FaultBoard`) ----
+
+    def fault_gpus(self) -> tuple[OfferedGpu, ...]:
+        """The GPUs this pool publishes, as last offered: their faults taint their devices."""
+        with self._lock:
+            return tuple(v for v in self._views or () if v.interface is Interface.DRA)
+
+    def set_faults(self, faults: tuple[GpuFault, ...]) -> None:
+        """The faults now: publish again, so that a fault's devices carry the taint from now
+        on and lose it when the fault clears (one slice update per GPU changed)."""
+        with self._lock:
+            if faults == self._faults:
+                return
+            log.info(
+                "Saw GPU faults change",
+                extra=logs.kv(faults=",".join(_fault_text(f) for f in faults) or "none"),
+            )
+            self._faults = faults
+            self.publish()
 
     # ---- the watches' side ----
 
@@ -175,7 +206,7 @@ class DraSink:
             if view.dynamic and model is not None:
                 in_use = claimed_placements(model, view.index, use.device_names(view.index))
             foreign = tuple(m.instance for m in view.mig if m.instance not in in_use)
-            return gpu_devices(
+            found = gpu_devices(
                 DraGpu(
                     view,
                     model,
@@ -186,6 +217,7 @@ class DraSink:
                     facts=GpuFacts(pci_bus_id=view.pci_bus_id),
                 )
             )
+            return taint_devices(view, found, self._faults, effect=self.taint_effect)
         except GpupartError as error:
             log.warning(
                 "Left GPU out of the ResourceSlices", extra=logs.kv(gpu=view.index, err=error)
@@ -240,6 +272,11 @@ class DraSink:
         self.publish()
         if self.wake is not None and any(v.interface is None for v in self._views or ()):
             self.wake()
+
+
+def _fault_text(fault: GpuFault) -> str:
+    part = "gpu" if fault.gpu_instance_id is None else f"gi {fault.gpu_instance_id}"
+    return f"{fault.gpu_uuid} {part} {'unresponsive' if fault.xid is None else fault.xid}"
 
 
 def _uid(obj: Raw) -> str:
