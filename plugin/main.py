@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         kubelet_socket=settings.kubelet_socket,
     )
     pool = PoolClient(client.ApiClient(configuration), settings.node_name)
-    dra = DraSink(pool, backend.model)
+    dra = DraSink(pool, backend.model, taint_effect=settings.dra_taint_effect)
     actuator = Actuator(
         backend,
         pod_resources.list,

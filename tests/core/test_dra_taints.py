@@ -9,7 +9,9 @@ We test these aspects:
 - the taint itself: key, a label value naming the Xid, the effect asked, `timeAdded` as the API
   writes it back, stable across republishes (laws over random pools and faults);
 - the pool: a fault coming and going is one slice update at the same generation each, and a
-  tainted slice reads back as what was written.
+  tainted slice reads back as what was written;
+- the scheduler model and the reasons: a tainted device is not allocated unless a toleration
+  of the request matches, and a pod waiting on tainted GPUs is told so.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from hypothesis import strategies as st
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
+from gpupart.core.dra.allocator import DeviceRequest, DeviceToleration, first_fit
 from gpupart.core.dra.devices import DraGpu, GpuDevices, gpu_devices
 from gpupart.core.dra.pool import pool_slices, publish_plan
-from gpupart.core.dra.read import DeviceTaint, read_slice, read_slices
+from gpupart.core.dra.read import DeviceTaint, SliceView, read_slice, read_slices
+from gpupart.core.dra.reasons import DraAsk, Wanted, free_devices, node_reason
+from gpupart.core.dra.requests import read_claim_spec
 from gpupart.core.dra.taints import TaintEffect, taint_devices, time_added
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import require_gpu_model
@@ -321,3 +326,89 @@ def test_law_a_fault_on_one_gpu_coming_and_going_is_one_update_each(
         read_slices(now).items, pool_slices("node-a", "uid-a", [devices_of(g) for g in gpus])
     )
     assert len(clear.updates) == 1 and not clear.bumps and clear.generation == 3
+
+
+# ---- the scheduler model and the reasons: a tainted device is not allocated ----
+
+WHOLE = DeviceRequest("dev", ((names.TYPE, names.TYPE_GPU),))
+
+
+def whole_pool(faults: list[GpuFault]) -> list[SliceView]:
+    gpus = [view(0, Mode.NONE), view(1, Mode.NONE)]
+    docs = pool_slices("node-3", "uid", [taint_devices(g, devices_of(g), faults) for g in gpus])
+    return list(read_slices(docs).items)
+
+
+def test_the_model_passes_a_tainted_device_by_as_the_scheduler_does() -> None:
+    slices = whole_pool([GpuFault("GPU-0000", xid=79, since=SINCE)])
+    (found,) = first_fit(slices, [], [WHOLE]) or ()
+    assert found.device == "gpu-1"
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        pytest.param(DeviceToleration(names.TAINT_UNHEALTHY, "Exists"), True, id="exists"),
+        pytest.param(DeviceToleration(operator="Exists"), True, id="every key"),
+        pytest.param(DeviceToleration(names.TAINT_UNHEALTHY, "Equal", "xid-79"), True, id="equal"),
+        pytest.param(DeviceToleration(names.TAINT_UNHEALTHY, "Equal", "xid-48"), False, id="other"),
+        pytest.param(
+            DeviceToleration(names.TAINT_UNHEALTHY, "Exists", effect="NoExecute"),
+            False,
+            id="another effect",
+        ),
+    ],
+)
+def test_a_toleration_lets_the_model_allocate_a_tainted_device(
+    toleration: DeviceToleration, tolerated: bool
+) -> None:
+    slices = whole_pool(
+        [GpuFault("GPU-0000", xid=79, since=SINCE), GpuFault("GPU-0001", xid=79, since=SINCE)]
+    )
+    request = DeviceRequest("dev", WHOLE.match, tolerations=(toleration,))
+    assert (first_fit(slices, [], [request]) is not None) is tolerated
+
+
+def test_a_pod_waiting_on_tainted_gpus_is_told_which_and_why() -> None:
+    slices = whole_pool(
+        [GpuFault("GPU-0000", xid=79, since=SINCE), GpuFault("GPU-0001", since=SINCE)]
+    )
+    ask = DraAsk("team-b/p", (Wanted("dev/dev", (WHOLE,), ("whole GPU",)),))
+    found = node_reason("node-3", slices, [], ask)
+    assert not found.fits
+    assert found.text == (
+        "node-3: GPU 0 is tainted gpu.gpupart.io/unhealthy=xid-79:NoSchedule; "
+        "GPU 1 is tainted gpu.gpupart.io/unhealthy=unresponsive:NoSchedule"
+    )
+    assert free_devices(slices, [], WHOLE) == ()
+
+
+def test_a_claims_tolerations_are_read_and_bounded() -> None:
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "r",
+                        "exactly": {
+                            "deviceClassName": "gpu.gpupart.io",
+                            "tolerations": [
+                                {"key": names.TAINT_UNHEALTHY, "operator": "Exists"},
+                                {"operator": "Exists", "effect": "NoSchedule"},
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    (request,) = read_claim_spec(claim).requests
+    assert request.alternatives[0].tolerations == (
+        DeviceToleration(names.TAINT_UNHEALTHY, "Exists"),
+        DeviceToleration(operator="Exists", effect="NoSchedule"),
+    )
+    exactly = claim["spec"]["devices"]["requests"][0]["exactly"]  # type: ignore[index]
+    exactly["tolerations"] = [{"operator": "Exists"}] * 17
+    with pytest.raises(InvalidInput, match=r"exactly\.tolerations.*more than 16"):
+        read_claim_spec(claim)
