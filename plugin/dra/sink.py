@@ -63,6 +63,10 @@ class DraSink:
         self.taint_effect = taint_effect
         self._faults: tuple[GpuFault, ...] = ()
         """The health monitor's GPU faults now (the `FaultBoard` side)."""
+        self._fault_gpus: tuple[OfferedGpu, ...] = ()
+        self._fault_lock = threading.Lock()
+        self._faults_changed = threading.Event()
+        self._fault_thread: threading.Thread | None = None
         self._lock = threading.RLock()
         self._views: tuple[OfferedGpu, ...] | None = None
         """The views last offered (None: no offer yet, nothing to publish)."""
@@ -79,6 +83,7 @@ class DraSink:
     def offer(self, offer: Offer) -> None:
         with self._lock:
             self._views = offer.views
+            self._fault_gpus = tuple(v for v in offer.views if v.interface is Interface.DRA)
             self.publish()
 
     def claim_use(self) -> ClaimUse:
@@ -91,14 +96,17 @@ class DraSink:
     # ---- the health monitor's side (its `FaultBoard`) ----
 
     def fault_gpus(self) -> tuple[OfferedGpu, ...]:
-        """The GPUs this pool publishes, as last offered: their faults taint their devices."""
-        with self._lock:
-            return tuple(v for v in self._views or () if v.interface is Interface.DRA)
+        """The GPUs this pool publishes, as last offered: their faults taint their devices.
+
+        Read without the publish lock: the monitor also serves the device plugin's health,
+        which must not wait on a slow API server."""
+        return self._fault_gpus
 
     def set_faults(self, faults: tuple[GpuFault, ...]) -> None:
-        """The faults now: publish again, so that a fault's devices carry the taint from now
-        on and lose it when the fault clears (one slice update per GPU changed)."""
-        with self._lock:
+        """The faults now. They are published on the sink's own thread, so that a fault's
+        devices carry the taint from then on and lose it when it clears (one slice update per
+        GPU changed), and the monitor never waits on the API server."""
+        with self._fault_lock:
             if faults == self._faults:
                 return
             log.info(
@@ -106,6 +114,18 @@ class DraSink:
                 extra=logs.kv(faults=",".join(_fault_text(f) for f in faults) or "none"),
             )
             self._faults = faults
+            if self._fault_thread is None:
+                self._fault_thread = threading.Thread(
+                    target=self._publish_faults, name="dra-faults", daemon=True
+                )
+                self._fault_thread.start()
+        self._faults_changed.set()
+
+    def _publish_faults(self) -> None:
+        """Publish after each change of the faults (the latest ones: changes coalesce)."""
+        while True:
+            self._faults_changed.wait()
+            self._faults_changed.clear()
             self.publish()
 
     # ---- the watches' side ----
