@@ -498,15 +498,15 @@ def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears
         "the container's GPU Unhealthy after the Xid",
         detail=lambda: f"{health()}\n{agent.stack.tails()}",
     )
-    # The free GPU 0: an Xid there taints it too, and a new claim is not given it. A second
-    # Xid after the pod is made keeps GPU 0 faulty while the scheduler tries (the clean window
-    # runs from the latest Xid).
+    # The free GPU 0: an Xid there taints it too, and a new claim is not given it.
     agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 0})
     wait_for(lambda: taint_of("gpu-0"), WAIT_S, "gpu-0 tainted", detail=lambda: f"{taints()}")
     core.create_namespaced_pod(ns, claim_pod("after", "gpu0", node.name))
-    agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 0})
 
     def unschedulable() -> str | None:
+        # GPU 0 keeps failing while the scheduler tries, however slow it is: each look raises
+        # its Xid again (the faults file is rewritten), and the clean window runs from the last.
+        agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 0})
         found = core.read_namespaced_pod("after", ns)
         for condition in found.status.conditions or []:
             if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
