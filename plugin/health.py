@@ -9,7 +9,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpupart import logs
-from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS, Device, HealthBook, affected_devices
+from gpupart.core.node.devices import (
+    DEFAULT_IGNORED_XIDS,
+    Device,
+    HealthBook,
+    OfferedGpu,
+    affected_devices,
+)
+from gpupart.core.node.faults import FaultBook, GpuFault
 from gpupart_plugin.backend import GpuBackend, NvmlError
 
 log = logging.getLogger(__name__)
@@ -20,6 +27,13 @@ class HealthBoard(Protocol):
 
     def all_devices(self) -> tuple[Device, ...]: ...
     def set_unhealthy(self, ids: frozenset[str]) -> None: ...
+
+
+class FaultBoard(Protocol):
+    """Where GPU faults go, whatever holds the GPU (the DRA publisher: it taints devices)."""
+
+    def fault_gpus(self) -> tuple[OfferedGpu, ...]: ...
+    def set_faults(self, faults: tuple[GpuFault, ...]) -> None: ...
 
 
 class Boards:
@@ -47,17 +61,24 @@ class HealthMonitor:
         ignored: frozenset[int] = DEFAULT_IGNORED_XIDS,
         quiet_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        faults: FaultBoard | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """`faults`: also keeps GPU faults (for GPUs it names, held by a pod or not) and gives
+        each change to it; `wall` dates them."""
         self.backend = backend
         self.board = board
         self.ignored = ignored
         self.quiet_s = quiet_s
         self.clock = clock
         self.book = HealthBook()
+        self.faults = faults
+        self.wall = wall
+        self.fault_book = FaultBook()
 
     def step(self, timeout_s: float) -> bool:
         """One wait for an event plus one recovery check; True when the unhealthy set changed."""
-        before = self.book.unhealthy
+        before, faults_before = self.book.unhealthy, self.fault_book.faults
         devices = self.board.all_devices()
         now = self.clock()
         try:
@@ -66,6 +87,7 @@ class HealthMonitor:
             # NVIDIA's plugin marks everything unhealthy here; gpupart narrows it to GPUs that stop answering.
             log.error("Failed to wait for GPU events", extra=logs.kv(err=error))
             event = None
+        fault_gpus = self.faults.fault_gpus() if self.faults is not None else ()
         if event is not None:
             hit = affected_devices(event, devices, ignored=self.ignored)
             if hit:
@@ -74,13 +96,26 @@ class HealthMonitor:
                     extra=logs.kv(xid=event.xid, gpu=event.gpu_uuid, devices=len(hit)),
                 )
             self.book = self.book.record((d for d in devices if d.id in hit), self.clock())
+        if event is not None and self.faults is not None:
+            self.fault_book = self.fault_book.record_xid(
+                event, fault_gpus, wall=self.wall(), now=self.clock(), ignored=self.ignored
+            )
         gpus = {d.gpu.uuid for d in devices}
-        silent = {uuid for uuid in gpus if not self.backend.responsive(uuid)}
+        watched = {g.uuid for g in fault_gpus}
+        silent = {uuid for uuid in gpus | watched if not self.backend.responsive(uuid)}
         if silent:
             self.book = self.book.record((d for d in devices if d.gpu.uuid in silent), now)
+            self.fault_book = self.fault_book.record_silent(
+                silent & watched, wall=self.wall(), now=now
+            )
         answering = (gpus | self.book.sick_gpus()) - silent
         self.book = self.book.recover(answering, self.clock(), quiet_s=self.quiet_s)
         self.book = self.book.forget_missing(d.id for d in devices)
+        self.fault_book = self.fault_book.recover(
+            (gpus | watched | self.fault_book.gpus()) - silent, self.clock(), quiet_s=self.quiet_s
+        )
+        if self.faults is not None and self.fault_book.faults != faults_before:
+            self.faults.set_faults(self.fault_book.faults)
         if self.book.unhealthy == before:
             return False
         if len(self.book.unhealthy) < len(before):

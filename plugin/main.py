@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         kubelet_socket=settings.kubelet_socket,
     )
     pool = PoolClient(client.ApiClient(configuration), settings.node_name)
-    dra = DraSink(pool, backend.model)
+    dra = DraSink(pool, backend.model, taint_effect=settings.dra_taint_effect)
     actuator = Actuator(
         backend,
         pod_resources.list,
@@ -256,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         hub if kubelet_plugin is None else Boards(hub, kubelet_plugin.health),
         ignored=settings.ignored_xids,
         quiet_s=settings.recovery_s,
+        faults=dra,  # a faulty GPU's DRA devices are tainted in their slices (ADR 028)
     )
     threading.Thread(target=monitor.run, args=(stop,), name="health", daemon=True).start()
 

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupart.core.dra.taints import TaintEffect
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
 from gpupart.keyfile import DEFAULT_KEY_FILE
@@ -79,6 +80,8 @@ class NodeSettings:
     cdi_root: Path
     """Where the container runtime reads CDI specs (one transient spec per prepared claim)."""
     once: bool
+    dra_taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE
+    """The effect of the taint a faulty GPU's DRA devices carry (docs/adr-028)."""
     kubeconfig: str | None = None
     """None: the in-cluster service account, else ~/.kube/config."""
 
@@ -209,6 +212,23 @@ PLUGINS_REGISTRY_DIR = Setting(
 DRA_PLUGINS_DIR = Setting(
     "--dra-plugins-dir", text, "/var/lib/kubelet/plugins", "kubelet plugins directory (DRA)"
 )
+
+
+def taint_effect(value: str) -> TaintEffect:
+    """`NoSchedule` or `NoExecute` (the API's spelling)."""
+    try:
+        return TaintEffect(value)
+    except ValueError:
+        raise ValueError(f"expected one of {', '.join(TaintEffect)}") from None
+
+
+DRA_TAINT_EFFECT = Setting(
+    "--dra-taint-effect",
+    taint_effect,
+    "NoSchedule",
+    "effect of the taint a DRA device gets while its GPU (or GPU instance) is faulty: "
+    "NoSchedule keeps new claims off it, NoExecute also evicts the pods using it",
+)
 CDI_ROOT = Setting(
     "--cdi-root", text, "/var/run/cdi", "directory the container runtime reads CDI specs from"
 )
@@ -222,7 +242,7 @@ SETTINGS = SettingsTable(
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE,
         SIMULATE_FAULTS, IGNORED_XIDS, RECOVERY,
         RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, DRA, PLUGINS_REGISTRY_DIR, DRA_PLUGINS_DIR,
-        CDI_ROOT, KUBECONFIG, ONCE,
+        CDI_ROOT, DRA_TAINT_EFFECT, KUBECONFIG, ONCE,
     ),
 )  # fmt: skip
 """Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
@@ -304,6 +324,7 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         plugins_registry_dir=Path(read(PLUGINS_REGISTRY_DIR)),
         dra_plugins_dir=Path(read(DRA_PLUGINS_DIR)),
         cdi_root=Path(read(CDI_ROOT)),
+        dra_taint_effect=read(DRA_TAINT_EFFECT),
         once=read(ONCE),
         kubeconfig=read(KUBECONFIG),
     )

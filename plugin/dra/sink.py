@@ -22,10 +22,12 @@ from gpupart.core.dra.claims import PoolUse, claimed_placements, pool_use
 from gpupart.core.dra.devices import DraGpu, GpuDevices, GpuFacts, gpu_devices
 from gpupart.core.dra.pool import pool_slices, publish_plan
 from gpupart.core.dra.read import ClaimView, read_claim, read_slices
+from gpupart.core.dra.taints import TaintEffect, taint_devices
 from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance
 from gpupart.core.node.devices import OfferedGpu
+from gpupart.core.node.faults import GpuFault
 from gpupart.core.node.interface import ClaimUse
 from gpupart.watch import Event, Listed
 from gpupart_plugin.agent import Offer
@@ -46,12 +48,25 @@ class DraSink:
     """Publishes the DRA GPUs of each offer; keeps our claims in this node's pool from the claim watch."""
 
     def __init__(
-        self, pool: PoolClient, models: Models, *, wake: Callable[[], None] | None = None
+        self,
+        pool: PoolClient,
+        models: Models,
+        *,
+        wake: Callable[[], None] | None = None,
+        taint_effect: TaintEffect = TaintEffect.NO_SCHEDULE,
     ) -> None:
-        """`wake`: asks the agent for a pass (a claim left a GPU that waits to leave DRA)."""
+        """`wake`: asks the agent for a pass (a claim left a GPU that waits to leave DRA);
+        `taint_effect`: of the taint a faulty GPU's devices carry (ADR 028)."""
         self.pool = pool
         self.models = models
         self.wake = wake
+        self.taint_effect = taint_effect
+        self._faults: tuple[GpuFault, ...] = ()
+        """The health monitor's GPU faults now (the `FaultBoard` side)."""
+        self._fault_gpus: tuple[OfferedGpu, ...] = ()
+        self._fault_lock = threading.Lock()
+        self._faults_changed = threading.Event()
+        self._fault_thread: threading.Thread | None = None
         self._lock = threading.RLock()
         self._views: tuple[OfferedGpu, ...] | None = None
         """The views last offered (None: no offer yet, nothing to publish)."""
@@ -68,6 +83,7 @@ class DraSink:
     def offer(self, offer: Offer) -> None:
         with self._lock:
             self._views = offer.views
+            self._fault_gpus = tuple(v for v in offer.views if v.interface is Interface.DRA)
             self.publish()
 
     def claim_use(self) -> ClaimUse:
@@ -76,6 +92,41 @@ class DraSink:
             if self._claims is None:
                 self._list_claims()
             return self._use().claim_use()
+
+    # ---- the health monitor's side (its `FaultBoard`) ----
+
+    def fault_gpus(self) -> tuple[OfferedGpu, ...]:
+        """The GPUs this pool publishes, as last offered: their faults taint their devices.
+
+        Read without the publish lock: the monitor also serves the device plugin's health,
+        which must not wait on a slow API server."""
+        return self._fault_gpus
+
+    def set_faults(self, faults: tuple[GpuFault, ...]) -> None:
+        """The faults now. They are published on the sink's own thread, so that a fault's
+        devices carry the taint from then on and lose it when it clears (one slice update per
+        GPU changed), and the monitor never waits on the API server."""
+        with self._fault_lock:
+            if faults == self._faults:
+                return
+            log.info(
+                "Saw GPU faults change",
+                extra=logs.kv(faults=",".join(_fault_text(f) for f in faults) or "none"),
+            )
+            self._faults = faults
+            if self._fault_thread is None:
+                self._fault_thread = threading.Thread(
+                    target=self._publish_faults, name="dra-faults", daemon=True
+                )
+                self._fault_thread.start()
+        self._faults_changed.set()
+
+    def _publish_faults(self) -> None:
+        """Publish after each change of the faults (the latest ones: changes coalesce)."""
+        while True:
+            self._faults_changed.wait()
+            self._faults_changed.clear()
+            self.publish()
 
     # ---- the watches' side ----
 
@@ -175,7 +226,7 @@ class DraSink:
             if view.dynamic and model is not None:
                 in_use = claimed_placements(model, view.index, use.device_names(view.index))
             foreign = tuple(m.instance for m in view.mig if m.instance not in in_use)
-            return gpu_devices(
+            found = gpu_devices(
                 DraGpu(
                     view,
                     model,
@@ -186,6 +237,7 @@ class DraSink:
                     facts=GpuFacts(pci_bus_id=view.pci_bus_id),
                 )
             )
+            return taint_devices(view, found, self._faults, effect=self.taint_effect)
         except GpupartError as error:
             log.warning(
                 "Left GPU out of the ResourceSlices", extra=logs.kv(gpu=view.index, err=error)
@@ -240,6 +292,11 @@ class DraSink:
         self.publish()
         if self.wake is not None and any(v.interface is None for v in self._views or ()):
             self.wake()
+
+
+def _fault_text(fault: GpuFault) -> str:
+    part = "gpu" if fault.gpu_instance_id is None else f"gi {fault.gpu_instance_id}"
+    return f"{fault.gpu_uuid} {part} {'unresponsive' if fault.xid is None else fault.xid}"
 
 
 def _uid(obj: Raw) -> str:

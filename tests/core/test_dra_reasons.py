@@ -39,9 +39,11 @@ from gpupart.core.dra.requests import (
     read_classes,
     read_selector,
 )
+from gpupart.core.dra.taints import taint_devices
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.node.devices import OfferedGpu
+from gpupart.core.node.faults import GpuFault
 
 H100 = require_gpu_model("H100-SXM5-80GB")
 A30 = require_gpu_model("A30-24GB")
@@ -380,6 +382,12 @@ def scenarios(draw: st.DrawFn) -> tuple[list[SliceView], list[ClaimView], Device
         if found is not None:
             holder = Consumer("pods", f"p{k}", f"u{k}")
             claims.append(ClaimView("team-a", f"c{k}", f"u{k}", found, (holder,)))
+    # Some GPUs faulty after those claims were allocated: their devices tainted (ADR 028).
+    faulty = draw(st.sets(st.integers(0, len(gpus) - 1), max_size=len(gpus)))
+    if faulty:
+        faults = [GpuFault(gpus[i].gpu.uuid, xid=79, since=1.8e9) for i in faulty]
+        tainted = [taint_devices(g.gpu, gpu_devices(g, order=order), faults) for g in gpus]
+        slices = list(read_slices(pool_slices("n", "uid-n", tainted)).items)
     return slices, claims, draw(requests)
 
 

@@ -376,13 +376,25 @@ def test_a_failed_compute_instance_create_shows_on_the_pod_leaves_no_instance_an
 def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears(
     dra_node: KubeletNode, agent: Agent, dra_namespace: str
 ) -> None:
+    """The pod's GPU 1 and the free GPU 0 get an Xid each: the container says Unhealthy, both
+    devices are tainted in their slices (one update each, no new generation), a new claim is
+    not given the tainted GPU 0, and after the clean window the taints are gone, the container
+    is Healthy and the new claim gets GPU 0."""
+    import time  # here, not at the top: this test is the only part of the module ADR 028 adds
+    from datetime import datetime
+
     api = agent.stack.api_client
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     ns, node = dra_namespace, dra_node
     gpu_1 = (f'device.attributes["{names.DRIVER}"].{names.INDEX} == 1',)
+    gpu_0 = (f'device.attributes["{names.DRIVER}"].{names.INDEX} == 0',)
     custom.create_namespaced_custom_object(
         GROUP, VERSION, ns, "resourceclaimtemplates",
         claim_template("gpu1", GPUPART_GPU_CLASS, selectors=gpu_1),
+    )  # fmt: skip
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, ns, "resourceclaimtemplates",
+        claim_template("gpu0", GPUPART_GPU_CLASS, selectors=gpu_0),
     )  # fmt: skip
     core.create_namespaced_pod(ns, claim_pod("xid", "gpu1", node.name))
     pod = wait_for(
@@ -416,13 +428,109 @@ def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears
         found = _running(api, ns, "xid") or {}
         return str((found.get("status") or {}).get("containerStatuses"))
 
+    def slices() -> dict[str, dict[str, Any]]:
+        """The pool's slices by name, as the API holds them."""
+        listed = custom.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices",
+            field_selector=f"spec.nodeName={node.name},spec.driver={names.DRIVER}",
+        )  # fmt: skip
+        return {s["metadata"]["name"]: s for s in listed["items"]}
+
+    def gpu_slice(index: int) -> str:
+        return names.slice_name(node.name, names.gpu_slice_part(index))
+
+    def taints() -> dict[str, list[dict[str, Any]]]:
+        """Every tainted device of the pool, with its taints."""
+        return {
+            d["name"]: d["taints"]
+            for s in slices().values()
+            for d in s["spec"].get("devices") or []
+            if d.get("taints")
+        }
+
+    def holders(device: str) -> list[str]:
+        """The allocated claims of our driver that hold `device` of this node's pool."""
+        claims = custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")["items"]
+        return [
+            f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+            for c in claims
+            for r in ((c.get("status") or {}).get("allocation") or {})
+            .get("devices", {})
+            .get("results", [])
+            if (r["driver"], r["pool"], r["device"]) == (names.DRIVER, node.name, device)
+        ]
+
+    def taint_of(device: str) -> dict[str, Any] | None:
+        """The device's one taint; None when it has none."""
+        found = taints().get(device)
+        if found is None:
+            return None
+        (taint,) = found
+        return taint
+
     wait_for(seen("Healthy"), WAIT_S, "the container's GPU Healthy", detail=statuses)
+    # GPU 0 must be free (earlier tests' pods may still be leaving): its taint alone keeps
+    # the new claim off it below.
+    wait_for(
+        lambda: not holders("gpu-0"),
+        WAIT_S,
+        "no claim holding gpu-0",
+        detail=lambda: str(holders("gpu-0")),
+    )
+    assert taints() == {}
+    before = slices()
+    (generation,) = {s["spec"]["pool"]["generation"] for s in before.values()}
+    started = int(time.time())
     agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 1})  # fell off the bus: fatal
+    taint = wait_for(
+        lambda: taint_of("gpu-1"),
+        WAIT_S,
+        "gpu-1 tainted in its slice after the Xid",
+        detail=lambda: f"{taints()}\n{agent.stack.tails()}",
+    )
+    assert taint["key"] == "gpu.gpupart.io/unhealthy" and taint["value"] == "xid-79", taint
+    assert taint["effect"] == "NoSchedule", taint  # the running pod is not evicted
+    added = datetime.fromisoformat(taint["timeAdded"]).timestamp()
+    assert started - 1 <= added <= time.time(), taint
     wait_for(
         seen("Unhealthy"),
         WAIT_S,
         "the container's GPU Unhealthy after the Xid",
         detail=lambda: f"{health()}\n{agent.stack.tails()}",
+    )
+    # The free GPU 0: an Xid there taints it too, and a new claim is not given it.
+    agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 0})
+    wait_for(lambda: taint_of("gpu-0"), WAIT_S, "gpu-0 tainted", detail=lambda: f"{taints()}")
+    core.create_namespaced_pod(ns, claim_pod("after", "gpu0", node.name))
+
+    def unschedulable() -> str | None:
+        # GPU 0 keeps failing while the scheduler tries, however slow it is: each look raises
+        # its Xid again (the faults file is rewritten), and the clean window runs from the last.
+        agent.stack.inject_faults(node.name, {"xid": 79, "gpu": 0})
+        found = core.read_namespaced_pod("after", ns)
+        for condition in found.status.conditions or []:
+            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
+                return condition.message or ""
+        return None
+
+    message = wait_for(
+        unschedulable,
+        WAIT_S,
+        "pod after unschedulable while gpu-0 is tainted",
+        detail=lambda: f"{taints()}\n{holders('gpu-0')}",
+    )
+    assert "cannot allocate all claims" in message, message
+    assert holders("gpu-0") == [], "the tainted gpu-0 was allocated"
+    assert taint_of("gpu-0") is not None, "gpu-0's taint cleared before the scheduler tried"
+    during = slices()
+    assert {s["spec"]["pool"]["generation"] for s in during.values()} == {generation}
+    assert set(taints()) <= {"gpu-0", "gpu-1"}  # only the faulty GPUs' devices
+    # The clean window: no restart needed.
+    wait_for(
+        lambda: taints() == {},
+        WAIT_S + 3 * RECOVERY_S,
+        "the taints gone after the clean window",
+        detail=lambda: f"{taints()}\n{agent.stack.tails()}",
     )
     wait_for(
         seen("Healthy"),
@@ -430,4 +538,21 @@ def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears
         "the container's GPU Healthy after the clean window",
         detail=lambda: f"{health()}\n{agent.stack.tails()}",
     )
+    after = wait_for(
+        lambda: _running(api, ns, "after"),
+        WAIT_S,
+        "pod after Running on gpu-0 once its taint is gone",
+        detail=lambda: f"{taints()}\n{agent.stack.tails()}\n{node.tails()}",
+    )
+    assert _allocated(api, ns, after)["device"] == "gpu-0"
+    now = slices()
+    assert set(now) == set(before)
+    assert {s["spec"]["pool"]["generation"] for s in now.values()} == {generation}
+    # The healthy GPUs' slices were not written while the faulty ones were tainted and cleared.
+    for index in (MIG_GPU, MPS_GPU):
+        name = gpu_slice(index)
+        assert (
+            now[name]["metadata"]["resourceVersion"] == before[name]["metadata"]["resourceVersion"]
+        ), name
     core.delete_namespaced_pod("xid", ns, grace_period_seconds=0)
+    core.delete_namespaced_pod("after", ns, grace_period_seconds=0)

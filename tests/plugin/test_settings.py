@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from gpupart.core.dra.taints import TaintEffect
 from gpupart.core.errors import InvalidInput
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.settings import SimulatedGpu, simulated_gpus
@@ -70,3 +71,13 @@ def test_a_faults_file_needs_simulated_gpus(monkeypatch: pytest.MonkeyPatch) -> 
     assert str(parse("--simulate=A30", "--simulate-faults=f.json").simulate_faults) == "f.json"
     with pytest.raises(InvalidInput, match="^--simulate-faults: works only with --simulate"):
         parse("--simulate-faults=f.json")
+
+
+def test_dra_taint_effect_is_noschedule_unless_told_and_refuses_another_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPUPART_DRA_TAINT_EFFECT", raising=False)
+    assert parse().dra_taint_effect is TaintEffect.NO_SCHEDULE
+    assert parse("--dra-taint-effect=NoExecute").dra_taint_effect is TaintEffect.NO_EXECUTE
+    with pytest.raises(InvalidInput, match="--dra-taint-effect.*NoSchedule, NoExecute"):
+        parse("--dra-taint-effect=PreferNoSchedule")

@@ -5,7 +5,9 @@ pools at their highest generation; pools by (driver, name), slices by name, devi
 order; requests in claim order, each `count` devices, backtracking to the first full solution;
 a device is taken once unless it allows multiple allocations; shared counters never
 over-consumed (across the pool's slices); consumable capacity rounded up by its request policy
-(an unrequested capacity takes the policy's default, else all of it) and never over-consumed.
+(an unrequested capacity takes the policy's default, else all of it) and never over-consumed;
+a device with a NoSchedule or NoExecute taint the request does not tolerate is not allocated
+(other effects, None included, are ignored, as the scheduler ignores them).
 Selection is by equality on our own attributes (what our DeviceClasses' CEL says), not CEL.
 """
 
@@ -16,7 +18,37 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from gpupart.core.dra.read import AllocationResult, Capacity, ClaimView, DeviceView, SliceView
+from gpupart.core.dra.read import (
+    AllocationResult,
+    Capacity,
+    ClaimView,
+    DeviceTaint,
+    DeviceView,
+    SliceView,
+)
+
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""The taint effects that keep a device from an allocation (others, None included, do not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceToleration:
+    """One `tolerations[]` entry of a request (empty key: every key; empty effect: every effect)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: DeviceTaint) -> bool:
+        """The scheduler's rule (k8s.io/dynamic-resource-allocation `ToleratesTaint`)."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator in ("", "Equal"):
+            return self.value == taint.value
+        return self.operator == "Exists"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +60,16 @@ class DeviceRequest:
     count: int = 1
     capacity: tuple[tuple[str, Fraction], ...] = ()
     """`capacity.requests`: amount per consumable capacity name."""
+    tolerations: tuple[DeviceToleration, ...] = ()
+
+
+def blocking_taints(device: DeviceView, request: DeviceRequest) -> tuple[DeviceTaint, ...]:
+    """The device's taints that keep it from `request` (known effects, not tolerated)."""
+    return tuple(
+        t
+        for t in device.taints
+        if t.effect in BLOCKING_EFFECTS and not any(x.tolerates(t) for x in request.tolerations)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +241,8 @@ def first_fit(
             device, driver, pool = candidate.device, candidate.driver, candidate.pool
             key = (driver, pool, device.name)
             if device.name in picked or not matches(request, device):
+                continue
+            if blocking_taints(device, request):
                 continue
             if not device.multiple and key in state.taken:
                 continue

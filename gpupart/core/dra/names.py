@@ -54,9 +54,18 @@ COUNTER_INSTANCES = "instances"
 PROFILE_INSTANCES_SUFFIX = "-instances"
 """`<profile label>-instances`: only where a profile's `max_count` is below what fits."""
 
+# Device taints (KEP-5055, beta and on in 1.36): a label key, its value a label value.
+TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
+"""The taint of a device on a GPU (or GPU instance) that had an Xid, until a clean window."""
+TAINT_VALUE_UNRESPONSIVE = "unresponsive"
+"""The taint's value when the GPU stopped answering; else `xid-<n>`."""
+
 # The API's limits (k8s.io/kubernetes pkg/apis/resource/types.go, v1.36).
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS = 64
+"""With counters, taints or list attributes on any device of the slice."""
+MAX_TAINTS = 16
+MAX_LABEL_VALUE = 63
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS_PER_SET = 32
 MAX_CONSUMES_PER_DEVICE = 2
@@ -108,6 +117,11 @@ def memory_slice_counter(slot: int) -> str:
 
 def profile_counter(profile: str) -> str:
     return f"{profile_label(profile)}{PROFILE_INSTANCES_SUFFIX}"
+
+
+def xid_taint_value(xid: int | None) -> str:
+    """A fault as a taint value (a label value): ``xid-79``; ``unresponsive`` for None."""
+    return TAINT_VALUE_UNRESPONSIVE if xid is None else f"xid-{xid}"
 
 
 def check_dns_label(name: str, where: str) -> str:

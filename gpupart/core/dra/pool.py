@@ -68,7 +68,10 @@ def pool_slices(
     if len(set(indexes)) != len(indexes):
         raise InvalidInput("gpus", f"a GPU index appears twice: {sorted(indexes)}")
     for gpu in sorted(gpus, key=lambda g: g.index):
-        limit = names.MAX_DEVICES_WITH_COUNTERS if gpu.counters else names.MAX_DEVICES
+        # The API's smaller cap holds for a slice with counters or taints (a tainted GPU
+        # has at most a few devices without counters, so its cut does not move).
+        advanced = gpu.counters or any(d.get("taints") for d in gpu.devices)
+        limit = names.MAX_DEVICES_WITH_COUNTERS if advanced else names.MAX_DEVICES
         part = names.gpu_slice_part(gpu.index)
         devices = list(gpu.devices)
         chunks = [devices[k : k + limit] for k in range(0, len(devices), limit)] or [[]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any, Generic, TypeVar
 
@@ -52,6 +53,17 @@ class Capacity:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """One `taints[]` entry of a device, as read back."""
+
+    key: str
+    value: str = ""
+    effect: str = ""
+    added: int | None = None
+    """`timeAdded` in Unix seconds (the API keeps whole seconds); None when not set."""
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceView:
     """One device of a slice, as read back."""
 
@@ -62,6 +74,7 @@ class DeviceView:
     """(counter set, counters taken) per entry of `consumesCounters`."""
     multiple: bool = False
     """`allowMultipleAllocations`."""
+    taints: tuple[DeviceTaint, ...] = ()
 
     def attribute(self, name: str) -> str | int | bool | None:
         for key, (_, value) in self.attributes:
@@ -234,6 +247,24 @@ def _policy(record: Record | None) -> RequestPolicy | None:
     return RequestPolicy(default, values, bound("min"), bound("max"), bound("step"))
 
 
+def _taint(raw: object, where: str) -> DeviceTaint:
+    record = Record(raw, where)
+    added = None
+    if record.has("timeAdded"):
+        text = _string(record, "timeAdded", limit=64)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError as error:
+            raise InvalidInput(record.path("timeAdded"), f"{shown(text)} is not a time") from error
+        added = int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+    return DeviceTaint(
+        _string(record, "key", limit=MAX_QUALIFIED_NAME + MAX_NAME),
+        _string(record, "value", limit=names.MAX_LABEL_VALUE, default=""),
+        _string(record, "effect", limit=names.MAX_DNS_LABEL, default=""),
+        added,
+    )
+
+
 def _device(raw: object, where: str) -> DeviceView:
     record = Record(raw, where)
     name = names.check_dns_label(_string(record, "name"), record.path("name"))
@@ -265,12 +296,17 @@ def _device(raw: object, where: str) -> DeviceView:
                 _amounts(entry.optional_record("counters"), names.MAX_COUNTERS_PER_CONSUMPTION),
             )
         )
+    taints = tuple(
+        _taint(entry, f"{record.path('taints')}[{k}]")
+        for k, entry in enumerate(_list(record, "taints", names.MAX_TAINTS))
+    )
     return DeviceView(
         name,
         attributes,
         capacity,
         tuple(consumes),
         record.boolean("allowMultipleAllocations", False),
+        taints,
     )
 
 
@@ -303,8 +339,13 @@ def read_slice(obj: object, *, driver: str = names.DRIVER) -> SliceView | None:
     )
     if len({d.name for d in devices}) != len(devices):
         raise InvalidInput(spec.path("devices"), "two devices have the same name")
-    if any(d.consumes for d in devices) and len(devices) > names.MAX_DEVICES_WITH_COUNTERS:
-        raise InvalidInput(spec.path("devices"), "more devices with counters than the API allows")
+    if (
+        any(d.consumes or d.taints for d in devices)
+        and len(devices) > names.MAX_DEVICES_WITH_COUNTERS
+    ):
+        raise InvalidInput(
+            spec.path("devices"), "more devices with counters or taints than the API allows"
+        )
     counter_sets = []
     for k, raw in enumerate(_list(spec, "sharedCounters", names.MAX_COUNTER_SETS)):
         entry = Record(raw, f"{spec.path('sharedCounters')}[{k}]")

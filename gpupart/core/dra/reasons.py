@@ -6,7 +6,8 @@ gets a "cannot" sentence, and every node it cannot does (a Hypothesis law, tests
 words come from a per-device account of what is in the way, for the first request that no
 longer fits: the device taken by a claim (named by its pod, from `reservedFor`), the shared
 counters exhausted (a MIG placement overlapping another, a whole GPU split into MIG devices),
-consumable capacity left against the amount asked, no such device at all, or a pool the
+consumable capacity left against the amount asked, a taint the claim does not tolerate (a
+faulty GPU's, ADR 028), no such device at all, or a pool the
 scheduler does not allocate from because it is incomplete (a generation being rolled over).
 Pure: the extender passes what it watched, read by `read`, `requests`.
 """
@@ -21,6 +22,7 @@ from fractions import Fraction
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import (
     DeviceRequest,
+    blocking_taints,
     first_fit,
     pool_contents,
     round_up,
@@ -174,7 +176,9 @@ def _resolve(
         for key, value in a.selector.match:
             # Class and claim asking two values: no device has both, and the words say which.
             match[key] = value if match.get(key, value) == value else f"{match[key]} and {value}"
-        found.append(DeviceRequest(a.name, tuple(sorted(match.items())), a.count, a.capacity))
+        found.append(
+            DeviceRequest(a.name, tuple(sorted(match.items())), a.count, a.capacity, a.tolerations)
+        )
     return tuple(found), ""
 
 
@@ -252,10 +256,16 @@ def allocate(
                 if extra:
                     match = {**dict(request.match), **dict(extra)}
                     request = DeviceRequest(
-                        w.name, tuple(sorted(match.items())), request.count, request.capacity
+                        w.name,
+                        tuple(sorted(match.items())),
+                        request.count,
+                        request.capacity,
+                        request.tolerations,
                     )
                 else:
-                    request = DeviceRequest(w.name, request.match, request.count, request.capacity)
+                    request = DeviceRequest(
+                        w.name, request.match, request.count, request.capacity, request.tolerations
+                    )
                 requests.append(request)
             found = first_fit(slices, claims, requests)
             if found is not None:
@@ -273,7 +283,8 @@ class Block:
     kind: str
     """`taken`, `overlap` (memory slots held), `counters` (other shared counters used up),
     `capacity` (a device taken whole is too small), `left` (shared capacity used up),
-    `policy` (more than one claim may get), `missing` (no such capacity)."""
+    `policy` (more than one claim may get), `missing` (no such capacity), `tainted` (a taint
+    the request does not tolerate: the node agent's after a GPU fault, ADR 028)."""
     holders: tuple[tuple[str, str], ...] = ()
     """(holder, what it holds) in the way."""
     detail: str = ""
@@ -314,6 +325,14 @@ class _Usage:
         device = self.devices[key]
         if not device.multiple and key in self.taken:
             return [Block("taken", ((self.taken[key], ""),))]  # the rest follows from that
+        taints = blocking_taints(device, request)
+        if taints:
+            # The scheduler does not look further at a device whose taint the claim does not tolerate.
+            said = ", ".join(
+                f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}"
+                for t in taints
+            )
+            return [Block("tainted", detail=f"is tainted {said}")]
         found = []
         short: dict[bool, list[str]] = {True: [], False: []}
         holders: dict[bool, list[tuple[str, str]]] = {True: [], False: []}

@@ -22,6 +22,7 @@ from gpupart.core.api.pods import parse_pod_request
 from gpupart.core.api.records import Record, find_time
 from gpupart.core.api.resources import GPU, mig_resource_name
 from gpupart.core.dra import names
+from gpupart.core.dra.allocator import DeviceToleration
 from gpupart.core.dra.read import MAX_NAME, Reading, Skipped, _kind_name, _quantity
 from gpupart.core.errors import InvalidInput, shown
 
@@ -33,6 +34,8 @@ MAX_SUBREQUESTS = 8
 MAX_CONSTRAINTS = 32
 MAX_COUNT = 128
 MAX_POD_CLAIMS = 32
+MAX_TOLERATIONS = 16
+"""The API's limit per request."""
 EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 """The implicit extended resource name of every DeviceClass (KEP-5004)."""
 
@@ -201,6 +204,7 @@ class Alternative:
     capacity: tuple[tuple[str, Fraction], ...] = ()
     problem: str = ""
     """Why the model cannot allocate it as asked (allocationMode All, ...)."""
+    tolerations: tuple[DeviceToleration, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +260,26 @@ def _alternative(record: Record, name: str) -> Alternative:
         count,
         tuple(amounts),
         problem,
+        _tolerations(record),
     )
+
+
+def _tolerations(record: Record) -> tuple[DeviceToleration, ...]:
+    """A request's `tolerations` (each field bounded; `tolerationSeconds` is eviction's)."""
+    raw = record.items("tolerations")
+    if len(raw) > MAX_TOLERATIONS:
+        raise InvalidInput(record.path("tolerations"), f"more than {MAX_TOLERATIONS} tolerations")
+    found = []
+    for k, item in enumerate(raw):
+        entry = Record(item, f"{record.path('tolerations')}[{k}]")
+        fields = {}
+        for key, default in (("key", ""), ("operator", "Equal"), ("value", ""), ("effect", "")):
+            text = entry.string(key, default)
+            if len(text) > MAX_NAME + names.MAX_DNS_LABEL + 1:
+                raise InvalidInput(entry.path(key), "longer than a label key")
+            fields[key] = text
+        found.append(DeviceToleration(**fields))
+    return tuple(found)
 
 
 def read_claim_spec(obj: object) -> ClaimSpec:
