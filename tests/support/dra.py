@@ -201,12 +201,14 @@ def start_gpupart_dra(
     *,
     configs: Sequence[GpuConfig] = (),
     recovery_s: float = 60,
+    create_s: float = 0.0,
 ) -> list[str]:
     """`gpupart node --dra` on the node with `gpus` simulated A100s, all on DRA, and the
     node's pool published; returns each GPU's UUID by index.
 
     `configs`: what each GPU becomes, by index (every one a DRA config); empty: all whole.
     `recovery_s`: the agent's clean window after an Xid.
+    `create_s`: the simulated NVML time of each MIG GPU instance create (`--simulate-create-seconds`).
     The desired annotation is written here as the operator writes it (the operator is not
     under test: one group per GPU, as one GpuPartition per GPU would give); the pool is the
     agent's own publisher's.
@@ -217,7 +219,7 @@ def start_gpupart_dra(
     if len(configs) != gpus or any(c.interface is not Interface.DRA for c in configs):
         raise ValueError(f"{len(configs)} configs for {gpus} GPUs, each must be on DRA")
     core = client.CoreV1Api(stack.api_client)
-    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB", recovery_s=recovery_s)
+    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB", create_s=create_s, recovery_s=recovery_s)
     desired = encode_desired(
         tuple(DesiredGroup(f"e2e-{i}", 1, (i,), c) for i, c in enumerate(configs))
     )
