@@ -147,11 +147,15 @@ def test_the_dynamic_gpu_publishes_placements_only_and_the_whole_gpu_its_device(
         GROUP, VERSION, "resourceslices", field_selector=f"spec.nodeName={dra_node.name}"
     )["items"]
     devices = [
-        d for s in listed if s["spec"].get("driver") == names.DRIVER for d in s["spec"]["devices"]
+        d
+        for s in listed
+        if s["spec"].get("driver") == names.DRIVER
+        for d in s["spec"].get("devices") or ()  # a counters-only slice has none
     ]
     by_gpu: dict[int, list[dict[str, Any]]] = {}
     for d in devices:
-        by_gpu.setdefault(d["attributes"][names.INDEX]["int"], []).append(d)
+        # A device's name starts with its GPU's (`gpu-<i>`, docs/dra.md).
+        by_gpu.setdefault(int(d["name"].split("-")[1]), []).append(d)
     whole = by_gpu[WHOLE_GPU]
     assert [(d["name"], d["attributes"][names.TYPE]["string"]) for d in whole] == [
         (names.gpu_device_name(WHOLE_GPU), names.TYPE_GPU)
