@@ -36,7 +36,7 @@ kube-scheduler started for it (the others stopped):
 - `device_plugin_extender`: today's path, MPS-shared GPUs advertised as extended resources,
   the chart's scheduler configuration with the real `gpupart extender`
   (`scheduler_throughput.py`'s machinery and pods);
-- `dra_gpupart`: our pools, dynamic MIG with every profile of the catalogue (26 devices a GPU,
+- `dra_gpupart`: our pools, dynamic MIG with every profile of the catalogue (25 devices a GPU,
   one counters slice and one slice per GPU), the chart's DeviceClasses; half the pods claim one
   1g.10gb through a ResourceClaimTemplate, half ask `nvidia.com/mig-1g.10gb: 1` and get their
   claim from the profile class's `extendedResourceName` (KEP-5004); the chart's scheduler
@@ -44,7 +44,8 @@ kube-scheduler started for it (the others stopped):
 - `dra_gpupart_reorder`: the same, with the node agents' re-ordering on (every claim watched, a
   node's pool re-published after each of its allocation changes);
 - `dra_gpupart_same_devices`: our pools limited to the profile asked (`spec.mig.dynamic.profiles:
-  [1g.10gb]`: 7 placements and the whole GPU, 8 devices a GPU), the device count of the example;
+  [1g.10gb]`: 7 placements, 7 devices a GPU; no whole-GPU device since ADR 030), one device
+  fewer than the example's 8;
 - `dra_gpupart_static`: our pools of a static MIG layout, 7 x 1g.10gb instances a GPU, one
   device each and no counters (so no counters-only slice);
 - `dra_example_driver`: the pools `sigs.k8s.io/dra-example-driver` v0.4.0 publishes with

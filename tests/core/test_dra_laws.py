@@ -1,4 +1,4 @@
-"""Laws of the DRA core over every catalogue model: placements, counters, whole GPU, order, pool, publish plan."""
+"""Laws of the DRA core over every catalogue model: placements, counters, 7g placement, order, pool, publish plan."""
 
 from __future__ import annotations
 
@@ -92,21 +92,30 @@ def test_every_legal_placement_is_published_exactly_once(model: GpuModel) -> Non
     }
     assert sorted(placements) == sorted(expected)
     assert len({d.name for d in devices}) == len(devices)
-    whole = [d for d in devices if d.attribute(names.TYPE) == names.TYPE_GPU]
-    assert len(whole) == 1
+    # No whole-GPU device: a GPU in MIG mode cannot give one (ADR 030).
+    assert not any(d.attribute(names.TYPE) == names.TYPE_GPU for d in devices)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.product)
-def test_the_whole_gpu_excludes_every_placement(model: GpuModel) -> None:
+def test_the_full_size_placement_excludes_every_other(model: GpuModel) -> None:
+    """The GPU's largest instance, the dynamic GPU's answer to a whole-GPU request, takes
+    every counter: given, nothing else on that GPU can be."""
     published = dynamic(model)
     capacity = counters_of(published)
     devices = views_of(published)
-    whole = next(d for d in devices if d.attribute(names.TYPE) == names.TYPE_GPU)
-    assert counters_allow(capacity, [whole])
-    for device in devices:
-        if device is not whole:
-            assert counters_allow(capacity, [device])
-            assert not counters_allow(capacity, [whole, device]), device.name
+    full = [
+        d
+        for d in devices
+        if instance_of(d).placement.size == model.memory_slices
+        and model.require_profile(instance_of(d).profile).compute_slices == model.compute_slices
+    ]
+    assert full, f"{model.product} has no placement of the whole GPU"
+    for big in full:
+        assert counters_allow(capacity, [big])
+        for device in devices:
+            if device is not big:
+                assert counters_allow(capacity, [device])
+                assert not counters_allow(capacity, [big, device]), (big.name, device.name)
 
 
 @settings(max_examples=300, deadline=None)

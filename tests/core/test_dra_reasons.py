@@ -308,12 +308,21 @@ def test_a_3g_taken_at_both_placements_names_both_holders() -> None:
     assert "team-a/train-1" in found.text and "team-a/train-2" in found.text
 
 
-def test_a_whole_gpu_split_into_mig_devices_is_taken_by_their_pods() -> None:
+def test_the_full_size_instance_of_a_split_gpu_is_taken_by_its_pods() -> None:
     slices = node_slices("n", [DraGpu(offered(0), H100, dynamic=True)])
     claims: list[ClaimView] = []
     take(slices, claims, mig("1g.10gb"), "small")
-    found = node_reason("n", slices, claims, one(WHOLE, "whole GPU"))
-    assert re.fullmatch(r"n: GPU 0 is taken by team-a/small \(1g\.10gb at slot [0-6]\)", found.text)
+    found = node_reason("n", slices, claims, one(mig("7g.80gb"), "7g.80gb"))
+    assert re.fullmatch(
+        r"n: GPU 0 has 7g\.80gb only at slots 0-7, taken by team-a/small \(1g\.10gb at slot [0-6]\)",
+        found.text,
+    )
+
+
+def test_a_dynamic_gpu_offers_no_whole_gpu_device() -> None:
+    slices = node_slices("n", [DraGpu(offered(0), H100, dynamic=True)])
+    found = node_reason("n", slices, [], one(WHOLE, "whole GPU"))
+    assert found.text == "n: no whole GPU device" and not found.fits
 
 
 def test_shared_memory_left_against_the_amount_asked() -> None:

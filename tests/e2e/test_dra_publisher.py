@@ -185,7 +185,8 @@ def test_the_pool_follows_the_interface_the_kubelet_and_the_scheduler(
     assert [d.name for d in whole] == ["gpu-1"]
     assert whole[0].attribute(names.PCI_BUS_ID) == "0000:19:00.0"
     dynamic = slices[f"{part}gpu-00"].devices
-    assert dynamic[-1].name == "gpu-0" and len(dynamic) > 10  # every placement, whole GPU last
+    # Every placement, and no whole-GPU device on a GPU in MIG mode (ADR 030).
+    assert len(dynamic) > 10 and all(d.attribute(names.TYPE) == names.TYPE_MIG for d in dynamic)
     assert not any(r.startswith("nvidia.com/mig-") for r in core.read_node(NODE).status.capacity)
     pool.until(
         lambda: all(g.state is GpuState.APPLIED for g in pool.report().gpus), "both GPUs Applied"

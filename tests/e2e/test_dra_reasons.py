@@ -150,7 +150,7 @@ def test_an_extended_resource_pod_served_by_dra_gets_the_same_words(
 ) -> None:
     """`nvidia.com/mig-4g.40gb: 1` on a node that does not advertise it is DRA's (KEP-5004)."""
     node, _ = make_node(api, [DraGpu(offered(0, Mode.MIG), H100, dynamic=True, facts=FACTS)])
-    template(api, namespace, "whole", "gpu.gpupart.io")
+    template(api, namespace, "whole", "mig-7g80gb.gpupart.io")
     create(api, claim_pod(namespace, "whole", node, "whole"))
     scheduled(api, namespace, "whole")
     pod = {
@@ -174,4 +174,4 @@ def test_an_extended_resource_pod_served_by_dra_gets_the_same_words(
     scheduler_says = str((condition(found, "PodScheduled") or {}).get("message"))
     assert "claim" in scheduler_says, scheduler_says
     sentence = f"{node}: GPU 0 has 4g.40gb only at slots 0-3, taken by {namespace}/whole"
-    assert f"{sentence} (the whole GPU)" in our_event(api, namespace, "legacy", sentence)
+    assert f"{sentence} (7g.80gb at slots 0-7)" in our_event(api, namespace, "legacy", sentence)

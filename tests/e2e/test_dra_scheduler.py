@@ -335,21 +335,26 @@ def test_a_pod_asking_the_device_plugins_resource_name_gets_a_dra_claim(
     )
 
 
-def test_whole_gpu_and_mig_placements_exclude_each_other_through_counters(
+def test_the_full_size_placement_and_the_others_exclude_each_other_through_counters(
     api: Any, namespace: str
 ) -> None:
+    """A dynamic GPU offers no whole-GPU device (ADR 030): its 7g.80gb placement, which takes
+    every counter, is the whole-GPU instance."""
     node, _ = dynamic_node(api)
     template(api, namespace, "whole", "gpu.gpupart.io")
+    template(api, namespace, "full", "mig-7g80gb.gpupart.io")
     template(api, namespace, "one-1g", "mig-1g10gb.gpupart.io")
     create(api, claim_pod(namespace, "whole", node, "whole"))
-    scheduled(api, namespace, "whole")
-    assert allocated_device(api, namespace, "whole") == "gpu-0"
+    unschedulable(api, namespace, "whole")
+    create(api, claim_pod(namespace, "full", node, "full"))
+    scheduled(api, namespace, "full")
+    assert allocated_device(api, namespace, "full") == names.mig_device_name(0, "7g.80gb", 0)
     create(api, claim_pod(namespace, "small", node, "one-1g"))
     unschedulable(api, namespace, "small")
-    delete_and_release(api, namespace, "whole")
+    delete_and_release(api, namespace, "full")
     scheduled(api, namespace, "small")  # the scheduler retries once the counters are free
-    create(api, claim_pod(namespace, "whole-again", node, "whole"))
-    unschedulable(api, namespace, "whole-again")
+    create(api, claim_pod(namespace, "full-again", node, "full"))
+    unschedulable(api, namespace, "full-again")
 
 
 def test_the_eighth_1g_on_a_gpu_is_refused(api: Any, namespace: str) -> None:

@@ -7,8 +7,9 @@ version). An attribute that is not known is omitted, never guessed.
 - Whole GPU (mode None): one device, `type: gpu`.
 - MIG, static layout: each existing instance one device, no counters.
 - MIG, dynamic: every legal placement of every allowed profile, each consuming its GPU's
-  counter set, and the whole GPU consuming all of it; placements that overlap an instance
-  someone else created (`foreign`) are left out and the counters lowered by what it takes.
+  counter set; placements that overlap an instance someone else created (`foreign`) are left
+  out and the counters lowered by what it takes. No whole-GPU device: a GPU in MIG mode cannot
+  give one without leaving MIG mode (docs/adr-030-whole-gpu-of-a-mig-gpu.md).
 - MPS and time-slicing: one device per GPU with `allowMultipleAllocations` and consumable
   `memory` (MiB) and `compute` (percent).
 """
@@ -119,10 +120,7 @@ def gpu_devices(gpu: DraGpu, *, mix: Mix | None = None, order: Order = Order.GPU
         if gpu.dynamic:
             return _dynamic(gpu, model, mix, order)
         return _static(gpu, model, order)
-    if view.mode.is_shared:
-        found = GpuDevices(view.index, (_shared(gpu),))
-    else:
-        found = GpuDevices(view.index, (_whole(gpu, None),))
+    found = GpuDevices(view.index, (_shared(gpu) if view.mode.is_shared else _whole(gpu),))
     _check(found, where)
     return found
 
@@ -148,9 +146,9 @@ def _common(gpu: DraGpu) -> dict[str, dict[str, Any]]:
     return attributes
 
 
-def _whole(gpu: DraGpu, counters: Mapping[str, str] | None) -> Device:
+def _whole(gpu: DraGpu) -> Device:
     view = gpu.gpu
-    device: Device = {
+    return {
         "name": names.gpu_device_name(view.index),
         "attributes": {
             names.TYPE: {"string": names.TYPE_GPU},
@@ -160,11 +158,6 @@ def _whole(gpu: DraGpu, counters: Mapping[str, str] | None) -> Device:
         },
         "capacity": {names.MEMORY: {"value": names.mib(view.memory_mib)}},
     }
-    if counters is not None:
-        device["consumesCounters"] = [
-            {"counterSet": names.counter_set_name(view.index), "counters": _values(counters)}
-        ]
-    return device
 
 
 def _shared(gpu: DraGpu) -> Device:
@@ -313,8 +306,6 @@ def _dynamic(gpu: DraGpu, model: GpuModel, mix: Mix, order: Order) -> GpuDevices
         )
         for i in ordered
     ]
-    if not foreign:
-        devices.append(_whole(gpu, counter_capacity(model)))
     counter_set: CounterSet = {
         "name": names.counter_set_name(view.index),
         "counters": _values(capacity),

@@ -202,10 +202,12 @@ def _device(
     rest = match.group(2)
     if rest is None:
         if view.mode is not Mode.NONE:
+            # Never published for a GPU in such a mode (ADR 030): an allocation from a slice of
+            # before the GPU's mode changed. Serving it would take the GPU out of its mode.
             raise ClaimRefused(
                 ref.key,
                 f"{where}.device: {result.device} is a whole GPU, and GPU {view.index} is in "
-                f"mode {view.mode} (no instance covers it)",
+                f"mode {view.mode}, which offers no whole-GPU device (no instance covers it)",
             )
         return base
     if rest == "shared":
