@@ -60,8 +60,6 @@ CONFIGS = (
 )
 RECOVERY_S = 10
 """The agent's clean window after an Xid."""
-WHOLE_ONLY = (f'device.attributes["{names.DRIVER}"].{names.INDEX} < {MIG_GPU}',)
-"""A whole-GPU claim kept off the dynamic GPU's `gpu-2` (its prepare is refused: ADR 026)."""
 
 
 @dataclass
@@ -140,7 +138,7 @@ def test_a_whole_gpu_claim_is_prepared_and_its_container_gets_exactly_that_gpu(
         VERSION,
         ns,
         "resourceclaimtemplates",
-        claim_template("whole", GPUPART_GPU_CLASS, selectors=WHOLE_ONLY),
+        claim_template("whole", GPUPART_GPU_CLASS),
     )
     core.create_namespaced_pod(ns, claim_pod("app", "whole", node.name, containers=2))
 
@@ -224,7 +222,7 @@ def test_a_dynamic_mig_claim_makes_exactly_the_allocated_instance_and_deleting_t
 
 
 BURST = (
-    [("whole", GPUPART_GPU_CLASS, WHOLE_ONLY, None)] * 2
+    [("whole", GPUPART_GPU_CLASS, (), None)] * 2
     + [("mig1g", "mig-1g10gb.gpupart.io", (), None)] * 3
     + [("mig2g", "mig-2g20gb.gpupart.io", (), None)]
     + [("mps", "shared.gpupart.io", (), {names.MEMORY: "5Gi"})] * 8

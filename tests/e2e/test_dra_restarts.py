@@ -85,8 +85,6 @@ CONFIGS = (
 )
 CREATE_S = 5.0
 """The simulator's time for one GPU instance create: the window in which the agent is killed."""
-WHOLE_ONLY = (f'device.attributes["{names.DRIVER}"].{names.INDEX} < {MIG_GPU}',)
-"""A whole-GPU claim kept off the dynamic GPU's `gpu-2` (its prepare is refused: ADR 026)."""
 MIG_CLASS = "mig-1g10gb.gpupart.io"
 
 
@@ -281,7 +279,7 @@ def test_a_kubelet_restart_keeps_running_pods_and_their_instances_and_registers_
     _templates(
         api,
         ns,
-        claim_template("whole", GPUPART_GPU_CLASS, selectors=WHOLE_ONLY),
+        claim_template("whole", GPUPART_GPU_CLASS),
         claim_template("mig", MIG_CLASS),
         claim_template("mps", "shared.gpupart.io", capacity={names.MEMORY: "10Gi"}),
     )
@@ -462,7 +460,7 @@ def test_a_malformed_opaque_config_fails_only_its_claim_of_the_batch(
     core = client.CoreV1Api(api)
     ns, node = dra_namespace, dra_node
     assert agent.mig_instances() == {}
-    bad = claim_template("bad", GPUPART_GPU_CLASS, selectors=WHOLE_ONLY)
+    bad = claim_template("bad", GPUPART_GPU_CLASS)
     bad["spec"]["spec"]["devices"]["config"] = [
         {
             "requests": ["gpu"],
@@ -479,7 +477,7 @@ def test_a_malformed_opaque_config_fails_only_its_claim_of_the_batch(
     ]
     _templates(
         api, ns, bad, claim_template("mig", MIG_CLASS),
-        claim_template("whole", GPUPART_GPU_CLASS, selectors=WHOLE_ONLY),
+        claim_template("whole", GPUPART_GPU_CLASS),
     )  # fmt: skip
     # One pod, two claims of our driver: the kubelet sends both in one NodePrepareResources.
     mixed = claim_pod("mixed", "mig", node.name)
@@ -550,7 +548,7 @@ def test_a_claim_with_another_drivers_device_too_is_prepared_by_each_driver_for_
     example.start()
     try:
         # One claim, two requests: the kubelet sends it to both drivers, each prepares its own.
-        template = claim_template("both", GPUPART_GPU_CLASS, selectors=WHOLE_ONLY)
+        template = claim_template("both", GPUPART_GPU_CLASS)
         requests = template["spec"]["spec"]["devices"]["requests"]
         requests.append(
             {
