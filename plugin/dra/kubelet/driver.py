@@ -147,7 +147,10 @@ class DraDriver:
                 plan = plan.with_instances(_uuids(gpus))
             self.cdi.write(ref.uid, cdi_spec(plan, gpus))
             with self._state:
-                self._save({**self._prepared, ref.uid: plan})
+                # Not waited for on disk: lost in a power cut, the file still holds this claim
+                # as planned before any instance was made (that write was), or not at all when
+                # it made none, and instances do not outlive the reboot either way.
+                self._save({**self._prepared, ref.uid: plan}, sync_dir=False)
             log.info(
                 "Prepared claim",
                 extra=logs.kv(claim=ref.key, devices=",".join(d.device for d in plan.devices)),
@@ -237,9 +240,9 @@ class DraDriver:
 
     # ---- helpers ----
 
-    def _save(self, claims: dict[str, PreparedClaim]) -> None:
+    def _save(self, claims: dict[str, PreparedClaim], *, sync_dir: bool = True) -> None:
         """Under `_state`: the checkpoint first, then memory (a failed write changes nothing)."""
-        self.checkpoint.save(claims.values())
+        self.checkpoint.save(claims.values(), sync_dir=sync_dir)
         self._prepared = claims
         if self.changed is not None:
             self.changed(tuple(claims.values()), self._views)
