@@ -57,10 +57,11 @@ class Checkpoint:
         self.records = kept
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Replace `path` with `data`: written to a temporary file, fsynced, renamed, and the
     directory fsynced, so a crash leaves the old or the new file, never half; InvalidInput
-    naming the file when it cannot."""
+    naming the file when it cannot. `sync_dir=False`: the rename is not waited for (after a
+    power loss the old file may be back, still whole)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
@@ -73,6 +74,8 @@ def write_atomically(path: Path, data: bytes) -> None:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        if not sync_dir:
+            return
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

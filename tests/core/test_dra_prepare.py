@@ -17,6 +17,7 @@ from gpupart.core.dra.prepare import (
     DraGpuNow,
     cdi_ids,
     cdi_spec,
+    claim_gpus,
     instances_to_make,
     layouts_after_release,
     plan_claim,
@@ -293,6 +294,39 @@ def test_law_only_allocated_devices_and_never_one_exclusive_device_twice(
             )
             assert not taken & slices.get(device.gpu_index, set()), (claim, slices)
             slices.setdefault(device.gpu_index, set()).update(taken)
+
+
+@settings(max_examples=200, deadline=None)
+@given(results)
+def test_law_the_claims_own_gpus_decide_as_every_gpu_does(entries: list[dict[str, str]]) -> None:
+    """Prepare reads only `claim_gpus` (ADR 029): the same plan and spec, or the same refusal."""
+    obj = _claim(
+        "u",
+        [
+            _result(e["device"], request=e["request"], driver=e["driver"], **_consumed(e["device"]))
+            for e in entries
+        ],
+    )
+    ref = ClaimRef("ns", "c-u", "u")
+    try:
+        view = read_for_prepare(ref, obj)
+    except ClaimRefused:
+        return
+    own = {i: g for i, g in LAW_GPUS.items() if i in claim_gpus(view)}
+
+    def decided(gpus: dict[int, DraGpuNow]) -> object:
+        try:
+            claim = plan_claim(
+                ref, view, pool=NODE, gpus=gpus, pods_here=frozenset({POD_UID}), held=()
+            )
+        except ClaimRefused as refused:
+            return str(refused)
+        try:
+            return claim, cdi_spec(claim, gpus) if claim.complete else None
+        except InvalidInput as error:
+            return claim, str(error)
+
+    assert decided(own) == decided(LAW_GPUS)
 
 
 @settings(max_examples=200, deadline=None)

@@ -31,6 +31,7 @@ from gpupart.core.api.wire import (
 from gpupart.core.dra import names
 from gpupart.core.dra.prepare import CDI_KIND
 from gpupart.core.dra.prepared import ClaimRef
+from gpupart.core.dra.read import Consumer
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.mig.planning import CreateGpuInstance
@@ -47,7 +48,7 @@ from gpupart_plugin.dra.api.v1 import api_pb2_grpc as v1_grpc
 from gpupart_plugin.dra.api.v1beta1 import api_pb2 as v1beta1
 from gpupart_plugin.dra.api.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
-from gpupart_plugin.dra.kubelet.claims import ClaimReader
+from gpupart_plugin.dra.kubelet.claims import ClaimReader, NodePods
 from gpupart_plugin.dra.kubelet.driver import DraDriver
 from gpupart_plugin.dra.kubelet.gpus import gpu_source
 from gpupart_plugin.dra.kubelet.health import DraHealth
@@ -83,9 +84,11 @@ class Plugin:
         # The agent's pass: the MPS daemons started.
         actuator.reconcile(tuple(DesiredGroup("p", 1, (i,), c) for i, c in targets.items()))
         self.health = DraHealth()
+        self.pods = NodePods(api, NODE)  # as the agent wires it: the pod check asks it first
+        self.pods.start()
         self.driver = DraDriver(
             NODE,
-            ClaimReader(api, NODE),
+            ClaimReader(api, NODE, pods=self.pods),
             gpu_source(gpus, actuator, lambda: targets),
             actuator.apply_instances,
             ClaimCheckpoint(root / "state", NODE),
@@ -115,6 +118,7 @@ class Plugin:
     def stop(self) -> None:
         self.channel.close()
         self.sockets.stop()
+        self.pods.stop()
 
 
 def _refs(claims: tuple[dict[str, Any], ...]) -> list[Any]:
@@ -294,6 +298,77 @@ def test_a_restarted_plugin_unprepares_from_its_checkpoint_exactly_that_claims_i
     finally:
         restarted.stop()
         plugin.sockets = restarted.sockets  # stopped already; the fixture's stop is a no-op
+
+
+def test_a_retry_answered_from_the_checkpoint_writes_again_a_cdi_spec_a_crash_lost(
+    api: Any, namespace: str, pod: Any, plugin: Plugin, tmp_path: Path
+) -> None:
+    """The spec is not fsynced (ADR 029): lost or cut short, the retry rewrites it from the GPUs."""
+    claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G), (names.DRIVER, "gpu-1")])
+    first = plugin.prepare(claim).claims[_uid(claim)]
+    assert first.error == ""
+    spec = plugin.driver.cdi.path(_uid(claim))
+    written = spec.read_bytes()
+    made = _mig_calls(plugin)
+    for crashed in (None, b"", written[: len(written) // 2]):
+        if crashed is None:
+            spec.unlink()
+        else:
+            spec.write_bytes(crashed)
+        plugin.stop()
+        plugin = Plugin(api, plugin.gpus, tmp_path)  # the agent restarted after the crash
+        try:
+            assert plugin.prepare(claim).claims[_uid(claim)] == first
+            assert spec.read_bytes() == written
+        finally:
+            plugin.stop()
+    assert _mig_calls(plugin) == made  # nothing made again
+    assert [r.device.instance for r in plugin.gpus.instances(0)] == [THREE_G]
+
+
+def _mig_calls(plugin: Plugin) -> list[str]:
+    """The simulator's MIG instance calls so far (a restarted plugin's pass sets compute modes)."""
+    return [c for c in plugin.gpus.calls if "Instance" in c]
+
+
+def test_the_node_pod_watch_holds_exactly_the_pods_bound_to_this_node(
+    api: Any, namespace: str, pod: Any
+) -> None:
+    core = client.CoreV1Api(api)
+    elsewhere = core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "elsewhere"},
+            "spec": {"nodeName": "another-node", "containers": [{"name": "c", "image": "none"}]},
+        },
+    )
+    pods = NodePods(api, NODE, relist_s=5)
+    pods.start()
+    try:
+        wait_for(
+            lambda: pods.holds(pod.metadata.uid, namespace, "consumer"), 60, "the pod in the watch"
+        )
+        assert not pods.holds(elsewhere.metadata.uid, namespace, "elsewhere")
+        assert not pods.holds("another-uid", namespace, "consumer")  # the uid is exact
+        core.delete_namespaced_pod("consumer", namespace, grace_period_seconds=0)
+        wait_for(
+            lambda: not pods.holds(pod.metadata.uid, namespace, "consumer"),
+            60,
+            "the deleted pod gone from the watch",
+        )
+    finally:
+        pods.stop()
+
+
+def test_the_pod_check_lists_the_pod_when_the_watch_has_not_seen_it(
+    api: Any, namespace: str, pod: Any
+) -> None:
+    """A watch behind (here: never started) costs a LIST, never a refusal."""
+    reader = ClaimReader(api, NODE, pods=NodePods(api, NODE))
+    here = Consumer("pods", "consumer", pod.metadata.uid)
+    assert reader.pods_here(namespace, (here,)) == frozenset({pod.metadata.uid})
+    stranger = Consumer("pods", "consumer", "another-uid")
+    assert reader.pods_here(namespace, (stranger,)) == frozenset()
 
 
 def test_a_failed_compute_instance_create_leaves_no_instance_and_says_why(

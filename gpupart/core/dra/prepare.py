@@ -116,6 +116,13 @@ def check_opaque_config(obj: object) -> None:
         parameters.done()
 
 
+def claim_gpus(view: ClaimView) -> frozenset[int]:
+    """The GPU indices the claim's device names start with: the only GPUs `plan_claim` and
+    `cdi_spec` read (a name that parses to no index is refused by `plan_claim` itself)."""
+    found = (_DEVICE.fullmatch(r.device) for r in view.results)
+    return frozenset(int(m.group(1)) for m in found if m is not None)
+
+
 def plan_claim(
     ref: ClaimRef,
     view: ClaimView,
@@ -130,8 +137,9 @@ def plan_claim(
     `pods_here`: the uids of the claim's `reservedFor` pods that the API says are bound to this
     node (the kubelet prepares a claim for such a pod only). `held`: every claim prepared on
     this node (this claim's own entry is ignored: a retry plans again from the GPUs as they
-    are). The result is `complete` when every device exists; else the MIG instances to make
-    are its devices without a `mig_uuid` (`instances_to_make`).
+    are). `gpus` needs only the claim's own GPUs (`claim_gpus`). The result is `complete` when
+    every device exists; else the MIG instances to make are its devices without a `mig_uuid`
+    (`instances_to_make`).
     """
     reserved = {c.uid for c in view.reserved_for if c.resource == "pods"}
     if not reserved & pods_here:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpupart.core.dra.prepare import CDI_CLASS, CDI_VENDOR
+from gpupart.core.dra.prepare import CDI_CLASS, CDI_KIND, CDI_VENDOR
 from gpupart.core.errors import InvalidInput
-from gpupart_plugin.checkpoint import write_atomically
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
+MAX_SPEC_BYTES = 1024 * 1024
+"""A claim's spec names a few devices; a larger file is not one we wrote."""
 
 
 class CdiSpecs:
@@ -19,6 +22,9 @@ class CdiSpecs:
 
     The runtime reads every spec in the directory when a container is created, so a spec is
     in place before NodePrepareResources answers, and a half-written file is never seen.
+    A spec is not fsynced (a prepare would wait on the disk twice): the checkpoint is the
+    record that survives a crash, and a retry answered from it writes the spec again when
+    `intact` says it did not survive (ADR 029).
     """
 
     def __init__(self, root: Path) -> None:
@@ -30,9 +36,39 @@ class CdiSpecs:
         return self.root / f"{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        """Replaces the claim's spec: a temporary file renamed over it (no fsync)."""
         path = self.path(claim_uid)
-        write_atomically(path, json.dumps(spec, indent=1, sort_keys=True).encode())
+        data = json.dumps(spec, indent=1, sort_keys=True).encode()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as error:
+            raise InvalidInput(str(path), f"cannot write: {error.strerror}") from None
         return path
+
+    def intact(self, claim_uid: str) -> bool:
+        """Whether the claim's spec is there and reads as a CDI spec of ours (not lost or cut
+        short by a crash since it was written)."""
+        try:
+            with self.path(claim_uid).open("rb") as f:
+                data = f.read(MAX_SPEC_BYTES + 1)
+            spec = json.loads(data)
+        except (OSError, ValueError):
+            return False
+        return (
+            len(data) <= MAX_SPEC_BYTES
+            and isinstance(spec, dict)
+            and spec.get("kind") == CDI_KIND
+            and isinstance(spec.get("devices"), list)
+            and bool(spec["devices"])
+        )
 
     def remove(self, claim_uid: str) -> None:
         try:

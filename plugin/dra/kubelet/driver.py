@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -12,6 +12,7 @@ from gpupart import logs
 from gpupart.core.dra.prepare import (
     DraGpuNow,
     cdi_spec,
+    claim_gpus,
     instances_to_make,
     layout_with,
     layouts_after_release,
@@ -27,8 +28,9 @@ from gpupart_plugin.dra.kubelet.state import ClaimCheckpoint
 
 log = logging.getLogger(__name__)
 
-GpuSource = Callable[[], Mapping[int, DraGpuNow]]
-"""This node's GPUs as they are now, by index (NVML read at the call)."""
+GpuSource = Callable[[Collection[int] | None], Mapping[int, DraGpuNow]]
+"""This node's GPUs of these indices (None: all) as they are now, by index (NVML read at the
+call); an index not on the node is absent."""
 MigApplier = Callable[[int, Layout], str]
 """Brings one GPU's MIG instances to exactly the layout: '' or what failed and the rollback
 (`Actuator.apply_instances`)."""
@@ -114,7 +116,13 @@ class DraDriver:
             with self._state:
                 known = self._prepared.get(ref.uid)
             if known is not None and known.complete:
-                return known  # a retry: answered as before, nothing made again
+                # A retry: answered as before, nothing made again; its CDI spec (not fsynced)
+                # written again if a crash lost it.
+                if not self.cdi.intact(ref.uid):
+                    gpus = self._now({d.gpu_index for d in known.devices})
+                    self.cdi.write(ref.uid, cdi_spec(known, gpus))
+                    log.info("Rewrote CDI spec of prepared claim", extra=logs.kv(claim=ref.key))
+                return known
             try:
                 obj = self.claims.claim(ref.namespace, ref.name)
             except GpupartError as error:
@@ -122,7 +130,8 @@ class DraDriver:
             view = read_for_prepare(ref, obj)
             here = self.claims.pods_here(ref.namespace, view.reserved_for)
             with self._state:
-                gpus = self._now()
+                # Only the claim's GPUs: nothing in the plan or the spec looks at another.
+                gpus = self._now(claim_gpus(view))
                 plan = plan_claim(
                     ref,
                     view,
@@ -138,7 +147,10 @@ class DraDriver:
                 plan = plan.with_instances(_uuids(gpus))
             self.cdi.write(ref.uid, cdi_spec(plan, gpus))
             with self._state:
-                self._save({**self._prepared, ref.uid: plan})
+                # Not waited for on disk: lost in a power cut, the file still holds this claim
+                # as planned before any instance was made (that write was), or not at all when
+                # it made none, and instances do not outlive the reboot either way.
+                self._save({**self._prepared, ref.uid: plan}, sync_dir=False)
             log.info(
                 "Prepared claim",
                 extra=logs.kv(claim=ref.key, devices=",".join(d.device for d in plan.devices)),
@@ -152,7 +164,7 @@ class DraDriver:
         made: list[tuple[int, MigInstance]] = []
         for index, instances in sorted(instances_to_make(plan).items()):
             with self._gpu_lock(index):
-                now = self._now().get(index)
+                now = self._now({index}).get(index)
                 if now is None:
                     problem = f"GPU {index} is not on this node now"
                 else:
@@ -161,7 +173,7 @@ class DraDriver:
                 self._abandon(plan, made)
                 raise ClaimRefused(plan.ref.key, f"could not create its MIG instance: {problem}")
             made.extend((index, i) for i in instances)
-        return self._now()
+        return self._now({d.gpu_index for d in plan.devices})
 
     def _abandon(self, plan: PreparedClaim, made: Iterable[tuple[int, MigInstance]]) -> None:
         """Destroys what a failed prepare made and forgets the claim."""
@@ -214,7 +226,7 @@ class DraDriver:
         indices = sorted({d.gpu_index for d in claim.devices if d.dynamic})
         for index in indices:
             with self._gpu_lock(index):
-                gpus = dict(self._now())
+                gpus = dict(self._now({d.gpu_index for d in claim.devices}))
                 if not warm and index in gpus:
                     gpus[index] = replace(gpus[index], warm=())
                 with self._state:
@@ -228,16 +240,23 @@ class DraDriver:
 
     # ---- helpers ----
 
-    def _save(self, claims: dict[str, PreparedClaim]) -> None:
+    def _save(self, claims: dict[str, PreparedClaim], *, sync_dir: bool = True) -> None:
         """Under `_state`: the checkpoint first, then memory (a failed write changes nothing)."""
-        self.checkpoint.save(claims.values())
+        self.checkpoint.save(claims.values(), sync_dir=sync_dir)
         self._prepared = claims
         if self.changed is not None:
             self.changed(tuple(claims.values()), self._views)
 
-    def _now(self) -> Mapping[int, DraGpuNow]:
-        self._views = self.gpus()
-        return self._views
+    def _now(self, indices: Collection[int] | None = None) -> Mapping[int, DraGpuNow]:
+        """The GPUs of `indices` (None: all) read now; the last read of each GPU is kept for
+        `changed` (the health stream's devices)."""
+        read = self.gpus(indices)
+        if indices is None:
+            self._views = read
+        else:
+            kept = {k: v for k, v in self._views.items() if k not in indices}
+            self._views = {**kept, **read}
+        return read
 
     def refresh(self) -> None:
         """Tells `changed` of the claims on the GPUs as they are now (after a pass moved them)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from gpupart.core.api.spec import GpuConfig, Interface, Mode
 from gpupart.core.dra.prepare import DraGpuNow
@@ -14,17 +14,22 @@ Targets = Callable[[], Mapping[int, GpuConfig] | None]
 """Each GPU's target from the desired annotation last read (None: none read yet)."""
 
 
-def gpu_source(
-    backend: GpuBackend, actuator: Actuator, targets: Targets
-) -> Callable[[], dict[int, DraGpuNow]]:
-    """Reads every GPU now. A GPU is DRA's only while the agent serves it through DRA (its
-    view's interface: not while it moves there from the device plugin, nor back); its MIG
-    model is NVML's, None when not stated."""
+GpuRead = Callable[[Collection[int] | None], dict[int, DraGpuNow]]
+"""The GPUs of these indices (None: every GPU) as they are now; an index not on the node is absent."""
 
-    def read() -> dict[int, DraGpuNow]:
+
+def gpu_source(backend: GpuBackend, actuator: Actuator, targets: Targets) -> GpuRead:
+    """Reads GPUs now, every one or those asked (a claim's own: prepare reads no other). A GPU
+    is DRA's only while the agent serves it through DRA (its view's interface: not while it
+    moves there from the device plugin, nor back); its MIG model is NVML's, None when not
+    stated."""
+
+    def read(indices: Collection[int] | None = None) -> dict[int, DraGpuNow]:
         wanted = targets() or {}
         found: dict[int, DraGpuNow] = {}
         for info in backend.gpus():
+            if indices is not None and info.index not in indices:
+                continue
             target = wanted.get(info.index)
             model = None
             if info.mig_enabled:

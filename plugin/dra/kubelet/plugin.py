@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from kubernetes import client
 
@@ -17,7 +18,7 @@ from gpupart.core.node.targets import gpu_targets
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.backend import GpuBackend
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
-from gpupart_plugin.dra.kubelet.claims import ClaimReader
+from gpupart_plugin.dra.kubelet.claims import ClaimReader, NodePods
 from gpupart_plugin.dra.kubelet.driver import DraDriver
 from gpupart_plugin.dra.kubelet.gpus import gpu_source
 from gpupart_plugin.dra.kubelet.health import DraHealth
@@ -35,6 +36,9 @@ class DesiredTargets:
         self.backend = backend
         self._lock = threading.Lock()
         self._text: str | None = None
+        self._decoded: tuple[str, tuple[int, ...], Mapping[int, GpuConfig]] | None = None
+        """The last answer, for the same text and GPU indices: decoding is pure, and a
+        prepare asks on every claim."""
 
     def read(self, desired: str | None) -> None:
         with self._lock:
@@ -42,16 +46,22 @@ class DesiredTargets:
 
     def __call__(self) -> Mapping[int, GpuConfig] | None:
         with self._lock:
-            text = self._text
+            text, decoded = self._text, self._decoded
         if text is None:
             return None
+        indices = tuple(g.index for g in self.backend.gpus())
+        if decoded is not None and decoded[:2] == (text, indices):
+            return decoded[2]
         try:
-            groups = decode_desired(text)
-            return gpu_targets(groups, [g.index for g in self.backend.gpus()])
+            found = gpu_targets(decode_desired(text), indices)
         except GpupartError as error:
             # No GPU is DRA's while the wish is unreadable: prepare refuses rather than guesses.
             log.warning("Failed to read desired layout for DRA", extra=logs.kv(err=error))
             return None
+        answer = MappingProxyType(found)
+        with self._lock:
+            self._decoded = (text, indices, answer)
+        return answer
 
 
 class DraKubeletPlugin:
@@ -72,9 +82,10 @@ class DraKubeletPlugin:
     ) -> None:
         """InvalidInput when the checkpoint cannot be read (the plugin cannot serve then)."""
         self.health = DraHealth()
+        self.pods = NodePods(api, node)
         self.driver = DraDriver(
             node,
-            ClaimReader(api, node),
+            ClaimReader(api, node, pods=self.pods),
             gpu_source(backend, actuator, targets),
             actuator.apply_instances,
             ClaimCheckpoint(state_dir, node),
@@ -89,6 +100,7 @@ class DraKubeletPlugin:
         )
 
     def start(self) -> None:
+        self.pods.start()
         self.driver.refresh()
         self.sockets.start()
 
@@ -98,3 +110,4 @@ class DraKubeletPlugin:
 
     def stop(self) -> None:
         self.sockets.stop()
+        self.pods.stop()
