@@ -128,19 +128,19 @@ def test_book_pins_an_instance_fault_to_the_instances_mig_uuid() -> None:
         pytest.param(
             view(0, Mode.MIG, mig(3, 2), mig(4, 3), dynamic=True),
             GpuFault("GPU-0000", 3, "MIG-3-2", 94),
-            {"gpu-0-mig-1g10gb-2", "gpu-0"},
-            id="instance fault: its device and the whole GPU's",
+            {"gpu-0-mig-1g10gb-2"},
+            id="instance fault: its device only (a GPU in MIG mode has no whole device)",
         ),
         pytest.param(
             view(0, Mode.MIG, mig(3, 2), dynamic=True),
             GpuFault("GPU-0000", 3, "", 94),
-            {"gpu-0-mig-1g10gb-2", "gpu-0"},
+            {"gpu-0-mig-1g10gb-2"},
             id="instance fault not pinned: by its id",
         ),
         pytest.param(
             view(0, Mode.MIG, mig(3, 5), dynamic=True),
             GpuFault("GPU-0000", 3, "MIG-3-2", 94),
-            {"gpu-0"},
+            set(),
             id="pinned instance gone, its id given to a new one: the new one is clean",
         ),
         pytest.param(

@@ -6,8 +6,8 @@ Rules (docs/adr-028-dra-device-taints.md):
   every device of that GPU: the whole GPU, each MIG device (existing instance or placement),
   the shared device. New claims then do not land on a broken GPU, prepared or not.
 - A fault of one GPU instance taints the MIG device of that instance (found by its MIG UUID
-  when the monitor knew it, else by its GPU instance id) and the devices that cover the whole
-  GPU (the whole GPU's device), which include it. Other placements are untouched: counters keep
+  when the monitor knew it, else by its GPU instance id); a GPU in MIG mode publishes no
+  whole-GPU device (ADR 030) to cover it. Other placements are untouched: counters keep
   them off the instance's memory slices while it exists, and a new instance is a fresh one.
 - One taint a device, key `gpu.gpupart.io/unhealthy`, value the fault's Xid (`xid-79`, or
   `unresponsive`), effect NoSchedule unless told, `timeAdded` the start of the earliest fault
