@@ -336,6 +336,20 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
     return run
 
 
+def fresh_node(cp: ControlPlane, prefix: str, attempts: int = 3) -> KubeletNode:
+    """A Ready real-kubelet node named `<prefix>-<random>`; tried again under another name when
+    it does not come up (on a shared machine a port the test bed chose free can be taken before
+    the kubelet binds it), so one lost port does not cost the whole run."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start_dra_node(cp, f"{prefix}-{uuid.uuid4().hex[:4]}")
+        except TimeoutError as error:
+            if attempt == attempts:
+                raise
+            log(f"  {prefix}: node not Ready, trying again: {str(error).splitlines()[0]}")
+    raise AssertionError("unreachable")
+
+
 def allocated(claim: dict[str, Any]) -> set[str]:
     return {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
 
@@ -350,7 +364,7 @@ def example_matches(got: dict[str, Any], claim: dict[str, Any]) -> bool:
 @contextlib.contextmanager
 def example_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
     """The reference Go driver's kubelet plugin on a node of its own."""
-    node = start_dra_node(cp, f"bench-example-{uuid.uuid4().hex[:4]}")
+    node = fresh_node(cp, "bench-example")
     drv = ExampleDriver(node, cp.kubeconfig, devices=devices)
     try:
         api = cp.api_client()
@@ -379,7 +393,7 @@ def example_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
 def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
     """Our DRA kubelet plugin (`gpupart node --dra`) on a node of its own: `devices` simulated
     whole GPUs, as many as the example driver's devices (whole GPUs: no NVML time in Prepare)."""
-    node = start_dra_node(cp, f"bench-gpupart-{uuid.uuid4().hex[:4]}")
+    node = fresh_node(cp, "bench-gpupart")
     api = cp.api_client()
     stack = Stack(cp, api, Path(tempfile.mkdtemp(prefix="gpupart-bench-dra-agent-")))
     try:
@@ -432,7 +446,7 @@ def gpupart_mig_node(
 ) -> Iterator[MigNode]:
     """`gpupart node --dra` on a node of its own, every GPU dynamic MIG on DRA, the simulated
     NVML taking `create_s` per GPU instance create and `destroy_s` per destroy."""
-    node = start_dra_node(cp, f"bench-mig-{uuid.uuid4().hex[:4]}")
+    node = fresh_node(cp, "bench-mig")
     api = cp.api_client()
     stack = Stack(cp, api, Path(tempfile.mkdtemp(prefix="gpupart-bench-dra-mig-")))
     try:
