@@ -1,6 +1,7 @@
 """Benchmark: DRA claims on the real kubelet: creation -> Running and the kubelet's Prepare time, per driver.
 
-Run: python tests/bench/dra_prepare.py [--pods 200] [--burst 20] [--bursts 1]  (last line: one
+Run: python tests/bench/dra_prepare.py [--pods 200] [--burst 20] [--bursts 1] [--mig-pods 60]
+[--mig-burst 8] [--fault-pods 6] [--skip-whole] [--skip-mig] [--skip-faults]  (last line: one
 JSON object; progress on stderr). Needs the binaries from scripts/build-k8s-bins.sh.
 
 One control plane with kube-controller-manager (the resourceclaim controller makes each pod's
@@ -22,14 +23,40 @@ Drivers: `example_driver` (sigs.k8s.io/dra-example-driver v0.4.0's kubelet plugi
 Go driver, `--burst` devices) and `gpupart` (`gpupart node --dra`: `--burst` simulated whole
 A100s, so no NVML time in Prepare; the desired annotation and the pool are the test bed's
 stand-ins, `gpupart_testsupport.dra.start_gpupart_dra`), both in the same run on the same kubelet build.
-A driver left out (`--driver`) is null. `prepare_ratio`: ours over the Go driver's (issue 30's
-goals: p50 <= 1.5, p99 <= 2). `dynamic_mig_running_p95_s` and `leaked_instances` (dynamic MIG,
-the fault runs) are not measured yet: null.
+A driver left out (`--driver`, `--skip-whole`: both) is null. `prepare_ratio`: ours over the Go
+driver's (issue 30's goals: p50 <= 1.5, p99 <= 2).
+
+Dynamic MIG (`dynamic_mig`, `--skip-mig`): our agent on a node of its own with `--mig-gpus`
+(two A100-SXM4-80GB and two H100-SXM5-80GB), every GPU dynamic MIG on DRA, the simulated NVML
+taking `--create-seconds` (1.0, the dynamic MIG simulator's figure) for each GPU instance create
+and `--destroy-seconds` (0.5, likewise) for each destroy, one MIG call at a time per GPU. The
+same two phases with `--mig-pods` one by one and one burst of `--mig-burst`, the pods' claims
+cycling through the chart's 1g.10gb, 2g.20gb and 3g.40gb classes; p50/p95/p99.
+`dynamic_mig_running_p95_s` is the one-by-one creation -> Running p95 (issue 30's goal: <= 3 s),
+as `running_s` is one by one; the burst's quantiles are beside it. A container matches when its
+one CDI device is the claim's and its NVIDIA_VISIBLE_DEVICES is the UUID of the instance the
+simulated GPU holds at the allocated placement.
+
+Fault runs (`faults`, `--skip-faults`), on the same node, `--fault-pods` pods a round:
+1. every compute instance create fails (injected through `--simulate-faults`) while the pods
+   arrive; each pod shows FailedPrepareDynamicResources, a third of them are deleted, the fault
+   is cleared and the rest run;
+2. the next GPU instance creates and, after one success, compute instance creates fail a few
+   times while the pods arrive together (the kubelet's retries succeed), and a third of the pods
+   are deleted as soon as they are scheduled, mid-prepare;
+3. the agent killed (SIGKILL) while it prepares (a claim begun in its checkpoint, its instance
+   not made yet) and started again, the pods Running after it;
+4. every pod deleted.
+After each round, once the agent is done (waited for, so a rollback in flight is not counted),
+each MIG instance on each GPU (the simulated state file) that no Running pod's claim was
+allocated is a leak. `leaked_instances`: the distinct instances found so, in the fault runs and
+at the end of the dynamic MIG phases (issue 30's goal: 0). `mismatches` counts every phase.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import shutil
@@ -46,6 +73,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from gpupart.core.api.spec import GpuConfig, Interface, Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.prepare import CDI_KIND, cdi_device_name
 from gpupart_testsupport.cluster import ControlPlane, bin_dir_from_env, missing_binaries, parallel
@@ -57,12 +85,15 @@ from gpupart_testsupport.dra import (
     UNPREPARE,
     VERSION,
     ExampleDriver,
+    GpuMigInstance,
     claim_pod,
     claim_template,
     device_class,
     grpc_seconds,
     install_gpupart_device_classes,
+    mig_device_placements,
     pod_claim_name,
+    simulated_mig_instances,
     start_dra_node,
     start_gpupart_dra,
 )
@@ -71,6 +102,14 @@ from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.stack import Stack
 
 WAIT_S = 120
+SETTLE_S = 60
+"""How long the agent may take to finish a rollback or an unprepare before what is left counts."""
+MIG_GPUS = "A100-SXM4-80GB,A100-SXM4-80GB,H100-SXM5-80GB,H100-SXM5-80GB"
+MIG_CLASSES = ("mig-1g10gb.gpupart.io", "mig-2g20gb.gpupart.io", "mig-3g40gb.gpupart.io")
+"""The chart's profile classes the dynamic MIG pods' claims cycle through (on both products)."""
+DYNAMIC_DRA = GpuConfig(Mode.MIG, dynamic=True, interface=Interface.DRA)
+REFUSED = "FailedPrepareDynamicResources"
+"""The kubelet's event reason when a plugin's NodePrepareResources refused a pod's claim."""
 
 
 def log(message: str) -> None:
@@ -91,6 +130,11 @@ def p50_p99(values: list[float], scale: float = 1.0) -> dict[str, float | None]:
         return None if v is None else round(v * scale, 3)
 
     return {"p50": at(0.5), "p99": at(0.99)}
+
+
+def p50_p95_p99(values: list[float], scale: float = 1.0) -> dict[str, float | None]:
+    p95 = quantile(values, 0.95)
+    return {**p50_p99(values, scale), "p95": None if p95 is None else round(p95 * scale, 3)}
 
 
 class RunningWatch:
@@ -135,6 +179,8 @@ class Run:
     running_s: list[float] = field(default_factory=list)
     burst_prepare_mean_s: list[float] = field(default_factory=list)
     burst_running_s: list[float] = field(default_factory=list)
+    burst_devices: list[str] = field(default_factory=list)
+    """The devices the burst's claims were allocated (where the scheduler put them)."""
     mismatches: int = 0
     retried_prepares: int = 0
 
@@ -166,6 +212,10 @@ class Target:
     driver: str
     device_class: str
     matches: Matches
+    classes: tuple[str, ...] = ()
+    """The classes pods cycle through (the i-th pod the i-th modulo); empty: `device_class`."""
+    label: str = ""
+    """The name in progress lines; empty: `driver`."""
 
 
 def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int) -> Run:
@@ -175,15 +225,20 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
     cp.wait_namespace_ready(ns)
-    custom.create_namespaced_custom_object(
-        GROUP, VERSION, ns, "resourceclaimtemplates", claim_template("one", target.device_class)
-    )
+    templates = [f"claim-{k}" for k, _ in enumerate(target.classes or (target.device_class,))]
+    for template, cls in zip(templates, target.classes or (target.device_class,), strict=True):
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, "resourceclaimtemplates", claim_template(template, cls)
+        )
     running = RunningWatch(api, ns)
     run = Run()
+    label = target.label or target.driver
 
     def create(name: str) -> float:
+        """Pod `<phase>-<i>`, its claim from the i-th template modulo."""
+        template = templates[int(name.rsplit("-", 1)[1]) % len(templates)]
         started = time.perf_counter()
-        core.create_namespaced_pod(ns, claim_pod(name, "one", target.node.name))
+        core.create_namespaced_pod(ns, claim_pod(name, template, target.node.name))
         return started
 
     def wait_running(names: list[str]) -> None:
@@ -195,8 +250,8 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             detail=target.node.tails,
         )
 
-    def check(name: str) -> None:
-        """The container got exactly the devices its claim was allocated (CDI record)."""
+    def check(name: str) -> set[str]:
+        """The container got exactly the devices its claim was allocated (CDI record); those."""
         pod = api.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
         claim = custom.get_namespaced_custom_object(
             GROUP, VERSION, ns, "resourceclaims", pod_claim_name(pod) or ""
@@ -204,6 +259,12 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
         got = target.node.container(ns, name, "app-0") or {}
         if (got.get("cdi") or {}).get("unresolved") or not target.matches(got, claim):
             run.mismatches += 1
+            if run.mismatches <= 3:
+                env = (got.get("env") or {}).get("NVIDIA_VISIBLE_DEVICES")
+                log(
+                    f"  {label}: mismatch {name}: {allocated(claim)} got {got.get('cdiDevices')} {env}"
+                )
+        return allocated(claim)
 
     def delete(names: list[str]) -> None:
         """The pods deleted, gone with their claims, and each claim unprepared by the kubelet.
@@ -241,7 +302,7 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             check(name)
             delete([name])
             if (i + 1) % 20 == 0:
-                log(f"  {target.driver}: {i + 1}/{pods} one by one")
+                log(f"  {label}: {i + 1}/{pods} one by one")
         for b in range(bursts):
             names = [f"burst-{b}-{i}" for i in range(burst)]
             count0, sum0 = grpc_seconds(target.node, target.driver, PREPARE)
@@ -252,16 +313,16 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             if count1 > count0:
                 run.burst_prepare_mean_s.append((sum1 - sum0) / (count1 - count0))
             for n in names:
-                check(n)
+                run.burst_devices += sorted(check(n))
             delete(names)
-            log(f"  {target.driver}: burst {b + 1}/{bursts} of {burst}")
+            log(f"  {label}: burst {b + 1}/{bursts} of {burst}")
         if run.retried_prepares:
             failed = [
                 line
                 for line in target.node.kubelet_log().splitlines()
                 if "Error syncing pod" in line or "PrepareDynamicResources" in line
             ]
-            log(f"  {target.driver}: {run.retried_prepares} prepare(s) retried; the kubelet said:")
+            log(f"  {label}: {run.retried_prepares} prepare(s) retried; the kubelet said:")
             for line in failed[:3]:
                 log(f"    {line[:600]}")
             for event in core.list_namespaced_event(ns).items:
@@ -273,6 +334,20 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
         running.stop()
         api.close()
     return run
+
+
+def fresh_node(cp: ControlPlane, prefix: str, attempts: int = 3) -> KubeletNode:
+    """A Ready real-kubelet node named `<prefix>-<random>`; tried again under another name when
+    it does not come up (on a shared machine a port the test bed chose free can be taken before
+    the kubelet binds it), so one lost port does not cost the whole run."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start_dra_node(cp, f"{prefix}-{uuid.uuid4().hex[:4]}")
+        except TimeoutError as error:
+            if attempt == attempts:
+                raise
+            log(f"  {prefix}: node not Ready, trying again: {str(error).splitlines()[0]}")
+    raise AssertionError("unreachable")
 
 
 def allocated(claim: dict[str, Any]) -> set[str]:
@@ -289,7 +364,7 @@ def example_matches(got: dict[str, Any], claim: dict[str, Any]) -> bool:
 @contextlib.contextmanager
 def example_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
     """The reference Go driver's kubelet plugin on a node of its own."""
-    node = start_dra_node(cp, f"bench-example-{uuid.uuid4().hex[:4]}")
+    node = fresh_node(cp, "bench-example")
     drv = ExampleDriver(node, cp.kubeconfig, devices=devices)
     try:
         api = cp.api_client()
@@ -318,7 +393,7 @@ def example_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
 def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
     """Our DRA kubelet plugin (`gpupart node --dra`) on a node of its own: `devices` simulated
     whole GPUs, as many as the example driver's devices (whole GPUs: no NVML time in Prepare)."""
-    node = start_dra_node(cp, f"bench-gpupart-{uuid.uuid4().hex[:4]}")
+    node = fresh_node(cp, "bench-gpupart")
     api = cp.api_client()
     stack = Stack(cp, api, Path(tempfile.mkdtemp(prefix="gpupart-bench-dra-agent-")))
     try:
@@ -349,28 +424,375 @@ DRIVERS: dict[str, Callable[[ControlPlane, int], contextlib.AbstractContextManag
 }
 
 
+@dataclass
+class MigNode:
+    """Our agent on a node of dynamic MIG GPUs: the target the two phases measure, and what the
+    fault runs need beside it."""
+
+    target: Target
+    stack: Stack
+    state_file: Path
+    """The simulated GPUs' state (`--simulate-state`): the MIG instances NVML would list."""
+    placements: dict[str, GpuMigInstance]
+    """Each dynamic MIG device name the node can publish, with the instance it names."""
+
+    def instances(self) -> dict[GpuMigInstance, str]:
+        return simulated_mig_instances(self.state_file)
+
+
+@contextlib.contextmanager
+def gpupart_mig_node(
+    cp: ControlPlane, products: list[str], create_s: float, destroy_s: float
+) -> Iterator[MigNode]:
+    """`gpupart node --dra` on a node of its own, every GPU dynamic MIG on DRA, the simulated
+    NVML taking `create_s` per GPU instance create and `destroy_s` per destroy."""
+    node = fresh_node(cp, "bench-mig")
+    api = cp.api_client()
+    stack = Stack(cp, api, Path(tempfile.mkdtemp(prefix="gpupart-bench-dra-mig-")))
+    try:
+        install_gpupart_device_classes(cp)
+        start_gpupart_dra(
+            stack, node, len(products), wait_s=WAIT_S, configs=(DYNAMIC_DRA,) * len(products),
+            products=products, create_s=create_s, destroy_s=destroy_s,
+        )  # fmt: skip
+        state_file = stack.work / f"simgpu-{node.name}.json"
+        placements = mig_device_placements(products)
+
+        def matches(got: dict[str, Any], claim: dict[str, Any]) -> bool:
+            """Our one CDI device of the request, and in its env the UUID of the instance the
+            GPU holds at the allocated placement."""
+            (device,) = allocated(claim)
+            where = placements.get(device)
+            made = simulated_mig_instances(state_file).get(where) if where else None
+            own = f"{CDI_KIND}={cdi_device_name(claim['metadata']['uid'], 'gpu')}"
+            env = got.get("env") or {}
+            return (
+                made is not None
+                and got.get("cdiDevices") == [own]
+                and env.get("NVIDIA_VISIBLE_DEVICES") == made
+            )
+
+        target = Target(
+            node, names.DRIVER, MIG_CLASSES[0], matches, classes=MIG_CLASSES, label="dynamic MIG"
+        )
+        yield MigNode(target, stack, state_file, placements)
+    finally:
+        stack.stop()
+        node.stop()
+        api.close()
+        shutil.rmtree(stack.work, ignore_errors=True)
+
+
+@dataclass
+class Leaks:
+    """MIG instances found at a settled moment that no Running pod's claim was allocated."""
+
+    found: dict[str, str] = field(default_factory=dict)
+    """UUID -> where it was seen (GPU index, profile, start, and the check's name)."""
+
+    def check(self, mig: MigNode, api: Any, namespace: str, what: str) -> int:
+        """Wait (SETTLE_S) for every instance to be held, then count the ones still not held."""
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+
+        def unheld() -> dict[GpuMigInstance, str]:
+            made = mig.instances()  # first: a pod Running meanwhile only adds to what is held
+            running = {
+                p.metadata.name
+                for p in core.list_namespaced_pod(namespace).items
+                if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+            }
+            claims = custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims"
+            )["items"]
+            held = {
+                mig.placements.get(device)
+                for c in claims
+                if (c.get("status") or {}).get("allocation")
+                and {r.get("name") for r in c["status"].get("reservedFor") or []} & running
+                for device in allocated(c)
+            }
+            return {k: u for k, u in made.items() if k not in held}
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: not unheld(), SETTLE_S, f"no unheld MIG instance ({what})")
+        left = unheld()
+        for (gpu, instance), instance_uuid in left.items():
+            self.found.setdefault(
+                instance_uuid,
+                f"GPU {gpu} {instance.profile}@{instance.placement.start} ({what})",
+            )
+        log(f"  leak check, {what}: {len(left)} instance(s) no Running pod's claim holds")
+        return len(left)
+
+
+@dataclass
+class FaultRun:
+    """What the fault runs counted."""
+
+    pods: int = 0
+    refused_pods: int = 0
+    """Pods the kubelet showed FailedPrepareDynamicResources (our plugin's refusal)."""
+    ran_under_fault: int = 0
+    """Pods Running while every compute instance create failed (none should)."""
+    mismatches: int = 0
+    agent_kills: int = 0
+    leaks_by_check: dict[str, int] = field(default_factory=dict)
+
+    def figures(self, leaks: Leaks) -> dict[str, Any]:
+        return {
+            "pods": self.pods,
+            "refused_pods": self.refused_pods,
+            "ran_under_fault": self.ran_under_fault,
+            "mismatches": self.mismatches,
+            "agent_kills": self.agent_kills,
+            "leaks_by_check": self.leaks_by_check,
+            "leaked_instances": sum(1 for w in leaks.found.values() if "fault" in w),
+        }
+
+
+def fault_runs(cp: ControlPlane, mig: MigNode, pods: int, leaks: Leaks) -> FaultRun:
+    """The four rounds of the module docstring on the dynamic MIG node, in a namespace of
+    their own; the simulated NVML's faults cleared at the end, whatever happened."""
+    api = cp.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    node, target = mig.target.node, mig.target
+    ns = f"bench-faults-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    cp.wait_namespace_ready(ns)
+    for k, cls in enumerate(MIG_CLASSES):
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, "resourceclaimtemplates", claim_template(f"claim-{k}", cls)
+        )
+    run = FaultRun()
+
+    def create(name: str) -> None:
+        template = f"claim-{int(name.rsplit('-', 1)[1]) % len(MIG_CLASSES)}"
+        core.create_namespaced_pod(ns, claim_pod(name, template, node.name))
+
+    def pod(name: str) -> Any:
+        return core.read_namespaced_pod(name, ns)
+
+    def refused(name: str) -> str | None:
+        """Our plugin's reason on the pod (the kubelet's event), None before it said one."""
+        events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}")
+        return next((e.message for e in events.items if e.reason == REFUSED), None)
+
+    def detail() -> str:
+        phases = {p.metadata.name: p.status.phase for p in core.list_namespaced_pod(ns).items}
+        return f"{phases}\n{mig.stack.tails()}\n{node.tails()}"
+
+    def wait_running(names: list[str], what: str) -> None:
+        wait_for(
+            lambda: all(pod(n).status.phase == "Running" for n in names),
+            3 * WAIT_S, what, interval=0.1, detail=detail,
+        )  # fmt: skip
+        for n in names:
+            got = node.container(ns, n, "app-0") or {}
+            claim = custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, "resourceclaims",
+                pod_claim_name(api.sanitize_for_serialization(pod(n))) or "",
+            )  # fmt: skip
+            if (got.get("cdi") or {}).get("unresolved") or not target.matches(got, claim):
+                run.mismatches += 1
+                log(f"  faults: mismatch {n}: {allocated(claim)} got {got.get('cdiDevices')}")
+
+    def delete(names: list[str]) -> None:
+        """Deleted, and gone from the API with their claims (the kubelet unprepares on its own
+        time: the leak check waits for it)."""
+        for n in names:
+            core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
+
+        def gone() -> bool:
+            left = {p.metadata.name for p in core.list_namespaced_pod(ns).items}
+            claims = custom.list_namespaced_custom_object(GROUP, VERSION, ns, "resourceclaims")
+            mine = {
+                r.get("name")
+                for c in claims["items"]
+                for r in (c.get("metadata") or {}).get("ownerReferences") or []
+            }
+            return not (left & set(names)) and not (mine & set(names))
+
+        wait_for(gone, WAIT_S, f"{len(names)} pod(s) and their claims gone", interval=0.1)
+
+    def check(what: str) -> None:
+        run.leaks_by_check[what] = leaks.check(mig, api, ns, f"fault run: {what}")
+
+    try:
+        # 1. Every compute instance create fails while the pods arrive: each GPU instance made
+        # for a claim must be rolled back, the pod told why.
+        mig.stack.inject_faults(
+            node.name,
+            {"operation": "CreateComputeInstance", "kind": "InsufficientResources", "times": 10**6},
+        )
+        first = [f"ci-{i}" for i in range(pods)]
+        parallel(create, first, workers=len(first))
+        wait_for(
+            lambda: all(refused(n) for n in first),
+            3 * WAIT_S, f"{REFUSED} on every pod of round 1", interval=0.2, detail=detail,
+        )  # fmt: skip
+        run.ran_under_fault += sum(1 for n in first if pod(n).status.phase == "Running")
+        log(f"  faults: round 1: {len(first)} pods refused, e.g. {refused(first[0])}")
+        delete(first[::3])
+        check("compute instance creates failing, a third of the pods deleted")
+        mig.stack.inject_faults(node.name)
+        kept = [n for n in first if n not in first[::3]]
+        wait_running(kept, "round 1's pods Running once the fault is cleared")
+        check("round 1's fault cleared, its pods Running")
+
+        # 2. A few GPU instance creates fail, and after one success a few compute instance
+        # creates; the kubelet's retries succeed. A third of the pods are deleted as soon as
+        # they are scheduled, most of them mid-prepare (a create takes its simulated second).
+        times = max(1, pods // 2)
+        mig.stack.inject_faults(
+            node.name,
+            {"operation": "CreateGpuInstance", "kind": "InsufficientResources", "times": times},
+            {"operation": "CreateComputeInstance", "kind": "Other", "after": 1, "times": times},
+        )
+        second = [f"tr-{i}" for i in range(pods)]
+        parallel(create, second, workers=len(second))
+        doomed = second[::3]
+        wait_for(
+            lambda: all(pod(n).spec.node_name for n in doomed),
+            WAIT_S, "round 2's doomed pods scheduled", interval=0.05, detail=detail,
+        )  # fmt: skip
+        delete(doomed)
+        kept2 = [n for n in second if n not in doomed]
+        wait_running(kept2, "round 2's pods Running through the kubelet's retries")
+        mig.stack.inject_faults(node.name)
+        check("transient create failures, a third of the pods deleted mid-prepare")
+
+        # 3. The agent killed (SIGKILL) while it prepares: a claim written to its checkpoint
+        # as begun, its GPU instance not made yet (the create takes its simulated second).
+        third = [f"kill-{i}" for i in range(max(1, pods // 2))]
+        checkpoint = mig.stack.work / f"state-{node.name}" / "dra-checkpoint.json"
+
+        def begun() -> bool:
+            found = json.loads(checkpoint.read_text()) if checkpoint.exists() else {}
+            return any(not c["complete"] for c in found.get("claims") or [])
+
+        parallel(create, third, workers=len(third))
+        wait_for(begun, WAIT_S, "a claim begun in the agent's checkpoint", interval=0.01)
+        mig.stack.restart_agent(node.name)
+        run.agent_kills += 1
+        wait_running(third, "round 3's pods Running after the agent's restart")
+        check("the agent killed mid-prepare and started again")
+
+        # 4. Everything deleted: the GPUs must end empty.
+        run.pods = len(first) + len(second) + len(third)
+        run.refused_pods = sum(
+            1 for n in first + second + third if refused(n)
+        )  # events outlive their pods
+        delete(kept + kept2 + third)
+        check("every pod deleted")
+        log(
+            f"  faults: {run.refused_pods} of {run.pods} pods refused at least once, "
+            f"{run.mismatches} mismatches"
+        )
+    finally:
+        mig.stack.inject_faults(node.name)
+        api.close()
+    return run
+
+
+def mig_phases(
+    cp: ControlPlane, args: argparse.Namespace
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, Leaks]:
+    """The dynamic MIG phases and the fault runs on one node (either may be skipped)."""
+    leaks = Leaks()
+    products = [p.strip() for p in args.mig_gpus.split(",") if p.strip()]
+    with gpupart_mig_node(cp, products, args.create_seconds, args.destroy_seconds) as mig:
+        figures: dict[str, Any] | None = None
+        faults: dict[str, Any] | None = None
+        if not args.skip_mig:
+            log(f"dynamic MIG: {args.mig_pods} pods one by one, 1 x {args.mig_burst} at once")
+            run = measure(cp, mig.target, args.mig_pods, args.mig_burst, 1 if args.mig_burst else 0)
+            api = cp.api_client()
+            try:
+                # measure's namespace is its own; every pod is gone: nothing may be left.
+                leaks.check(mig, api, "default", "dynamic MIG phases done")
+            finally:
+                api.close()
+            mean = run.figures()["burst_prepare_mean_ms"]
+            figures = {
+                "running_s": p50_p95_p99(run.running_s),
+                "prepare_ms": p50_p95_p99(run.prepare_s, 1000),
+                "burst": {
+                    "running_s": p50_p95_p99(run.burst_running_s),
+                    "prepare_mean_ms": mean,
+                    # GPU index -> the burst's claims there: one MIG call at a time per GPU.
+                    "claims_per_gpu": {
+                        str(i): n
+                        for i, n in sorted(
+                            collections.Counter(
+                                mig.placements[d][0]
+                                for d in run.burst_devices
+                                if d in mig.placements
+                            ).items()
+                        )
+                    },
+                },
+                "mismatches": run.mismatches,
+                "retried_prepares": run.retried_prepares,
+                "leaked_instances": len(leaks.found),
+                "pods": args.mig_pods,
+                "burst_size": args.mig_burst,
+                "gpus": products,
+                "classes": list(MIG_CLASSES),
+                "create_s": args.create_seconds,
+                "destroy_s": args.destroy_seconds,
+            }
+        if not args.skip_faults:
+            log(f"fault runs: 2 rounds of {args.fault_pods} pods, one agent kill")
+            faults = fault_runs(cp, mig, args.fault_pods, leaks).figures(leaks)
+    for where in leaks.found.values():
+        log(f"  leaked: {where}")
+    return figures, faults, leaks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--pods", type=int, default=200, help="pods one by one (default 200)")
     parser.add_argument("--burst", type=int, default=20, help="pods at once (default 20)")
     parser.add_argument("--bursts", type=int, default=1, help="how many bursts (default 1)")
     parser.add_argument("--driver", choices=sorted(DRIVERS), action="append", help="(default: all)")
+    parser.add_argument("--skip-whole", action="store_true", help="no whole-device phases")
+    parser.add_argument("--mig-pods", type=int, default=60, help="dynamic MIG pods one by one (60)")
+    parser.add_argument("--mig-burst", type=int, default=8, help="dynamic MIG pods at once (8)")
+    parser.add_argument("--mig-gpus", default=MIG_GPUS, help=f"simulated products ({MIG_GPUS})")
+    parser.add_argument(
+        "--create-seconds", type=float, default=1.0, help="simulated GPU instance create (1.0)"
+    )
+    parser.add_argument(
+        "--destroy-seconds", type=float, default=0.5, help="simulated GPU instance destroy (0.5)"
+    )
+    parser.add_argument("--fault-pods", type=int, default=6, help="pods per fault round (6)")
+    parser.add_argument("--skip-mig", action="store_true", help="no dynamic MIG phases")
+    parser.add_argument("--skip-faults", action="store_true", help="no fault runs")
     args = parser.parse_args()
+    if args.fault_pods < 3 and not args.skip_faults:
+        parser.error("--fault-pods must be at least 3 (a third of them are deleted)")
     bin_dir = bin_dir_from_env()
     if missing := missing_binaries(bin_dir):
         sys.exit(f"missing {', '.join(missing)} in {bin_dir}: run scripts/build-k8s-bins.sh")
     workdir = Path(tempfile.mkdtemp(prefix="gpupart-bench-dra-"))
     cp = ControlPlane(bin_dir=bin_dir, workdir=workdir, controller_manager=True)
     figures: dict[str, dict[str, Any]] = {}
+    mig: dict[str, Any] | None = None
+    faults: dict[str, Any] | None = None
+    leaks: Leaks | None = None
+    started = time.monotonic()
     try:
         cp.start()
-        for name in args.driver or list(DRIVERS):
+        for name in [] if args.skip_whole else args.driver or list(DRIVERS):
             log(f"{name}: {args.pods} pods one by one, {args.bursts} x {args.burst} at once")
             with DRIVERS[name](cp, max(args.burst, 1)) as target:
                 figures[name] = measure(cp, target, args.pods, args.burst, args.bursts).figures()
+        if not (args.skip_mig and args.skip_faults):
+            mig, faults, leaks = mig_phases(cp, args)
     finally:
         cp.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    log(f"done in {time.monotonic() - started:.0f} s")
 
     def per_driver(key: str) -> dict[str, Any]:
         return {n: (figures[n][key] if n in figures else None) for n in DRIVERS}
@@ -379,7 +801,9 @@ def main() -> None:
         ours, theirs = (figures.get(n, {}).get("prepare_ms", {}).get(q) for n in DRIVERS)
         return round(ours / theirs, 3) if ours is not None and theirs else None
 
-    measured = list(figures.values())
+    counted = [f["mismatches"] for f in figures.values()] + [
+        f["mismatches"] for f in (mig, faults) if f is not None
+    ]
     print(
         json.dumps(
             {
@@ -390,13 +814,15 @@ def main() -> None:
                     "prepare_mean_ms": per_driver("burst_prepare_mean_ms"),
                     "running_s": per_driver("burst_running_s"),
                 },
-                "dynamic_mig_running_p95_s": None,
-                "mismatches": sum(f["mismatches"] for f in measured) if measured else None,
-                "leaked_instances": None,
+                "dynamic_mig_running_p95_s": mig["running_s"]["p95"] if mig else None,
+                "mismatches": sum(counted) if counted else None,
+                "leaked_instances": len(leaks.found) if leaks is not None else None,
                 "retried_prepares": per_driver("retried_prepares"),
                 "pods": args.pods,
                 "burst_size": args.burst,
                 "bursts": args.bursts,
+                "dynamic_mig": mig,
+                "faults": faults,
             }
         )
     )

@@ -12,6 +12,7 @@ given the node's directories by their paths.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from gpupart.core.api.wire import (
     encode_desired,
 )
 from gpupart.core.dra import names
+from gpupart.core.mig.catalogue import require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane, http_get
 from gpupart_testsupport.kubelet import KubeletNode
@@ -201,14 +204,18 @@ def start_gpupart_dra(
     *,
     configs: Sequence[GpuConfig] = (),
     recovery_s: float = 60,
+    products: Sequence[str] = (),
     create_s: float = 0.0,
+    destroy_s: float = 0.0,
 ) -> list[str]:
     """`gpupart node --dra` on the node with `gpus` simulated A100s, all on DRA, and the
     node's pool published; returns each GPU's UUID by index.
 
     `configs`: what each GPU becomes, by index (every one a DRA config); empty: all whole.
     `recovery_s`: the agent's clean window after an Xid.
-    `create_s`: the simulated NVML time of each MIG GPU instance create (`--simulate-create-seconds`).
+    `products`: each GPU's simulated product by index (`A100-SXM4-80GB`, `H100-SXM5-80GB`);
+    empty: all A100-SXM4-80GB. `create_s` / `destroy_s`: the simulated NVML time of each MIG
+    instance create / destroy (`--simulate-create-seconds`, `--simulate-destroy-seconds`).
     The desired annotation is written here as the operator writes it (the operator is not
     under test: one group per GPU, as one GpuPartition per GPU would give); the pool is the
     agent's own publisher's.
@@ -218,8 +225,16 @@ def start_gpupart_dra(
     configs = tuple(configs) or (WHOLE_DRA,) * gpus
     if len(configs) != gpus or any(c.interface is not Interface.DRA for c in configs):
         raise ValueError(f"{len(configs)} configs for {gpus} GPUs, each must be on DRA")
+    if products and len(products) != gpus:
+        raise ValueError(f"{len(products)} products for {gpus} GPUs")
     core = client.CoreV1Api(stack.api_client)
-    stack.start_dra_agent(node, f"{gpus}xA100-SXM4-80GB", create_s=create_s, recovery_s=recovery_s)
+    stack.start_dra_agent(
+        node,
+        ",".join(products) if products else f"{gpus}xA100-SXM4-80GB",
+        recovery_s=recovery_s,
+        create_s=create_s,
+        destroy_s=destroy_s,
+    )
     desired = encode_desired(
         tuple(DesiredGroup(f"e2e-{i}", 1, (i,), c) for i, c in enumerate(configs))
     )
@@ -274,6 +289,35 @@ def _published_kind(config: GpuConfig) -> str:
     if config.mode is Mode.MIG:
         return names.TYPE_MIG
     return names.TYPE_SHARED if config.mode.is_shared else names.TYPE_GPU
+
+
+# --- dynamic MIG: the devices' placements, the simulated GPUs' instances ---------------------
+
+GpuMigInstance = tuple[int, MigInstance]
+"""A MIG instance on the GPU of that index."""
+
+
+def mig_device_placements(products: Sequence[str]) -> dict[str, GpuMigInstance]:
+    """Every dynamic MIG device name a node of these GPUs (by index) can publish, with the
+    instance it names: the names the publisher builds (docs/dra.md), never a split name."""
+    found: dict[str, GpuMigInstance] = {}
+    for index, product in enumerate(products):
+        for p in require_gpu_model(product).profiles:
+            for start in p.starts:
+                instance = MigInstance(Placement(start, p.memory_slices), p.name)
+                found[names.mig_device_name(index, p.name, start)] = (index, instance)
+    return found
+
+
+def simulated_mig_instances(state_file: Path) -> dict[GpuMigInstance, str]:
+    """The MIG instances the simulated GPUs hold now, with their UUIDs: their state file
+    (`--simulate-state`, written whole and renamed), what NVML would answer."""
+    gpus = json.loads(state_file.read_text())["gpus"]
+    return {
+        (index, MigInstance(Placement(i["start"], i["size"]), i["profile"])): i["uuid"]
+        for index, gpu in enumerate(gpus)
+        for i in gpu["instances"]
+    }
 
 
 # --- the kubelet's own figures ---------------------------------------------------------------

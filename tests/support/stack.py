@@ -151,7 +151,13 @@ class Stack:
         os.replace(partial, path)
 
     def start_dra_agent(
-        self, real: KubeletNode, gpus: str, *, create_s: float = 0.0, recovery_s: float = 60
+        self,
+        real: KubeletNode,
+        gpus: str,
+        *,
+        create_s: float = 0.0,
+        recovery_s: float = 60,
+        destroy_s: float = 0.0,
     ) -> None:
         """The node agent of a running real-kubelet node (one the caller owns and stops) with
         its DRA kubelet plugin on: it registers in the node's `plugins_registry`, serves in its
@@ -161,6 +167,7 @@ class Stack:
         self._start_agent(
             real.name, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
             auto_reset=True, resync_s=60, metrics_port=real.agent_metrics_port, create_s=create_s,
+            destroy_s=destroy_s,
             extra=(
                 "--dra", f"--plugins-registry-dir={real.plugins_registry}",
                 f"--dra-plugins-dir={real.plugins}", f"--cdi-root={real.cdi_dir}",
