@@ -57,24 +57,29 @@ class Checkpoint:
         self.records = kept
 
 
-def write_atomically(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+def write_atomically(
+    path: Path, data: bytes, *, sync_file: bool = True, sync_dir: bool = True
+) -> None:
     """Replace `path` with `data`: written to a temporary file, fsynced, renamed, and the
     directory fsynced, so a crash leaves the old or the new file, never half; InvalidInput
     naming the file when it cannot. `sync_dir=False`: the rename is not waited for (after a
-    power loss the old file may be back, still whole)."""
+    power loss the old file may be back, still whole). `sync_file=False` (implies no directory
+    sync): nothing is waited for; readers never see half a file, but a power loss may leave
+    an empty or short one, which the caller must detect."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if sync_file:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        if not sync_dir:
+        if not (sync_file and sync_dir):
             return
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

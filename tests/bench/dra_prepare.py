@@ -43,10 +43,11 @@ Fault runs (`faults`, `--skip-faults`), on the same node, `--fault-pods` pods a 
    is cleared and the rest run;
 2. the next GPU instance creates and, after one success, compute instance creates fail a few
    times while the pods arrive together (the kubelet's retries succeed), and a third of the pods
-   are deleted as soon as they are scheduled, mid-prepare;
+   are deleted as soon as they are scheduled, mid-prepare; then every pod of rounds 1 and 2 is
+   deleted, so round 3 finds room whatever placements the scheduler chose;
 3. the agent killed (SIGKILL) while it prepares (a claim begun in its checkpoint, its instance
    not made yet) and started again, the pods Running after it;
-4. every pod deleted.
+4. round 3's pods deleted.
 After each round, once the agent is done (waited for, so a rollback in flight is not counted),
 each MIG instance on each GPU (the simulated state file) that no Running pod's claim was
 allocated is a leak. `leaked_instances`: the distinct instances found so, in the fault runs and
@@ -660,6 +661,10 @@ def fault_runs(cp: ControlPlane, mig: MigNode, pods: int, leaks: Leaks) -> Fault
         wait_running(kept2, "round 2's pods Running through the kubelet's retries")
         mig.stack.inject_faults(node.name)
         check("transient create failures, a third of the pods deleted mid-prepare")
+        # Round 3 needs room on the GPUs: what rounds 1 and 2 left running may have filled them
+        # (which placements remain depends on the scheduler's order).
+        delete(kept + kept2)
+        check("rounds 1 and 2 deleted")
 
         # 3. The agent killed (SIGKILL) while it prepares: a claim written to its checkpoint
         # as begun, its GPU instance not made yet (the create takes its simulated second).
@@ -682,7 +687,7 @@ def fault_runs(cp: ControlPlane, mig: MigNode, pods: int, leaks: Leaks) -> Fault
         run.refused_pods = sum(
             1 for n in first + second + third if refused(n)
         )  # events outlive their pods
-        delete(kept + kept2 + third)
+        delete(third)
         check("every pod deleted")
         log(
             f"  faults: {run.refused_pods} of {run.pods} pods refused at least once, "

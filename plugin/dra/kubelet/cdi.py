@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from gpupart.core.dra.prepare import CDI_CLASS, CDI_KIND, CDI_VENDOR
 from gpupart.core.errors import InvalidInput
+from gpupart_plugin.checkpoint import write_atomically
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 MAX_SPEC_BYTES = 1024 * 1024
@@ -39,18 +38,7 @@ class CdiSpecs:
         """Replaces the claim's spec: a temporary file renamed over it (no fsync)."""
         path = self.path(claim_uid)
         data = json.dumps(spec, indent=1, sort_keys=True).encode()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as error:
-            raise InvalidInput(str(path), f"cannot write: {error.strerror}") from None
+        write_atomically(path, data, sync_file=False)
         return path
 
     def intact(self, claim_uid: str) -> bool:
