@@ -289,7 +289,12 @@ class DraSink:
             log.warning("Skipped claim result", extra=logs.kv(claim=bad.name, err=bad.reason))
         if before is not None and after.devices == before.devices:
             return
-        self.publish()
+        # Only a dynamic GPU's devices follow what its claims hold (the order, ADR 021): the
+        # others' slices would come out the same, and a publish reads every slice back, in the
+        # process that is answering the kubelet's NodePrepareResources for the same claim.
+        dynamic = [v.index for v in self._views or () if v.dynamic and v.interface is Interface.DRA]
+        if before is None or any(after.device_names(i) != before.device_names(i) for i in dynamic):
+            self.publish()
         if self.wake is not None and any(v.interface is None for v in self._views or ()):
             self.wake()
 
