@@ -73,11 +73,6 @@ class DraHealth:
             self._unhealthy = ids
             self._bump()
 
-    def unhealthy(self) -> frozenset[tuple[str, str]]:
-        """(pool, device) of every prepared device that is unhealthy now."""
-        with self._cond:
-            return frozenset(self._names[i] for i in self._unhealthy if i in self._names)
-
     def snapshot(self) -> tuple[DeviceHealth, ...]:
         with self._cond:
             return tuple(
