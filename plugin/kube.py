@@ -64,6 +64,106 @@ class PassInput:
         return cls(annotations.get(DESIRED_ANNOTATION), annotations.get(MIG_PLAN_ANNOTATION))
 
 
+PodKey = tuple[str, str, str]
+"""(uid, namespace, name) of a pod."""
+
+
+class NodePods:
+    """The agent's one watch of the pods bound to its node (`spec.nodeName=<node>`, raw JSON):
+    which pods are here, and each pod that leaves (`left`: it finished or was deleted, so what
+    it held may be free soon and a pass should look).
+
+    The DRA prepare's pod check asks `holds` first (a LIST per claim costs a round trip). It only
+    ever says yes: a pod of that uid and name was bound to this node by the scheduler (neither
+    changes once set); a pod not seen yet, the watch behind or down, is asked of the API.
+    Objects are never decoded into the client's models: a pod's events come in bursts exactly
+    while the kubelet waits for its NodePrepareResources, in the same process.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node: str,
+        *,
+        relist_s: float = 300.0,
+        left: Callable[[str], None] | None = None,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.node = node
+        self.relist_s = relist_s
+        self.left = left
+        """Told `namespace/name` of each pod that finishes or is deleted, as the watch sees it."""
+        self._lock = threading.Lock()
+        self._pods: frozenset[PodKey] = frozenset()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def holds(self, uid: str, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (uid, namespace, name) in self._pods
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _key(self, pod: Mapping[str, Any]) -> PodKey | None:
+        """The pod's key when it is bound to this node (checked here too, not only by the
+        server's selector), else None."""
+        metadata, spec = pod.get("metadata"), pod.get("spec")
+        if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
+            return None
+        if spec.get("nodeName") != self.node:
+            return None
+        uid, namespace, name = (metadata.get(k) for k in ("uid", "namespace", "name"))
+        if isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str):
+            return (uid, namespace, name) if uid and namespace and name else None
+        return None
+
+    def _run(self) -> None:
+        for item in list_watch(
+            self.core.list_pod_for_all_namespaces,
+            self._stop,
+            decode=lambda obj: obj,
+            timeout_s=self.relist_s,
+            request_timeout_s=self.relist_s + 10.0,
+            field_selector=f"spec.nodeName={self.node}",
+            backoff=Backoff(1.0, 30.0),
+        ):
+            if isinstance(item, Listed):
+                found = frozenset(k for k in map(self._key, item.items) if k is not None)
+                with self._lock:
+                    self._pods = found
+            elif isinstance(item, Event):
+                self._seen(item.type, item.object)
+            elif isinstance(item, Failed):
+                log.warning(
+                    "Failed to watch",
+                    extra=logs.kv(
+                        resource="pods",
+                        node=self.node,
+                        retryAfter=f"{item.retry_after:g}s",
+                        err=item.problem,
+                    ),
+                )
+
+    def _seen(self, kind: str, pod: Mapping[str, Any]) -> None:
+        key = self._key(pod)
+        if key is None:
+            return
+        with self._lock:
+            self._pods = self._pods - {key} if kind == "DELETED" else self._pods | {key}
+        status = pod.get("status")
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if self.left is not None and (
+            kind == "DELETED" or (kind == "MODIFIED" and phase in ("Succeeded", "Failed"))
+        ):
+            self.left(f"{key[1]}/{key[2]}")
+
+
 class NodeClient:
     """The agent's only door to the API server; every list and watch is scoped to this node."""
 
@@ -115,25 +215,6 @@ class NodeClient:
             if value is not None and (event is None or value != last):
                 last = value
                 yield value
-
-    def watch_pods_leaving(self, stop: threading.Event, *, relist_s: float) -> Iterator[str]:
-        """namespace/name of each pod on this node that finishes or is deleted, as it happens.
-
-        A pod leaving frees what it held (PodResources stops listing it), so a change that was
-        Blocked by it can go ahead now rather than at the next relist.
-        """
-        for _, event in self._watch(
-            stop, "pods", self.core.list_pod_for_all_namespaces, f"spec.nodeName={self.node}",
-            relist_s,
-        ):  # fmt: skip
-            if event is None:
-                continue
-            pod = event["object"]
-            phase = pod.status.phase if pod.status is not None else None
-            if event["type"] == "DELETED" or (
-                event["type"] == "MODIFIED" and phase in ("Succeeded", "Failed")
-            ):
-                yield f"{pod.metadata.namespace}/{pod.metadata.name}"
 
     def _watch(
         self,

@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
     from gpupart.kubeconfig import load_configuration
-    from gpupart_plugin.kube import NodeClient
+    from gpupart_plugin.kube import NodeClient, NodePods
 
     # A bad setting, GPU list or kubeconfig: one line and exit code 2, as the other components.
     try:
@@ -207,6 +207,20 @@ def run(args: argparse.Namespace) -> int:
     )
     agent = NodeAgent(actuator, sinks, metrics, published=node.last_inventory)
     targets = DesiredTargets(backend)
+    passes = PassTrigger(Backoff(min(1.0, settings.relist_s), settings.relist_s))
+
+    def pod_left(pod: str) -> None:
+        log.info("Pod left node", extra=logs.kv(pod=pod))
+        passes.wake(pod)
+
+    # One raw watch of this node's pods: a pod that leaves asks for a pass, and the DRA pod
+    # check asks it first.
+    pods = NodePods(
+        client.ApiClient(configuration),
+        settings.node_name,
+        relist_s=settings.relist_s,
+        left=pod_left,
+    )
     kubelet_plugin = None
     if settings.dra and not settings.once:
         try:
@@ -216,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
                 backend,
                 actuator,
                 targets,
+                pods,
                 state_dir=settings.state_dir,
                 registry_dir=settings.plugins_registry_dir,
                 plugins_dir=settings.dra_plugins_dir,
@@ -277,16 +292,10 @@ def run(args: argparse.Namespace) -> int:
         http = serve_http(
             metrics, healthy, host=settings.metrics_address, port=settings.metrics_port
         )
-    passes = PassTrigger(Backoff(min(1.0, settings.relist_s), settings.relist_s))
 
     def follow_node() -> None:
         for wanted in node.watch_input(stop, relist_s=settings.relist_s):
             passes.read(wanted)
-
-    def follow_pods() -> None:
-        for pod in node.watch_pods_leaving(stop, relist_s=settings.relist_s):
-            log.info("Pod left node", extra=logs.kv(pod=pod))
-            passes.wake(pod)
 
     def follow_claims() -> None:
         for item in pool.watch_claims(stop, relist_s=settings.relist_s):
@@ -298,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
 
     dra.wake = passes.wake
     threading.Thread(target=follow_node, name="node-watch", daemon=True).start()
-    threading.Thread(target=follow_pods, name="pod-watch", daemon=True).start()
+    pods.start()
     threading.Thread(target=follow_claims, name="claim-watch", daemon=True).start()
     threading.Thread(target=follow_slices, name="slice-watch", daemon=True).start()
     try:
@@ -307,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
         plugins.stop()
         if kubelet_plugin is not None:
             kubelet_plugin.stop()
+        pods.stop()
         pod_resources.close()
         if http is not None:
             http.shutdown()

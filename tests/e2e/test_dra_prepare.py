@@ -48,7 +48,7 @@ from gpupart_plugin.dra.api.v1 import api_pb2_grpc as v1_grpc
 from gpupart_plugin.dra.api.v1beta1 import api_pb2 as v1beta1
 from gpupart_plugin.dra.api.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
-from gpupart_plugin.dra.kubelet.claims import ClaimReader, NodePods
+from gpupart_plugin.dra.kubelet.claims import ClaimReader
 from gpupart_plugin.dra.kubelet.driver import DraDriver
 from gpupart_plugin.dra.kubelet.gpus import gpu_source
 from gpupart_plugin.dra.kubelet.health import DraHealth
@@ -56,6 +56,7 @@ from gpupart_plugin.dra.kubelet.registration import DraPluginSockets
 from gpupart_plugin.dra.kubelet.server import ResourceHealth
 from gpupart_plugin.dra.kubelet.state import ClaimCheckpoint
 from gpupart_plugin.health import Boards, HealthMonitor
+from gpupart_plugin.kube import NodePods
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.simgpu import Fault, SimulatedGpus
 from gpupart_testsupport.polling import wait_for
@@ -334,6 +335,8 @@ def _mig_calls(plugin: Plugin) -> list[str]:
 def test_the_node_pod_watch_holds_exactly_the_pods_bound_to_this_node(
     api: Any, namespace: str, pod: Any
 ) -> None:
+    """The agent's one pod watch: the pods bound here (the DRA pod check), and each one that
+    leaves (a pass)."""
     core = client.CoreV1Api(api)
     elsewhere = core.create_namespaced_pod(
         namespace,
@@ -342,7 +345,8 @@ def test_the_node_pod_watch_holds_exactly_the_pods_bound_to_this_node(
             "spec": {"nodeName": "another-node", "containers": [{"name": "c", "image": "none"}]},
         },
     )
-    pods = NodePods(api, NODE, relist_s=5)
+    left: list[str] = []
+    pods = NodePods(api, NODE, relist_s=5, left=left.append)
     pods.start()
     try:
         wait_for(
@@ -350,12 +354,17 @@ def test_the_node_pod_watch_holds_exactly_the_pods_bound_to_this_node(
         )
         assert not pods.holds(elsewhere.metadata.uid, namespace, "elsewhere")
         assert not pods.holds("another-uid", namespace, "consumer")  # the uid is exact
+        # Deleted first: the watch sees events in order, so it would have told of this one
+        # before the consumer's had it been bound here.
+        core.delete_namespaced_pod("elsewhere", namespace, grace_period_seconds=0)
         core.delete_namespaced_pod("consumer", namespace, grace_period_seconds=0)
         wait_for(
             lambda: not pods.holds(pod.metadata.uid, namespace, "consumer"),
             60,
             "the deleted pod gone from the watch",
         )
+        assert f"{namespace}/consumer" in left
+        assert f"{namespace}/elsewhere" not in left
     finally:
         pods.stop()
 

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
-import threading
-from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupart import logs
 from gpupart.core.dra.read import Consumer
 from gpupart.core.errors import GpupartError
 from gpupart.kubeconfig import describe_api_error
-from gpupart.watch import Event, Failed, Listed, list_watch
-
-log = logging.getLogger(__name__)
+from gpupart_plugin.kube import NodePods
 
 MAX_OBJECT_BYTES = 3 * 1024 * 1024
 """etcd's default request limit is 1.5 MiB; an answer twice that is not one object."""
@@ -25,81 +19,6 @@ MAX_OBJECT_BYTES = 3 * 1024 * 1024
 
 class ClaimUnavailable(GpupartError):
     """The API server did not give the claim or pod (missing, forbidden, unreachable)."""
-
-
-PodKey = tuple[str, str, str]
-"""(uid, namespace, name) of a pod."""
-
-
-class NodePods:
-    """The pods bound to this node, from a list+watch of `spec.nodeName=<node>`: what the
-    prepare's pod check asks first (a LIST per claim costs a round trip and a JSON answer).
-
-    It only ever says yes: a pod of that uid and name was bound to this node by the scheduler
-    (neither changes once set). A pod not seen yet, the watch behind or down, is asked of the
-    API by `ClaimReader`.
-    """
-
-    def __init__(self, api: client.ApiClient, node: str, *, relist_s: float = 300.0) -> None:
-        self.core = client.CoreV1Api(api)
-        self.node = node
-        self.relist_s = relist_s
-        self._lock = threading.Lock()
-        self._pods: frozenset[PodKey] = frozenset()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def holds(self, uid: str, namespace: str, name: str) -> bool:
-        with self._lock:
-            return (uid, namespace, name) in self._pods
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dra-pods", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _key(self, pod: Mapping[str, Any]) -> PodKey | None:
-        """The pod's key when it is bound to this node (checked here too, not only by the
-        server's selector), else None."""
-        metadata, spec = pod.get("metadata"), pod.get("spec")
-        if not isinstance(metadata, Mapping) or not isinstance(spec, Mapping):
-            return None
-        if spec.get("nodeName") != self.node:
-            return None
-        uid, namespace, name = (metadata.get(k) for k in ("uid", "namespace", "name"))
-        if isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str):
-            return (uid, namespace, name) if uid and namespace and name else None
-        return None
-
-    def _run(self) -> None:
-        for item in list_watch(
-            self.core.list_pod_for_all_namespaces,
-            self._stop,
-            decode=lambda obj: obj,
-            timeout_s=self.relist_s,
-            field_selector=f"spec.nodeName={self.node}",
-        ):
-            if isinstance(item, Listed):
-                found = frozenset(k for k in map(self._key, item.items) if k is not None)
-                with self._lock:
-                    self._pods = found
-            elif isinstance(item, Event):
-                key = self._key(item.object)
-                if key is None:
-                    continue
-                with self._lock:
-                    if item.type == "DELETED":
-                        self._pods = self._pods - {key}
-                    else:
-                        self._pods = self._pods | {key}
-            elif isinstance(item, Failed):
-                log.warning(
-                    "Failed to watch this node's pods for DRA; prepare lists them",
-                    extra=logs.kv(err=item.problem, retryAfter=f"{item.retry_after:g}s"),
-                )
 
 
 class ClaimReader:

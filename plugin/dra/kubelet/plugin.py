@@ -18,13 +18,14 @@ from gpupart.core.node.targets import gpu_targets
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.backend import GpuBackend
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
-from gpupart_plugin.dra.kubelet.claims import ClaimReader, NodePods
+from gpupart_plugin.dra.kubelet.claims import ClaimReader
 from gpupart_plugin.dra.kubelet.driver import DraDriver
 from gpupart_plugin.dra.kubelet.gpus import gpu_source
 from gpupart_plugin.dra.kubelet.health import DraHealth
 from gpupart_plugin.dra.kubelet.registration import DraPluginSockets
 from gpupart_plugin.dra.kubelet.server import ResourceHealth
 from gpupart_plugin.dra.kubelet.state import ClaimCheckpoint
+from gpupart_plugin.kube import NodePods
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +75,19 @@ class DraKubeletPlugin:
         backend: GpuBackend,
         actuator: Actuator,
         targets: Callable[[], Mapping[int, GpuConfig] | None],
+        pods: NodePods,
         *,
         state_dir: Path,
         registry_dir: Path,
         plugins_dir: Path,
         cdi_root: Path,
     ) -> None:
-        """InvalidInput when the checkpoint cannot be read (the plugin cannot serve then)."""
+        """`pods`: the agent's watch of this node's pods, which the pod check asks first;
+        InvalidInput when the checkpoint cannot be read (the plugin cannot serve then)."""
         self.health = DraHealth()
-        self.pods = NodePods(api, node)
         self.driver = DraDriver(
             node,
-            ClaimReader(api, node, pods=self.pods),
+            ClaimReader(api, node, pods=pods),
             gpu_source(backend, actuator, targets),
             actuator.apply_instances,
             ClaimCheckpoint(state_dir, node),
@@ -100,7 +102,6 @@ class DraKubeletPlugin:
         )
 
     def start(self) -> None:
-        self.pods.start()
         self.driver.refresh()
         self.sockets.start()
 
@@ -110,4 +111,3 @@ class DraKubeletPlugin:
 
     def stop(self) -> None:
         self.sockets.stop()
-        self.pods.stop()
