@@ -173,7 +173,7 @@ def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None
         | grants("", "events", "create")  # why an Allocate was refused
         # DRA: its pool's slices (plugin/dra/publisher.py), and the claims allocated from it
         | grants("resource.k8s.io", "resourceslices", "list", "watch", "create", "update", "delete")
-        | grants("resource.k8s.io", "resourceclaims", "list", "watch")
+        | grants("resource.k8s.io", "resourceclaims", "get", "list", "watch")
     )
     assert rules_of(objects, "extender") == (
         grants("", "nodes", "list", "watch")

@@ -22,9 +22,9 @@ class ClaimUnavailable(GpupartError):
 
 
 class ClaimReader:
-    """Reads through one API client what prepare needs, with the verbs the agent already holds:
-    `list` of resourceclaims and of pods, each by a field selector on one name (a consistent
-    read, as a GET would be). The pod check asks `pods` (this node's pod watch) first."""
+    """Reads through one API client what prepare needs, each a consistent read: the claim by a
+    GET of its name (as the Go drivers' helper does), the pod by a LIST with a field selector on
+    its name and node. The pod check asks `pods` (this node's pod watch) first."""
 
     def __init__(
         self,
@@ -40,13 +40,21 @@ class ClaimReader:
         self.timeout_s = timeout_s
 
     def claim(self, namespace: str, name: str) -> object:
-        """The claim as the API's JSON; ClaimUnavailable when there is none of that name."""
-        return self._one(
-            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
-            namespace,
-            f"metadata.name={name}",
-            what=f"resourceclaim {namespace}/{name}",
+        """The claim as the API's JSON; ClaimUnavailable when there is none of that name.
+
+        A GET, not a LIST by name: a LIST is served from the API server's watch cache once
+        that cache has caught up with etcd, and right when the kubelet asks, the scheduler,
+        the kubelet and the resourceclaim controller have just written; a GET reads etcd
+        (ADR 031)."""
+        found = self._read(
+            "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+            {"namespace": namespace, "name": name},
+            [],
+            what=f"get resourceclaim {namespace}/{name}",
         )
+        if not isinstance(found, dict):
+            raise ClaimUnavailable(f"get resourceclaim {namespace}/{name}: not an object")
+        return found
 
     def pods_here(self, namespace: str, consumers: tuple[Consumer, ...]) -> frozenset[str]:
         """The uids among the `pods` consumers that the API says are bound to this node.
@@ -63,7 +71,7 @@ class ClaimReader:
                     "/api/v1/namespaces/{namespace}/pods",
                     namespace,
                     f"metadata.name={consumer.name},spec.nodeName={self.node}",
-                    what=f"pod {namespace}/{consumer.name}",
+                    what=f"list pod {namespace}/{consumer.name}",
                 )
             except ClaimUnavailable:
                 continue
@@ -80,11 +88,27 @@ class ClaimReader:
 
     def _one(self, path: str, namespace: str, selector: str, *, what: str) -> Any:
         """The one object a field selector on its name lists."""
+        found = self._read(
+            path,
+            {"namespace": namespace},
+            [("fieldSelector", selector), ("limit", 2)],
+            what=what,
+        )
+        items = found.get("items") if isinstance(found, dict) else None
+        if not isinstance(items, list) or len(items) != 1:
+            count = len(items) if isinstance(items, list) else "no list of"
+            raise ClaimUnavailable(f"{what}: {count} objects of that name")
+        return items[0]
+
+    def _read(
+        self, path: str, path_params: dict[str, str], query: list[tuple[str, Any]], *, what: str
+    ) -> Any:
+        """The JSON answer of one GET (bounded); ClaimUnavailable naming `what` otherwise."""
         method, url, headers, data, _ = self.api.param_serialize(
             method="GET",
             resource_path=path,
-            path_params={"namespace": namespace},
-            query_params=[("fieldSelector", selector), ("limit", 2)],
+            path_params=path_params,
+            query_params=query,
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
@@ -94,18 +118,13 @@ class ClaimReader:
             )
             body = response.read()
         except Exception as error:  # noqa: BLE001 - the connection's failure, in words
-            raise ClaimUnavailable(f"list {what}: {describe_api_error(error)}") from None
+            raise ClaimUnavailable(f"{what}: {describe_api_error(error)}") from None
         if not 200 <= response.status < 300:
             refused = ApiException(http_resp=response)
-            raise ClaimUnavailable(f"list {what}: {describe_api_error(refused)}")
+            raise ClaimUnavailable(f"{what}: {describe_api_error(refused)}")
         if len(body) > MAX_OBJECT_BYTES:
-            raise ClaimUnavailable(f"list {what}: answer too large")
+            raise ClaimUnavailable(f"{what}: answer too large")
         try:
-            found = json.loads(body)
+            return json.loads(body)
         except ValueError:
-            raise ClaimUnavailable(f"list {what}: not JSON") from None
-        items = found.get("items") if isinstance(found, dict) else None
-        if not isinstance(items, list) or len(items) != 1:
-            count = len(items) if isinstance(items, list) else "no list of"
-            raise ClaimUnavailable(f"list {what}: {count} objects of that name")
-        return items[0]
+            raise ClaimUnavailable(f"{what}: not JSON") from None
