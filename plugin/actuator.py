@@ -64,7 +64,7 @@ from gpupart.core.node.modes import (
     StopMpsDaemon,
 )
 from gpupart.core.node.targets import gpu_targets
-from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError
+from gpupart_plugin.backend import GpuBackend, GpuInfo, GpuInstanceRecord, NvmlError, NvmlFailure
 from gpupart_plugin.mps import MpsDaemons
 from gpupart_plugin.podresources import DeviceUsage, UsageSource, device_usage
 
@@ -298,9 +298,10 @@ class Actuator:
             )
         return problem
 
-    def view(self, index: int) -> OfferedGpu:
-        """GPU `index` as NVML, the MPS daemon and this agent's memory say now."""
-        return self._view(index)
+    def view(self, index: int, info: GpuInfo | None = None) -> OfferedGpu:
+        """GPU `index` as NVML, the MPS daemon and this agent's memory say now (`info`: the
+        GPU as just read, else read here)."""
+        return self._view(index, info)
 
     # ---- one GPU ----
 
@@ -393,7 +394,10 @@ class Actuator:
         return self.backend.instances(info.index) if info.mig_enabled else ()
 
     def _fresh(self, index: int) -> GpuInfo:
-        return next(g for g in self.backend.gpus() if g.index == index)
+        info = self.backend.gpu(index)
+        if info is None:
+            raise NvmlError(NvmlFailure.NOT_FOUND, f"GPU {index}")
+        return info
 
     def _states(
         self,
@@ -516,8 +520,8 @@ class Actuator:
             log.info("Reported GPU state", extra=logs.kv(gpu=index, state=state, reason=message))
         return GpuReport(index, state, self._mode(info), layout, message, pods)
 
-    def _view(self, index: int) -> OfferedGpu:
-        info = self._fresh(index)
+    def _view(self, index: int, info: GpuInfo | None = None) -> OfferedGpu:
+        info = self._fresh(index) if info is None else info
         mode = self._mode(info)
         target = self._targets.get(index)
         dynamic = mode is Mode.MIG and target is not None and target.dynamic

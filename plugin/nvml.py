@@ -124,8 +124,13 @@ class NvmlGpus:
     # ---- reads ----
 
     def gpus(self) -> tuple[GpuInfo, ...]:
-        count = _call("count GPUs", pynvml.nvmlDeviceGetCount)
-        return tuple(self._info(index) for index in range(count))
+        return tuple(self._info(index) for index in self.indices())
+
+    def indices(self) -> tuple[int, ...]:
+        return tuple(range(_call("count GPUs", pynvml.nvmlDeviceGetCount)))
+
+    def gpu(self, index: int) -> GpuInfo | None:
+        return self._info(index) if index in self.indices() else None
 
     def _handle(self, index: int) -> Any:
         return _call(f"get GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)

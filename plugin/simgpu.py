@@ -376,21 +376,29 @@ class SimulatedGpus:
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         with self._lock:
-            return tuple(
-                GpuInfo(
-                    index=g.index,
-                    uuid=g.uuid,
-                    name=f"NVIDIA {g.model.product}",
-                    memory_mib=g.model.memory_mib,
-                    minor=g.index,
-                    numa_node=g.index * 2 // max(2, len(self._gpus)),
-                    mig_capable=True,
-                    mig_enabled=g.mig_enabled,
-                    mig_pending=g.mig_pending is not None,
-                    pci_bus_id=simulated_bus_id(g.index),
-                )
-                for g in self._gpus
-            )
+            return tuple(self._info(g) for g in self._gpus)
+
+    def indices(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(g.index for g in self._gpus)
+
+    def gpu(self, index: int) -> GpuInfo | None:
+        with self._lock:
+            return self._info(self._gpus[index]) if 0 <= index < len(self._gpus) else None
+
+    def _info(self, g: _Gpu) -> GpuInfo:
+        return GpuInfo(
+            index=g.index,
+            uuid=g.uuid,
+            name=f"NVIDIA {g.model.product}",
+            memory_mib=g.model.memory_mib,
+            minor=g.index,
+            numa_node=g.index * 2 // max(2, len(self._gpus)),
+            mig_capable=True,
+            mig_enabled=g.mig_enabled,
+            mig_pending=g.mig_pending is not None,
+            pci_bus_id=simulated_bus_id(g.index),
+        )
 
     def model(self, index: int) -> GpuModel:
         return self._gpu(index).model

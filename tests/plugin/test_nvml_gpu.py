@@ -55,3 +55,15 @@ def test_nvml_profiles_and_placements_match_the_catalogue(nvml: object) -> None:
         for difference in differences:
             print(difference)  # memory MiB differences are informative: NVML wins at run time
         assert [d for d in differences if d.structural] == [], info.name
+
+
+def test_one_gpu_read_alone_is_that_gpu_of_the_whole_read(nvml: object) -> None:
+    """`gpu(i)` (a DRA prepare reads only its claim's GPUs) gives what `gpus()` gives for i."""
+    from gpupart_plugin.nvml import NvmlGpus
+
+    assert isinstance(nvml, NvmlGpus)
+    every = nvml.gpus()
+    assert nvml.indices() == tuple(g.index for g in every)
+    for info in every:
+        assert nvml.gpu(info.index) == info
+    assert nvml.gpu(len(every)) is None

@@ -199,3 +199,11 @@ def test_a_faults_file_fails_the_calls_it_names_while_it_lists_them(tmp_path, ca
     path.unlink()  # gone: no faults
     sim.apply(DestroyGpuInstance(0, one))
     assert sim.instances(0) == ()
+
+
+def test_one_gpu_read_alone_is_that_gpu_of_the_whole_read() -> None:
+    sim = SimulatedGpus(["A100-SXM4-80GB", "H100-SXM5-80GB"], node="n", mig_enabled=[True, False])
+    every = sim.gpus()
+    assert sim.indices() == (0, 1)
+    assert [sim.gpu(i) for i in sim.indices()] == list(every)
+    assert sim.gpu(2) is None and sim.gpu(-1) is None

@@ -27,9 +27,12 @@ def gpu_source(backend: GpuBackend, actuator: Actuator, targets: Targets) -> Gpu
     def read(indices: Collection[int] | None = None) -> dict[int, DraGpuNow]:
         wanted = targets() or {}
         found: dict[int, DraGpuNow] = {}
-        for info in backend.gpus():
-            if indices is not None and info.index not in indices:
-                continue
+        if indices is None:
+            infos = backend.gpus()
+        else:
+            # Each GPU alone: on a real node every GPU read is a few NVML calls.
+            infos = tuple(i for i in map(backend.gpu, sorted(indices)) if i is not None)
+        for info in infos:
             target = wanted.get(info.index)
             model = None
             if info.mig_enabled:
@@ -38,7 +41,7 @@ def gpu_source(backend: GpuBackend, actuator: Actuator, targets: Targets) -> Gpu
                 except GpupartError:
                     model = None
             dynamic = target is not None and target.mode is Mode.MIG and target.dynamic
-            view = actuator.view(info.index)
+            view = actuator.view(info.index, info)
             found[info.index] = DraGpuNow(
                 view,
                 model,

@@ -50,7 +50,7 @@ class DesiredTargets:
             text, decoded = self._text, self._decoded
         if text is None:
             return None
-        indices = tuple(g.index for g in self.backend.gpus())
+        indices = self.backend.indices()
         if decoded is not None and decoded[:2] == (text, indices):
             return decoded[2]
         try:
