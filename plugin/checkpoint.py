@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -65,19 +65,31 @@ def write_atomically(
     naming the file when it cannot. `sync_dir=False`: the rename is not waited for (after a
     power loss the old file may be back, still whole). `sync_file=False` (implies no directory
     sync): nothing is waited for; readers never see half a file, but a power loss may leave
-    an empty or short one, which the caller must detect."""
+    an empty or short one, which the caller must detect.
+
+    The temporary file is named after the path and the writing thread, so two threads never
+    share one; the directory is made only when it is missing (this runs on the kubelet's
+    clock at every DRA prepare, ADR 031)."""
+    tmp = path.parent / f".{path.name}.{threading.get_ident()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
                 if sync_file:
-                    f.flush()
-                    os.fsync(f.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         if not (sync_file and sync_dir):
             return

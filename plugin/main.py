@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -264,6 +265,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Everything built so far (the client's model classes, gRPC, protobuf) lives as long as
+    # the agent: out of the collector's sight, a full collection no longer walks it. Without
+    # this, one took 50-65 ms here, on the thread answering the kubelet's NodePrepareResources.
+    gc.collect()
+    gc.freeze()
     if kubelet_plugin is not None:
         kubelet_plugin.start()
     monitor = HealthMonitor(
