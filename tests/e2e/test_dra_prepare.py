@@ -48,7 +48,7 @@ from gpupart_plugin.dra.api.v1 import api_pb2_grpc as v1_grpc
 from gpupart_plugin.dra.api.v1beta1 import api_pb2 as v1beta1
 from gpupart_plugin.dra.api.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpupart_plugin.dra.kubelet.cdi import CdiSpecs
-from gpupart_plugin.dra.kubelet.claims import ClaimReader
+from gpupart_plugin.dra.kubelet.claims import ClaimReader, ClaimUnavailable
 from gpupart_plugin.dra.kubelet.driver import DraDriver
 from gpupart_plugin.dra.kubelet.gpus import gpu_source
 from gpupart_plugin.dra.kubelet.health import DraHealth
@@ -378,6 +378,31 @@ def test_the_pod_check_lists_the_pod_when_the_watch_has_not_seen_it(
     assert reader.pods_here(namespace, (here,)) == frozenset({pod.metadata.uid})
     stranger = Consumer("pods", "consumer", "another-uid")
     assert reader.pods_here(namespace, (stranger,)) == frozenset()
+
+
+def test_the_claim_is_read_over_kept_alive_connections_as_the_client_reads_it(
+    api: Any, namespace: str, pod: Any
+) -> None:
+    """The lean GET path (ADR 031) answers what the client's path answers, keeps its
+    connection alive, and reads again through a fresh one when a kept-alive connection died."""
+    claim = _claim(api, namespace, pod, [(names.DRIVER, "gpu-0")])
+    lean = ClaimReader(api, NODE)
+    through_client = ClaimReader(api, NODE)
+    assert lean.gets is not None
+    through_client.gets = None
+    name = claim["metadata"]["name"]
+    for _ in range(3):
+        assert lean.claim(namespace, name) == through_client.claim(namespace, name)
+    assert len(lean.gets._idle) == 1  # one connection, kept alive and reused
+    lean.gets._idle[0].sock.close()  # as a server closing an idle connection leaves it
+    assert _uid(lean.claim(namespace, name)) == _uid(claim)
+    for reader in (lean, through_client):
+        with pytest.raises(ClaimUnavailable, match="get resourceclaim .*/absent: 404 Not Found"):
+            reader.claim(namespace, "absent")
+    elsewhere = ClaimReader(api, "another-node")
+    assert elsewhere.pods_here(namespace, (Consumer("pods", "consumer", pod.metadata.uid),)) == (
+        frozenset()
+    )
 
 
 def test_a_failed_compute_instance_create_leaves_no_instance_and_says_why(
