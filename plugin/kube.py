@@ -1,4 +1,4 @@
-"""Kubernetes API adapter of the node agent: its own Node only (watch, annotations) and its pending shared pods."""
+"""Kubernetes API adapter of the node agent: its own Node, the pods bound to it (one watch), its pending shared pods."""
 
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ from gpupart_plugin.kube import NodePods
 
 MAX_OBJECT_BYTES = 3 * 1024 * 1024
 """etcd's default request limit is 1.5 MiB; an answer twice that is not one object."""
+KEPT_IDLE = 8
+"""Idle connections kept for the next reads (the kubelet prepares a burst's pods at once)."""
 
 
 class ClaimUnavailable(GpupartError):
@@ -77,31 +79,37 @@ class ApiGets:
         if auth and auth.get("value"):
             headers["Authorization"] = str(auth["value"])
         with self._lock:
-            conn, reused = (self._idle.pop(), True) if self._idle else (None, False)
-        for attempt in range(2):
-            if conn is None:
-                conn = http.client.HTTPSConnection(
-                    self.host, self.port, timeout=self.timeout_s, context=self.context
-                )
+            kept = self._idle.pop() if self._idle else None
+        if kept is not None:
             try:
-                conn.request("GET", target, headers=headers)
-                response = conn.getresponse()
-                body = response.read(MAX_OBJECT_BYTES + 1)
+                return self._exchange(kept, target, headers)
             except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = None
-                if reused and attempt == 0:
-                    continue  # the server closed a kept-alive connection: once more, anew
-                raise
-            if response.isclosed():
-                with self._lock:
-                    if len(self._idle) < 8:
-                        self._idle.append(conn)
-                        conn = None
-            if conn is not None:
-                conn.close()  # an answer not read to its end, or enough kept idle
-            return response.status, response.reason, body
-        raise AssertionError("unreachable")
+                pass  # the server closed the kept-alive connection: once more, anew
+        return self._exchange(self._connect(), target, headers)
+
+    def _connect(self) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            self.host, self.port, timeout=self.timeout_s, context=self.context
+        )
+
+    def _exchange(
+        self, conn: http.client.HTTPSConnection, target: str, headers: dict[str, str]
+    ) -> tuple[int, str, bytes]:
+        """One GET on `conn`, which is kept for the next one when its answer was read whole."""
+        try:
+            conn.request("GET", target, headers=headers)
+            response = conn.getresponse()
+            body = response.read(MAX_OBJECT_BYTES + 1)
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            keep = response.isclosed() and len(self._idle) < KEPT_IDLE
+            if keep:
+                self._idle.append(conn)
+        if not keep:
+            conn.close()
+        return response.status, response.reason, body
 
 
 class ClaimReader:
