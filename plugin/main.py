@@ -267,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # Everything built so far (the client's model classes, gRPC, protobuf) lives as long as
     # the agent: out of the collector's sight, a full collection no longer walks it. Without
-    # this, one took 50-65 ms here, on the thread answering the kubelet's NodePrepareResources.
+    # this one took 50-65 ms, paid by whichever thread set it off, the one answering the
+    # kubelet's NodePrepareResources too (ADR 031).
     gc.collect()
     gc.freeze()
     if kubelet_plugin is not None:
