@@ -64,6 +64,14 @@ class PassInput:
         return cls(annotations.get(DESIRED_ANNOTATION), annotations.get(MIG_PLAN_ANNOTATION))
 
 
+def watch_failed(resource: str, node: str, problem: str, retry_after: float) -> None:
+    """The node agent's one warning for a list or watch that failed and is tried again."""
+    log.warning(
+        "Failed to watch",
+        extra=logs.kv(resource=resource, node=node, retryAfter=f"{retry_after:g}s", err=problem),
+    )
+
+
 PodKey = tuple[str, str, str]
 """(uid, namespace, name) of a pod."""
 
@@ -87,11 +95,15 @@ class NodePods:
         *,
         relist_s: float = 300.0,
         left: Callable[[str], None] | None = None,
+        timeout_s: float = 10.0,
+        backoff_s: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.node = node
         self.relist_s = relist_s
         self.left = left
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
         """Told `namespace/name` of each pod that finishes or is deleted, as the watch sees it."""
         self._lock = threading.Lock()
         self._pods: frozenset[PodKey] = frozenset()
@@ -129,9 +141,9 @@ class NodePods:
             self._stop,
             decode=lambda obj: obj,
             timeout_s=self.relist_s,
-            request_timeout_s=self.relist_s + 10.0,
+            request_timeout_s=self.relist_s + self.timeout_s,
             field_selector=f"spec.nodeName={self.node}",
-            backoff=Backoff(1.0, 30.0),
+            backoff=Backoff(*self.backoff_s),
         ):
             if isinstance(item, Listed):
                 found = frozenset(k for k in map(self._key, item.items) if k is not None)
@@ -140,15 +152,7 @@ class NodePods:
             elif isinstance(item, Event):
                 self._seen(item.type, item.object)
             elif isinstance(item, Failed):
-                log.warning(
-                    "Failed to watch",
-                    extra=logs.kv(
-                        resource="pods",
-                        node=self.node,
-                        retryAfter=f"{item.retry_after:g}s",
-                        err=item.problem,
-                    ),
-                )
+                watch_failed("pods", self.node, item.problem, item.retry_after)
 
     def _seen(self, kind: str, pod: Mapping[str, Any]) -> None:
         key = self._key(pod)
@@ -241,12 +245,6 @@ class NodeClient:
                 json.dumps(obj), return_type, "application/json"
             )
 
-        def failed(problem: str, delay: float) -> None:
-            log.warning(
-                "Failed to watch",
-                extra=logs.kv(resource=what, node=self.node, retryAfter=f"{delay:g}s", err=problem),
-            )
-
         while not stop.is_set():
             for item in list_watch(
                 list_fn,
@@ -260,13 +258,13 @@ class NodeClient:
                 if isinstance(item, Event):
                     yield None, {"type": item.type, "object": item.object}
                 elif isinstance(item, Failed):
-                    failed(item.problem, item.retry_after)
+                    watch_failed(what, self.node, item.problem, item.retry_after)
                 elif isinstance(item, Listed | Resumed) and start is not None:
                     try:
                         value = start()
                     except CONNECTION_ERRORS as error:
                         delay = backoff.next()
-                        failed(describe_api_error(error), delay)
+                        watch_failed(what, self.node, describe_api_error(error), delay)
                         stop.wait(delay)
                         break  # relist, then read again
                     yield value, None

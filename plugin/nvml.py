@@ -130,7 +130,8 @@ class NvmlGpus:
         return tuple(range(_call("count GPUs", pynvml.nvmlDeviceGetCount)))
 
     def gpu(self, index: int) -> GpuInfo | None:
-        return self._info(index) if index in self.indices() else None
+        count = _call("count GPUs", pynvml.nvmlDeviceGetCount)
+        return self._info(index) if 0 <= index < count else None
 
     def _handle(self, index: int) -> Any:
         return _call(f"get GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)

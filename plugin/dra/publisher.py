@@ -18,13 +18,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupart import logs
 from gpupart.core.dra import names
 from gpupart.core.dra.pool import PublishPlan
 from gpupart.core.dra.read import SliceView
 from gpupart.kubeconfig import describe_api_error
 from gpupart.watch import Backoff, Event, Failed, Listed, list_watch
-from gpupart_plugin.kube import CONNECTION_ERRORS, KubeUnavailable
+from gpupart_plugin.kube import CONNECTION_ERRORS, KubeUnavailable, watch_failed
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +197,4 @@ class PoolClient:
             if isinstance(item, Listed | Event):
                 yield item
             elif isinstance(item, Failed):
-                log.warning(
-                    "Failed to watch",
-                    extra=logs.kv(
-                        resource=what,
-                        node=self.node,
-                        retryAfter=f"{item.retry_after:g}s",
-                        err=item.problem,
-                    ),
-                )
+                watch_failed(what, self.node, item.problem, item.retry_after)
