@@ -10,7 +10,6 @@ fields). Failures raise KubeUnavailable; the sink logs them and retries.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -24,8 +23,6 @@ from gpupart.core.dra.read import SliceView
 from gpupart.kubeconfig import describe_api_error
 from gpupart.watch import Backoff, Event, Failed, Listed, list_watch
 from gpupart_plugin.kube import CONNECTION_ERRORS, KubeUnavailable, watch_failed
-
-log = logging.getLogger(__name__)
 
 Raw = Mapping[str, Any]
 
