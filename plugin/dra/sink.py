@@ -3,8 +3,9 @@
 Each offer (a pass, or a MIG instance made mid-pass), each change of our claims in this pool
 (the order follows what is allocated) and each deletion of one of the pool's slices that we
 did not make (the kubelet's startup wipe) publishes again: the pool's slices are read, the
-wanted ones built by the core (`gpu_devices`, `pool_slices`) and only the difference written
-(`publish_plan`: a re-order is one update at the same generation). The first publish after a
+wanted ones built by the core (`gpu_devices`, `pool_slices`; a slice whose re-order changes
+no next pick keeps its order, `keep_choices`) and only the difference written (`publish_plan`:
+a re-order is an update in place at the same generation). The first publish after a
 restart of the agent therefore writes only what changed while it was down. Nothing here
 stops the agent: a failed publish is logged and done again on the next trigger.
 """
@@ -20,7 +21,7 @@ from gpupart import logs
 from gpupart.core.api.spec import Interface, Mode
 from gpupart.core.dra.claims import PoolUse, claimed_placements, pool_use
 from gpupart.core.dra.devices import DraGpu, GpuDevices, GpuFacts, gpu_devices
-from gpupart.core.dra.pool import pool_slices, publish_plan
+from gpupart.core.dra.pool import keep_choices, pool_slices, publish_plan
 from gpupart.core.dra.read import ClaimView, read_claim, read_slices
 from gpupart.core.dra.taints import TaintEffect, taint_devices
 from gpupart.core.errors import GpupartError, InvalidInput
@@ -202,6 +203,9 @@ class DraSink:
             self.writes += 1
         existing = [s for s in listed.items if s.node == self.pool.node]
         wanted = pool_slices(self.pool.node, self.pool.node_uid(), gpus) if gpus else ()
+        if self._claims is not None:
+            # a re-order is written only where it changes a profile's next pick (ADR 032)
+            wanted = keep_choices(existing, wanted, tuple(self._claims.values()))
         plan = publish_plan(existing, wanted)
         if plan.empty:
             return

@@ -4,8 +4,9 @@ Three parts, each skippable; progress on stderr, the last line one JSON object.
 
 **Simulated order** (`order_simulated`): one node of 8 H100-SXM5-80GB GPUs, dynamic MIG,
 arrivals and departures replayed by the simulator's `dra_nvidia_order` and `dra_gpupart_order`
-policies (kube-scheduler's first fit over the devices `gpupart.core.dra` publishes, re-ordered
-after each change). Workloads (`gpupart.sim.dynamic.workloads`): W1, a window of the Alibaba
+policies (kube-scheduler's first fit over the devices `gpupart.core.dra` publishes, one slice
+per profile across the GPUs, re-ordered after each change as the agent does; `slice_writes`
+counts the slices rewritten). Workloads (`gpupart.sim.dynamic.workloads`): W1, a window of the Alibaba
 default trace's GPU pods (its start drawn by the seed; skipped when the trace is absent), W2
 (1g/2g/3g shifting mix), W3 (1g bursts then 3g/4g), W4 (300 arrivals mixed 1g to 7g), each over
 `--seeds`. A loss system, as the order's effect is seen at arrival: a pod that no device fits
@@ -22,13 +23,17 @@ kube-scheduler and kube-controller-manager (the test bed's control plane, kwok n
 nodes at once: one publishes our devices in NVIDIA's lexicographic order (`Order.NVIDIA`), the
 other in ours. Each pod asks one MIG profile through a ResourceClaimTemplate of the chart's
 profile class; the bench plays the node agent: after each allocation change (a claim allocated
-or released) it re-publishes the node's pool with `publish_plan` (a re-order is one slice update,
-no generation bump; NVIDIA's order never changes), with the observed mix of the last hour's
-arrivals. A pod that is unschedulable when it arrives is deleted (given up); a bound one is
-deleted at its departure and its claim waited out. Time is compressed (no waiting between
-events) and instances take no creation time, so the live figures can differ a little from the
-simulated W4 ones. `predicted_differs` counts allocations where the scheduler chose another
-device than the core's model of its first fit (`gpupart.core.dra.allocator.first_fit`) predicted.
+or released) it re-publishes the node's pool as the agent does (`keep_choices`, then
+`publish_plan`: at most one slice re-ordered, in place, no generation bump; NVIDIA's order never
+changes), with the observed mix of the last hour's arrivals. A pod that is unschedulable when it
+arrives is deleted (given up); a bound one is deleted at its departure and its claim waited out.
+Time is compressed (no waiting between events) and instances take no creation time, so the live
+figures can differ a little from the simulated W4 ones. `predicted_differs` counts allocations
+where the scheduler chose another device than the core's model of its first fit
+(`gpupart.core.dra.allocator.first_fit`) predicted.
+`offline_bound` (and `W4_offline_bound` in the simulated part) is `dra_bound.offline_bound` of the
+same replays: the most pods, and the most 4g+ pods, that any choice of devices and of which pods
+to take could have bound, knowing the replay in advance.
 
 **Throughput** (`throughput_pods_s`): `--nodes` kwok nodes of 8 GPUs, `--pods` pods per
 configuration, pods/s from the first create to the last bind, each configuration with its own
@@ -37,12 +42,17 @@ kube-scheduler started for it (the others stopped):
   the chart's scheduler configuration with the real `gpupart extender`
   (`scheduler_throughput.py`'s machinery and pods);
 - `dra_gpupart`: our pools, dynamic MIG with every profile of the catalogue (25 devices a GPU,
-  one counters slice and one slice per GPU), the chart's DeviceClasses; half the pods claim one
-  1g.10gb through a ResourceClaimTemplate, half ask `nvidia.com/mig-1g.10gb: 1` and get their
-  claim from the profile class's `extendedResourceName` (KEP-5004); the chart's scheduler
-  configuration without the extender; devices never re-ordered;
+  one counters slice and one slice per profile across the GPUs, ADR 032), the chart's
+  DeviceClasses; half the pods claim one 1g.10gb through a ResourceClaimTemplate, half ask
+  `nvidia.com/mig-1g.10gb: 1` and get their claim from the profile class's
+  `extendedResourceName` (KEP-5004); the chart's scheduler configuration without the extender;
+  devices never re-ordered;
 - `dra_gpupart_reorder`: the same, with the node agents' re-ordering on (every claim watched, a
-  node's pool re-published after each of its allocation changes);
+  node's pool re-published after each of its allocation changes, as the agent does:
+  `keep_choices`, at most one re-order a change); `agents_cpu_s_while_allocating` is the CPU
+  the re-publishing took from the same two cores;
+- `dra_gpupart_common`: our pools limited to 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb and 7g.80gb
+  (`spec.mig.dynamic.profiles`, 14 placements a GPU), what a partition for mixed work names;
 - `dra_gpupart_same_devices`: our pools limited to the profile asked (`spec.mig.dynamic.profiles:
   [1g.10gb]`: 7 placements, 7 devices a GPU; no whole-GPU device since ADR 030), one device
   fewer than the example's 8;
@@ -84,12 +94,13 @@ import threading
 import time
 import uuid as uuidlib
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dra_bound import offline_bound
 from kubernetes import client, watch
 from scheduler_throughput import (
     _pod as shared_gpu_pod,
@@ -104,8 +115,9 @@ from scheduler_throughput import (
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import DeviceRequest, first_fit
-from gpupart.core.dra.devices import DraGpu, GpuFacts, Order, gpu_devices
-from gpupart.core.dra.pool import Slice, pool_slices, publish_plan
+from gpupart.core.dra.claims import holding_claim
+from gpupart.core.dra.devices import DraGpu, GpuDevices, GpuFacts, Order, gpu_devices
+from gpupart.core.dra.pool import Slice, keep_choices, pool_slices, publish_plan
 from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_claims, read_slice
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.mig.catalogue import require_gpu_model
@@ -205,10 +217,27 @@ def comparison(nvidia: Mapping[str, int], ours: Mapping[str, int]) -> dict[str, 
     return {"ratio_4g_plus": round(ratio, 3), "overall_points": round(points, 2)}
 
 
+def offline_bounds(replays: Iterable[Sequence[SimPod]]) -> dict[str, int]:
+    """The offline bound (`dra_bound.offline_bound`) summed over W4 replays: the most pods and
+    4g+ pods any choice of devices, and of which pods to take, binds on each."""
+    total = {"bound": 0, "bound_4g_plus": 0}
+    for pods in replays:
+        found = offline_bound(H100, GPUS, pods, large)
+        for key in total:
+            total[key] += found[key]
+    return total
+
+
 def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
     node = [SimNode("node-0", H100, GPUS)]
     totals = {
-        order.value: {"bound": 0, "bound_4g_plus": 0, "requested_4g_plus": 0, "requested": 0}
+        order.value: {
+            "slice_writes": 0,
+            "bound": 0,
+            "bound_4g_plus": 0,
+            "requested_4g_plus": 0,
+            "requested": 0,
+        }
         for order in (Order.NVIDIA, Order.GPUPART)
     }
     per_workload: dict[str, dict[str, dict[str, int]]] = {}
@@ -229,6 +258,7 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
                         key = f"{profile}/{cause}"
                         refused[order.value][key] = refused[order.value].get(key, 0) + 1
                 figures = {
+                    "slice_writes": policy.slice_writes,
                     "bound": len(bound),
                     "bound_4g_plus": sum(
                         1 for p in pods if p.name in bound and any(map(large, p.profiles))
@@ -244,6 +274,9 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
                     f"simulated seed {seed} {name} {order.value:<8} {json.dumps(figures)} "
                     f"({time.perf_counter() - t:.1f} s)"
                 )
+    w4_bound = offline_bounds(
+        w4_mixed_sizes(seed=seed, gpus=GPUS, arrivals=W4_ARRIVALS) for seed in range(seeds)
+    )
     step(f"simulated per workload: {json.dumps(per_workload)}")
     step(f"simulated seconds: {time.perf_counter() - started:.1f}")
     return {
@@ -253,6 +286,7 @@ def simulated(trace_dir: Path, seeds: int) -> dict[str, Any]:
         },
         **comparison(totals["nvidia"], totals["gpupart"]),
         "per_workload": per_workload,
+        "W4_offline_bound": w4_bound,
         "seeds": seeds,
     }
 
@@ -300,6 +334,8 @@ class LivePool:
     static: bool = False
     """A static layout of 7 x 1g.10gb instances per GPU, each one device (no counters)."""
     views: dict[str, SliceView] = field(default_factory=dict)
+    built: dict[tuple[int, tuple[MigInstance, ...], Mix], GpuDevices] = field(default_factory=dict)
+    """GPU devices by (index, instances held, mix)."""
     writes: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -326,27 +362,40 @@ class LivePool:
                 for index in range(GPUS)
             ]
             return pool_slices(self.node, self.uid, static)
-        gpus = [
-            gpu_devices(
-                DraGpu(
-                    offered(self.node, index),
-                    H100,
-                    dynamic=True,
-                    profiles=self.profiles,
-                    in_use=tuple(sorted(in_use.get(index, ()))),
-                    facts=FACTS,
-                ),
-                mix=mix,
-                order=self.order,
-            )
-            for index in range(GPUS)
-        ]
+        gpus = []
+        for index in range(GPUS):
+            held = tuple(sorted(in_use.get(index, ())))
+            # one GPU's devices follow from its own instances and the mix: an allocation
+            # rebuilds only its GPU's, as a node's agent would need to (the bench plays 100)
+            found = self.built.get((index, held, mix))
+            if found is None:
+                if len(self.built) >= 4096:
+                    self.built.clear()
+                found = gpu_devices(
+                    DraGpu(
+                        offered(self.node, index),
+                        H100,
+                        dynamic=True,
+                        profiles=self.profiles,
+                        in_use=held,
+                        facts=FACTS,
+                    ),
+                    mix=mix,
+                    order=self.order,
+                )
+                self.built[(index, held, mix)] = found
+            gpus.append(found)
         return pool_slices(self.node, self.uid, gpus)
 
     def publish(self, in_use: Mapping[int, Sequence[MigInstance]], mix: Mix) -> int:
         """Write what `publish_plan` says (nothing when the order is unchanged); the writes."""
         with self.lock:
-            plan = publish_plan(list(self.views.values()), self.wanted(in_use, mix))
+            wanted = self.wanted(in_use, mix)
+            if self.views and self.order is Order.GPUPART:
+                # as the agent does: a re-order is written where it changes a next pick
+                claims = [holding_claim(self.node, in_use)]
+                wanted = keep_choices(list(self.views.values()), wanted, claims, mix=mix)
+            plan = publish_plan(list(self.views.values()), wanted)
             for doc in (*plan.creates, *plan.updates):
                 name = doc["metadata"]["name"]
                 if name in self.views:
@@ -659,6 +708,9 @@ def live_order(cp: ControlPlane, api: Any, seeds: int, arrivals: int) -> dict[st
                     into[key] = into.get(key, 0) + value
         step(f"live seed {seed}: {time.monotonic() - t:.0f} s")
     ours = totals["gpupart"]
+    bound = offline_bounds(
+        w4_mixed_sizes(seed=seed, gpus=GPUS, arrivals=arrivals) for seed in range(seeds)
+    )
     ours["slice_writes_per_allocation"] = (
         round(ours["slice_writes"] / ours["allocations"], 3) if ours["allocations"] else 0.0
     )
@@ -666,6 +718,10 @@ def live_order(cp: ControlPlane, api: Any, seeds: int, arrivals: int) -> dict[st
     return {
         **totals,
         **comparison(totals["nvidia"], totals["gpupart"]),
+        "offline_bound": bound,
+        "gpupart_to_bound_4g_plus": round(
+            ours["bound_4g_plus"] / max(1, bound["bound_4g_plus"]), 3
+        ),
         "workload": f"W4, {arrivals} arrivals",
         "seeds": seeds,
     }
@@ -819,6 +875,9 @@ class Republisher:
         self.errors: list[BaseException] = []
         self.threads: list[threading.Thread] = []
         self.watcher: watch.Watch | None = None
+        self.cpu_s = 0.0
+        """CPU seconds the re-publishing took here: on a cluster each node's agent spends its
+        share on its own node, here all of it is taken from the scheduler's two cores."""
 
     def start(self, workers: int = 4) -> None:
         custom = client.CustomObjectsApi(self.api)
@@ -889,6 +948,7 @@ class Republisher:
                 self.dirty.discard(node)
                 self.busy.add(node)
                 held = [d for devices in self.devices[node].values() for d in devices]
+            started = time.thread_time()
             try:
                 self.pools[node].publish(in_use_of(held, self.table), self.mix)
             except BaseException as error:  # the bench fails on it when it stops
@@ -896,6 +956,7 @@ class Republisher:
                 return
             finally:
                 with self.cond:
+                    self.cpu_s += time.thread_time() - started
                     self.busy.discard(node)
                     self.cond.notify_all()
 
@@ -1047,10 +1108,13 @@ CONFIGS = (
     "device_plugin_extender",
     "dra_gpupart",
     "dra_gpupart_reorder",
+    "dra_gpupart_common",
     "dra_gpupart_same_devices",
     "dra_gpupart_static",
     "dra_example_driver",
 )
+COMMON_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+"""`dra_gpupart_common`: the profiles most partitions name (14 placements a GPU on an H100)."""
 
 
 def live_throughput(bench: Bench, node_count: int, configs: Sequence[str]) -> dict[str, Any]:
@@ -1098,6 +1162,13 @@ def live_throughput(bench: Bench, node_count: int, configs: Sequence[str]) -> di
         if "dra_gpupart_reorder" in configs:
             rates["dra_gpupart_reorder"], out["reorder"] = reordered(bench, pools, plain, ours)
             out["slice_writes_per_allocation"] = out["reorder"]["slice_writes_per_allocation"]
+        bench.delete_slices(names.DRIVER)
+    if "dra_gpupart_common" in configs:
+        our_pools(COMMON_PROFILES)
+        with bench.scheduler(plain):
+            step(f"throughput: DRA, our slices limited to {', '.join(COMMON_PROFILES)}")
+            rates["dra_gpupart_common"] = bench.batch("common", DRA_SCHEDULER, ours)
+            bench.clear("common")
         bench.delete_slices(names.DRIVER)
     if "dra_gpupart_same_devices" in configs:
         our_pools((SMALL,))
@@ -1174,8 +1245,10 @@ def reordered(
     try:
         with bench.scheduler(config):
             step("throughput: DRA, our slices, re-ordered after each allocation change")
+            t = time.monotonic()
             rate = bench.batch("reorder", DRA_SCHEDULER, manifest)
             republisher.settle()
+            wall, cpu = time.monotonic() - t, republisher.cpu_s
             allocated = len(republisher.allocated)
             written = sum(p.writes for p in pools.values()) - before
             bench.clear("reorder")
@@ -1188,6 +1261,8 @@ def reordered(
         "claims_allocated": allocated,
         "slice_writes_per_allocation": round(written / max(1, allocated), 3),
         "slice_writes_while_releasing": released,
+        "agents_cpu_s_while_allocating": round(cpu, 1),
+        "batch_s": round(wall, 1),
     }
 
 

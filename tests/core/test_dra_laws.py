@@ -13,8 +13,15 @@ from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import DeviceRequest, first_fit, usable_pools
 from gpupart.core.dra.devices import DraGpu, GpuDevices, Order, gpu_devices
-from gpupart.core.dra.order import core_choice
-from gpupart.core.dra.pool import PublishPlan, Slice, pool_slices, publish_plan
+from gpupart.core.dra.order import core_choice, node_choice
+from gpupart.core.dra.pool import (
+    PublishPlan,
+    Slice,
+    keep_choices,
+    pool_slices,
+    publish_plan,
+    slice_part,
+)
 from gpupart.core.dra.read import AllocationResult, ClaimView, DeviceView, SliceView, read_slice
 from gpupart.core.dynamic.model import Gpu, Instance, MigDemand, Mix, Use
 from gpupart.core.dynamic.planner import plan
@@ -41,8 +48,8 @@ def offered(
     )
 
 
-def dynamic(model: GpuModel, index: int = 0, **kw: object) -> GpuDevices:
-    return gpu_devices(DraGpu(offered(model, index), model, dynamic=True, **kw))  # type: ignore[arg-type]
+def dynamic(model: GpuModel, index: int = 0, mix: Mix | None = None, **kw: object) -> GpuDevices:
+    return gpu_devices(DraGpu(offered(model, index), model, dynamic=True, **kw), mix=mix)  # type: ignore[arg-type]
 
 
 def views_of(devices: GpuDevices) -> tuple[DeviceView, ...]:
@@ -147,14 +154,22 @@ def random_layout(model: GpuModel, data: st.DataObject) -> tuple[MigInstance, ..
 
 
 def claims_for(
-    devices: Sequence[DeviceView], layout: Sequence[MigInstance], pool: str = "node-a"
+    devices: Sequence[DeviceView],
+    layout: Sequence[MigInstance],
+    pool: str = "node-a",
+    index: int = 0,
 ) -> list[ClaimView]:
     by_instance = {
-        instance_of(d): d.name for d in devices if d.attribute(names.TYPE) == names.TYPE_MIG
+        instance_of(d): d.name
+        for d in devices
+        if d.attribute(names.TYPE) == names.TYPE_MIG and d.attribute(names.PARENT_INDEX) == index
     }
     return [
         ClaimView(
-            "ns", f"c{k}", f"u{k}", (AllocationResult("r", names.DRIVER, pool, by_instance[i]),)
+            "ns",
+            f"c{index}-{k}",
+            f"u{index}-{k}",
+            (AllocationResult("r", names.DRIVER, pool, by_instance[i]),),
         )
         for k, i in enumerate(layout)
     ]
@@ -227,20 +242,71 @@ def test_with_no_mix_the_first_fit_is_the_dynamic_planners_placement(
         assert instance_of(chosen) == planned.reservations[0].instance
 
 
-def test_the_nvidia_order_is_lexicographic_and_takes_the_lowest_start() -> None:
-    model = next(m for m in MODELS if m.product == "H100-SXM5-80GB")
-    published = gpu_devices(DraGpu(offered(model), model, dynamic=True), order=Order.NVIDIA)
-    assert [d["name"] for d in published.devices] == sorted(d["name"] for d in published.devices)
-    slices = slices_for(published)
+def slices_of(gpus: Sequence[GpuDevices], node: str = "node-a") -> list[SliceView]:
+    found = [read_slice(d) for d in pool_slices(node, "uid", gpus)]
+    return [v for v in found if v is not None]
+
+
+SAME_MODEL_NODES = st.sampled_from([m for m in MODELS if m.memory_slices <= 8])
+
+
+@settings(max_examples=150, deadline=None)
+@given(SAME_MODEL_NODES, st.integers(1, 4), st.data(), MIXES)
+def test_first_fit_over_our_order_picks_the_cores_choice_across_the_nodes_gpus(
+    model: GpuModel, count: int, data: st.DataObject, mix: Mix
+) -> None:
+    """One slice per profile across the GPUs: the scheduler's first fit picks the GPU and the
+    placement that `node_choice` picks for the node (ADR 032)."""
+    layouts = [random_layout(model, data) for _ in range(count)]
+    profile = data.draw(st.sampled_from(model.profiles)).name
+    gpus = [
+        gpu_devices(DraGpu(offered(model, i), model, dynamic=True, in_use=layouts[i]), mix=mix)
+        for i in range(count)
+    ]
+    slices = slices_of(gpus)
+    devices = [d for s in slices for d in s.devices]
+    claims = [c for i in range(count) for c in claims_for(devices, layouts[i], index=i)]
     got = first_fit(
-        slices, [], [DeviceRequest("r", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, "1g.10gb")))]
+        slices,
+        claims,
+        [DeviceRequest("r", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, profile)))],
     )
-    assert got is not None and got[0].device == "gpu-0-mig-1g10gb-0"
-    ours = first_fit(
-        slices_for(gpu_devices(DraGpu(offered(model), model, dynamic=True))),
-        [],
+    expected = node_choice(((i, model, layouts[i]) for i in range(count)), profile, mix)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None
+        chosen = next(d for d in devices if d.name == got[0].device)
+        assert (chosen.attribute(names.PARENT_INDEX), instance_of(chosen)) == expected
+
+
+def test_our_order_fills_the_busier_gpu_and_keeps_an_empty_one_whole() -> None:
+    """A 1g beside a GPU that holds one already goes there, not to the empty GPU 0."""
+    held = (MigInstance(Placement(6, 1), "1g.10gb"),)
+    gpus = [dynamic(H100, 0), dynamic(H100, 1, in_use=held)]
+    slices = slices_of(gpus)
+    devices = [d for s in slices for d in s.devices]
+    got = first_fit(
+        slices,
+        claims_for(devices, held, index=1),
         [DeviceRequest("r", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, "1g.10gb")))],
     )
+    assert got is not None and got[0].device.startswith("gpu-1-")
+
+
+def test_the_nvidia_order_is_lexicographic_and_takes_the_lowest_start() -> None:
+    model = next(m for m in MODELS if m.product == "H100-SXM5-80GB")
+    nvidia = [
+        gpu_devices(DraGpu(offered(model, i), model, dynamic=True), order=Order.NVIDIA)
+        for i in range(2)
+    ]
+    slices = slices_of(nvidia)
+    for view in slices:
+        assert [d.name for d in view.devices] == sorted(d.name for d in view.devices)
+    request = DeviceRequest("r", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, "1g.10gb")))
+    got = first_fit(slices, [], [request])
+    assert got is not None and got[0].device == "gpu-0-mig-1g10gb-0"
+    ours = first_fit(slices_of([dynamic(model, i) for i in range(2)]), [], [request])
     assert (
         ours is not None and ours[0].device != "gpu-0-mig-1g10gb-0"
     )  # keeps 4g.40gb and 3g.40gb at 0
@@ -324,18 +390,16 @@ def test_pool_invariants(kinds: list[str], generation: int) -> None:
         assert len(spec.get("devices", [])) <= limit
     counter_slices = [d for d in docs if "sharedCounters" in d["spec"]]
     assert len(counter_slices) == -(-kinds.count("dynamic") // names.MAX_COUNTER_SETS)
-    gpu_names = [d["metadata"]["name"] for d in docs if "devices" in d["spec"]]
-    assert gpu_names == sorted(
-        gpu_names
-    )  # name order is GPU index order: the scheduler's search order
-    order = [
-        d["spec"]["devices"][0]["attributes"].get(
-            "index", d["spec"]["devices"][0]["attributes"].get("parentIndex")
-        )["int"]
-        for d in docs
-        if "devices" in d["spec"]
-    ]
-    assert order == list(range(len(kinds)))
+    device_slices = [d for d in docs if "devices" in d["spec"]]
+    assert [d["metadata"]["name"] for d in device_slices] == sorted(
+        d["metadata"]["name"] for d in device_slices
+    )  # the builder's order is the scheduler's search order
+    published = [dev["name"] for d in device_slices for dev in d["spec"]["devices"]]
+    expected = [dev["name"] for g in node_gpus(kinds) for dev in g.devices]
+    assert sorted(published) == sorted(expected)  # every device once
+    for doc in device_slices:
+        # one kind a slice, and one MIG profile a slice
+        assert len({slice_part(dev) for dev in doc["spec"]["devices"]}) == 1
     views = [read_slice(d) for d in docs]
     assert all(v is not None for v in views)
     assert len(usable_pools(v for v in views if v is not None)) == 1
@@ -389,20 +453,45 @@ def test_the_publish_plan_never_leaves_the_pool_complete_but_wrong(
     assert publish_plan(current(state), wanted).empty  # a fixed point
 
 
-def test_a_reorder_inside_one_slice_is_one_update_without_a_generation_bump() -> None:
+def test_a_reorder_updates_slices_in_place_without_a_generation_bump() -> None:
     model = H100
     state: dict[str, Slice] = {}
     gpus = [dynamic(model, 0), dynamic(model, 1)]
     first = publish_plan([], pool_slices("node-a", "uid", gpus))
     apply(state, first)
+    before = current(state)
     in_use = (MigInstance(Placement(4, 1), "1g.10gb"),)
-    reordered = [
-        gpu_devices(DraGpu(offered(model, 0), model, dynamic=True, in_use=in_use)),
-        gpus[1],
-    ]
-    planned = publish_plan(current(state), pool_slices("node-a", "uid", reordered))
-    assert len(planned.updates) == 1 and not planned.creates and not planned.deletes
+    reordered = [dynamic(model, 0, in_use=in_use), gpus[1]]
+    planned = publish_plan(before, pool_slices("node-a", "uid", reordered))
+    assert planned.updates and not planned.creates and not planned.deletes
     assert planned.generation == first.generation and not planned.bumps
+    held = {v.name: v.holds for v in before}
+    for seen in apply(state, planned):
+        assert seen is not None  # complete at every step
+    assert {v.name: v.holds for v in current(state)} == held  # no device moved
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.data())
+def test_every_step_of_a_reorder_is_a_complete_pool_of_the_same_devices(
+    count: int, data: st.DataObject
+) -> None:
+    """Updates in place at one generation: whichever slices the scheduler reads old or new,
+    it sees each device once, with its counters, never a pool missing one."""
+    state: dict[str, Slice] = {}
+    before = [dynamic(H100, i, in_use=random_layout(H100, data)) for i in range(count)]
+    apply(state, publish_plan([], pool_slices("node-a", "uid", before)))
+    old = {d.name: d for v in current(state) for d in v.devices}
+    after = [dynamic(H100, i, in_use=random_layout(H100, data)) for i in range(count)]
+    planned = publish_plan(current(state), pool_slices("node-a", "uid", after))
+    assert not planned.bumps
+    for doc in planned.updates:
+        state[doc["metadata"]["name"]] = doc
+        views = current(state)
+        assert scheduler_view(state) is not None
+        seen = [d for v in views for d in v.devices]
+        assert sorted(d.name for d in seen) == sorted(old)
+        assert all(d.consumes == old[d.name].consumes for d in seen)
 
 
 def test_a_new_gpu_bumps_the_generation_on_every_slice() -> None:
@@ -428,3 +517,50 @@ def test_a_requoted_quantity_is_no_change() -> None:
     changed = {**device, "capacity": {"memory": {"value": str(mib * 2**20 - 1)}}}
     other = read_slice({**docs[0], "spec": {**docs[0]["spec"], "devices": [changed]}})
     assert other is not None and not publish_plan([other], docs).empty
+
+
+# --- re-orders that change a pick (keep_choices, ADR 032) ------------------------------------
+
+
+def held_claims(
+    slices: Sequence[SliceView], layouts: Sequence[Sequence[MigInstance]]
+) -> list[ClaimView]:
+    devices = [d for s in slices for d in s.devices]
+    return [c for i, layout in enumerate(layouts) for c in claims_for(devices, layout, index=i)]
+
+
+def next_pick(slices: Sequence[SliceView], claims: Sequence[ClaimView], profile: str) -> object:
+    request = DeviceRequest("r", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, profile)))
+    return first_fit(slices, claims, [request])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.data(), MIXES, st.sampled_from([None, 1, 2]))
+def test_kept_orders_change_no_next_pick_and_re_order_at_most_the_budget(
+    count: int, data: st.DataObject, mix: Mix, budget: int | None
+) -> None:
+    """Whatever was published before, the slices `keep_choices` leaves give every profile the
+    next pick of the wanted order, except where the re-order budget ran out; at most `budget`
+    slices change only their order."""
+    before = [random_layout(H100, data) for _ in range(count)]
+    after = [random_layout(H100, data) for _ in range(count)]
+    old = slices_of([dynamic(H100, i, in_use=before[i], mix=mix) for i in range(count)])
+    wanted = pool_slices(
+        "node-a", "uid", [dynamic(H100, i, in_use=after[i], mix=mix) for i in range(count)]
+    )
+    new = slices_of([dynamic(H100, i, in_use=after[i], mix=mix) for i in range(count)])
+    claims = held_claims(new, after)
+    kept = keep_choices(old, wanted, claims, mix=mix, reorders=budget)
+    views = [v for v in (read_slice(d) for d in kept) if v is not None]
+    was = {v.name: v for v in old}
+    reordered = [v for v in views if v.content != was[v.name].content]
+    assert all(v.holds == was[v.name].holds for v in views)  # only orders differ here
+    assert budget is None or len(reordered) <= budget
+    missed = 0
+    for profile in {p.name for p in H100.profiles}:
+        if next_pick(views, claims, profile) != next_pick(new, claims, profile):
+            missed += 1
+    if budget is None:
+        assert missed == 0
+    assert publish_plan(views, kept).empty  # a fixed point once written
+    assert not publish_plan(old, kept).bumps

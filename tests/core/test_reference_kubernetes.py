@@ -8,7 +8,7 @@ kube-scheduler's Filter; preferred: its Score, weight by weight); resource.Quant
 and exact value); MIG profile names (go-nvlib's parser).
 
 The answers come from the real code: tests/k8s/kubernetes/matchref (k8s.io/apimachinery,
-k8s.io/component-helpers and kube-scheduler's InterPodAffinity plugin at the pinned v1.36) and
+k8s.io/component-helpers and kube-scheduler's InterPodAffinity plugin at the pinned v1.37) and
 tests/k8s/nvlib/migref (go-nvlib), built by scripts/build-k8s-bins.sh. One process of each
 serves every question of the session. Without them these tests skip, and fail where
 GPUPART_E2E_REQUIRED=1 (CI).

@@ -269,9 +269,9 @@ def test_an_empty_namespace_selector_selects_every_namespace_known_or_not() -> N
     assert all(_avoids(demand, _tenant(n)) for n in ("a", "b", "c", "unknown"))
 
 
-def test_a_namespace_selector_matching_no_labels_selects_every_namespace() -> None:
-    """kube-scheduler v1.36: the selector stays on a copy of the term and is matched against
-    no labels (its PreFilter's merge takes fwk.AffinityTerm by value), so `NotIn` takes all."""
+def test_a_namespace_selector_matching_no_labels_selects_only_the_known_it_matches() -> None:
+    """kube-scheduler v1.37: the PreFilter merges the selected namespaces into the term itself
+    (`*fwk.AffinityTerm`), so `NotIn` takes the known namespaces it matches; only `{}` takes all."""
     term = {
         "labelSelector": {},
         "namespaceSelector": {
@@ -279,7 +279,10 @@ def test_a_namespace_selector_matching_no_labels_selects_every_namespace() -> No
         },
     }
     demand = _demand(term, known=KNOWN)
-    assert all(_avoids(demand, _tenant(n)) for n in ("a", "b", "c", "unknown"))
+    matched = [n for n in ("a", "b", "c", "unknown") if _avoids(demand, _tenant(n))]
+    everywhere = _demand({"labelSelector": {}, "namespaceSelector": {}}, known=KNOWN)
+    assert all(_avoids(everywhere, _tenant(n)) for n in ("a", "b", "c", "unknown"))
+    assert matched == ["b", "c"], matched
 
 
 def test_preferred_terms_read_as_required_ones() -> None:

@@ -434,9 +434,6 @@ def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears
         )  # fmt: skip
         return {s["metadata"]["name"]: s for s in listed["items"]}
 
-    def gpu_slice(index: int) -> str:
-        return names.slice_name(node.name, names.gpu_slice_part(index))
-
     def taints() -> dict[str, list[dict[str, Any]]]:
         """Every tainted device of the pool, with its taints."""
         return {
@@ -546,9 +543,16 @@ def test_an_xid_on_the_allocated_gpu_shows_unhealthy_on_the_container_and_clears
     now = slices()
     assert set(now) == set(before)
     assert {s["spec"]["pool"]["generation"] for s in now.values()} == {generation}
-    # The healthy GPUs' slices were not written while the faulty ones were tainted and cleared.
-    for index in (MIG_GPU, MPS_GPU):
-        name = gpu_slice(index)
+    # The slices of the healthy GPUs' devices (MIG_GPU's profiles, MPS_GPU's shared device)
+    # were not written while the faulty ones were tainted and cleared.
+    faulty = {"gpu-0", "gpu-1"}
+    untouched = [
+        name
+        for name, s in before.items()
+        if not faulty & {d["name"] for d in s["spec"].get("devices") or []}
+    ]
+    assert any(names.mig_slice_part("1g.10gb", 1, 1) in n for n in untouched), untouched
+    for name in untouched:
         assert (
             now[name]["metadata"]["resourceVersion"] == before[name]["metadata"]["resourceVersion"]
         ), name

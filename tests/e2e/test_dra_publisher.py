@@ -45,9 +45,13 @@ from gpupart.core.api.wire import (
     encode_desired,
 )
 from gpupart.core.dra import names
+from gpupart.core.dra.allocator import DeviceRequest, first_fit
 from gpupart.core.dra.claims import gpu_index
+from gpupart.core.dra.order import node_choice
 from gpupart.core.dra.read import SliceView, read_claims, read_slices
 from gpupart.core.errors import GpupartError
+from gpupart.core.mig.catalogue import require_gpu_model
+from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.devices import OfferedGpu
 from gpupart_plugin.agent import Offer
 from gpupart_plugin.dra.publisher import PoolClient
@@ -62,6 +66,7 @@ pytestmark = pytest.mark.e2e
 
 CHART = REPO / "charts" / "gpupart"
 NODE = "real-dra-pub"
+H100 = require_gpu_model("H100-SXM5-80GB")
 WAIT_S = 90
 GPU = "nvidia.com/gpu"
 
@@ -176,15 +181,20 @@ def test_the_pool_follows_the_interface_the_kubelet_and_the_scheduler(
     # -- to DRA: the pool appears, the device plugin lets GPU 1 go --------------------------
     pool.want(desired(DYNAMIC_DRA, WHOLE_DRA))
     part = f"{NODE}-gpupart-"
-    wanted = {f"{part}counters-0", f"{part}gpu-00", f"{part}gpu-01"}
-    pool.until(lambda: set(pool.slices()) == wanted, "the pool's three slices")
+    # the counters, one slice per MIG profile of GPU 0 across the node, the whole GPU 1 (ADR 032)
+    profile_parts = {
+        p.name: f"{part}{names.mig_slice_part(p.name, p.memory_slices, p.compute_slices)}"
+        for p in H100.profiles
+    }
+    wanted = {f"{part}counters-0", f"{part}whole", *profile_parts.values()}
+    pool.until(lambda: set(pool.slices()) == wanted, "the pool's slices")
     pool.until(lambda: pool.allocatable(GPU) in (None, "0"), "GPU 1 gone from the device plugin")
     slices = pool.slices()
     pool_is_whole(slices, node_uid, pool.raw())
-    whole = slices[f"{part}gpu-01"].devices
+    whole = slices[f"{part}whole"].devices
     assert [d.name for d in whole] == ["gpu-1"]
     assert whole[0].attribute(names.PCI_BUS_ID) == "0000:19:00.0"
-    dynamic = slices[f"{part}gpu-00"].devices
+    dynamic = [d for name in profile_parts.values() for d in slices[name].devices]
     # Every placement, and no whole-GPU device on a GPU in MIG mode (ADR 030).
     assert len(dynamic) > 10 and all(d.attribute(names.TYPE) == names.TYPE_MIG for d in dynamic)
     assert not any(r.startswith("nvidia.com/mig-") for r in core.read_node(NODE).status.capacity)
@@ -215,15 +225,16 @@ def test_the_pool_follows_the_interface_the_kubelet_and_the_scheduler(
     after = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in pool.raw()}
     assert after == versions
 
-    # -- a claim allocated by kube-scheduler re-orders GPU 0's slice, one update, same generation
+    # -- a claim allocated by kube-scheduler: the next 1g pick is the core's choice beside it, at
+    # -- most one slice re-ordered, the same generation
     pool.until(pool.ready, "the Node Ready and untainted after the kubelet's restart")
     namespace = f"drapub-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
     cp.wait_namespace_ready(namespace)
-    order = [d.name for d in pool.slices()[f"{part}gpu-00"].devices]
-    first_1g = next(n for n in order if "-mig-1g10gb-" in n)
+    one_g = profile_parts["1g.10gb"]
+    first_1g = pool.slices()[one_g].devices[0].name
     generations = {d["metadata"]["name"]: d["metadata"]["generation"] for d in pool.raw()}
-    generation = pool.slices()[f"{part}gpu-00"].generation
+    (generation,) = {s.generation for s in pool.slices().values()}
     pool.custom.create_namespaced_custom_object(
         "resource.k8s.io", "v1", namespace, "resourceclaims",
         {
@@ -258,25 +269,34 @@ def test_the_pool_follows_the_interface_the_kubelet_and_the_scheduler(
         return results.get("results", [{}])[0].get("device") if results else None
 
     device = pool.until(allocated, "the scheduler to allocate the claim")
-    assert device == first_1g, order
-    reordered = pool.until(
-        lambda: (
-            (s := pool.slices()[f"{part}gpu-00"]) and [d.name for d in s.devices] != order and s
-        ),
-        "GPU 0's slice re-ordered",
+    assert device == first_1g
+    held = next(d for d in pool.slices()[one_g].devices if d.name == device)
+    start = held.attribute(names.PLACEMENT_START)
+    assert isinstance(start, int)
+    expected = node_choice([(0, H100, (MigInstance(Placement(start, 1), "1g.10gb"),))], "1g.10gb")
+    assert expected is not None
+    request = DeviceRequest("dev", ((names.TYPE, names.TYPE_MIG), (names.PROFILE, "1g.10gb")))
+
+    def next_pick() -> str | None:
+        listed = pool.custom.list_namespaced_custom_object(
+            "resource.k8s.io", "v1", namespace, "resourceclaims"
+        )
+        got = first_fit(list(pool.slices().values()), read_claims(listed["items"]).items, [request])
+        return got[0].device if got else None
+
+    pool.until(
+        lambda: next_pick() == names.mig_device_name(0, "1g.10gb", expected[1].placement.start),
+        "the next 1g pick the core's choice beside the claim",
     )
-    assert reordered.generation == generation
-    assert [d.name for d in reordered.devices].index(device) > 0  # the held one moves back
     now = {d["metadata"]["name"]: d["metadata"]["generation"] for d in pool.raw()}
-    assert now[f"{part}gpu-00"] == generations[f"{part}gpu-00"] + 1  # one update
-    assert {k: v for k, v in now.items() if k != f"{part}gpu-00"} == {
-        k: v for k, v in generations.items() if k != f"{part}gpu-00"
-    }
+    written = [k for k in now if now[k] != generations[k]]
+    assert len(written) <= 1 and all(now[k] == generations[k] + 1 for k in written), written
+    assert {s.generation for s in pool.slices().values()} == {generation}
 
     # -- back to the device plugin: GPU 1 at once, GPU 0 once its claim is gone ---------------
     pool.want(desired(DYNAMIC_DP, WHOLE_DP))
     pool.until(lambda: pool.allocatable(GPU) == "1", "GPU 1 back on the device plugin")
-    pool.until(lambda: f"{part}gpu-01" not in pool.slices(), "GPU 1's slice removed")
+    pool.until(lambda: f"{part}whole" not in pool.slices(), "GPU 1's slice removed")
     held = pool.until(
         lambda: (g := pool.report().gpus[0]).state is GpuState.PENDING and g,
         "GPU 0 waiting for its claim",
@@ -329,7 +349,7 @@ def test_a_bad_claim_or_an_unreachable_api_server_affects_only_itself(
     )
     try:
         sink.offer(offer)
-        name = f"{node}-gpupart-gpu-00"
+        name = f"{node}-gpupart-whole"
         (published,) = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
         assert published.metadata.name == name and published.spec.devices[0].name == "gpu-0"
 

@@ -152,6 +152,7 @@ def test_a_pod_of_a_namespace_the_cache_does_not_know_is_not_selected_by_labels(
     c = _cache(namespace("team-c", {"tier": "gold"}))
     service = _service(c)
     assert service.filter(_guest(GOLD), ["n1"]).passed == ["n1"]
-    # ...but a selector that matches a namespace without labels takes every namespace.
-    anywhere = {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}
-    assert service.filter(_guest(anywhere), ["n1"]).passed == []
+    # ...and only the empty selector takes every namespace (kube-scheduler v1.37).
+    assert service.filter(_guest({}), ["n1"]).passed == []
+    unlabelled = {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}
+    assert service.filter(_guest(unlabelled), ["n1"]).passed == ["n1"]

@@ -23,7 +23,7 @@ from gpupart_testsupport.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-k8s-bins.sh"
-K8S = "v1.36.3"
+K8S = "v1.37.2"
 
 FAKE_GO = r"""#!/usr/bin/env bash
 # Stands in for `go build ... -o OUT PACKAGE`: logs the package, waits for the gate if one is

@@ -1,4 +1,4 @@
-"""Real kubelet nodes for the e2e tests: kubelet v1.36 and the fake CRI runtime, each in a private mount namespace.
+"""Real kubelet nodes for the e2e tests: kubelet v1.37 and the fake CRI runtime, each in a private mount namespace.
 
 A kubelet writes outside its root directory: the device-plugin directory is fixed at
 `/var/lib/kubelet/device-plugins`, it creates `/var/log/pods` and `/var/log/containers`, and it

@@ -2,7 +2,7 @@
 
 Every match gpupart makes goes through here: GpuPartition node selection, a pending pod's
 nodes (the dynamic planner), PodDisruptionBudgets (preemption) and podAntiAffinity terms (the
-extender). The rules are those of the Kubernetes v1.36 code that kube-scheduler runs:
+extender). The rules are those of the Kubernetes v1.37 code that kube-scheduler runs:
 k8s.io/apimachinery `labels` and `metav1.LabelSelectorAsSelector`, k8s.io/component-helpers
 `nodeaffinity`, and kube-scheduler's interpodaffinity plugin. tests/core/test_reference_kubernetes.py
 asks that code the same questions and compares every answer.
@@ -18,11 +18,12 @@ asks that code the same questions and compares every answer.
 - A pod affinity term looks at the pod's own namespace when it has neither `namespaces` nor a
   `namespaceSelector`; otherwise at the listed namespaces plus the known ones whose labels the
   `namespaceSelector` matches (a namespace the caller does not know is not selected by its
-  labels, as kube-scheduler's lister does not list it). A `namespaceSelector` that matches a
-  namespace without labels (`{}`, or only `NotIn`/`DoesNotExist`) takes every namespace, known
-  or not: kube-scheduler v1.36's PreFilter merges the selected namespaces into a copy of the
-  term (`mergeAffinityTermNamespacesIfNotEmpty` takes `fwk.AffinityTerm` by value), so the
-  selector stays on the term and is then matched against no labels for every pod.
+  labels, as kube-scheduler's lister does not list it). Only an empty `namespaceSelector`
+  (`{}`) takes every namespace, known or not. kube-scheduler v1.37's PreFilter merges the
+  selected namespaces into the term itself (`mergeAffinityTermNamespacesIfNotEmpty` takes
+  `*fwk.AffinityTerm`), so a non-empty selector that matches no labels (`NotIn`,
+  `DoesNotExist`) takes the known namespaces it matches and no other; v1.36 took a copy and
+  so every namespace (a 1.36 scheduler answers so; gpupart follows the pinned 1.37 code).
 - `matchLabelKeys` and `mismatchLabelKeys` are not read: the API server merges them into
   `labelSelector` when it admits the pod (MatchLabelKeysInPodAffinity, GA and locked on since
   v1.33), and kube-scheduler reads only the merged `labelSelector`.
@@ -435,9 +436,9 @@ class PodAffinityTerm:
     def resolve(self, namespace_labels: NamespaceLabels | None) -> AffinityTerm:
         """The term with its namespaceSelector turned into namespaces, as kube-scheduler's
         PreFilter and PreScore do for the incoming pod's terms: each known namespace whose
-        labels the selector matches is added; a selector that matches no labels at all (`{}`,
-        `NotIn`, `DoesNotExist`) takes every namespace (see the module docstring)."""
-        if self.namespace_selector.matches({}):
+        labels the selector matches is added; an empty selector (`{}`) takes every namespace
+        (see the module docstring)."""
+        if self.namespace_selector.empty:
             return AffinityTerm(self.selector, self.namespaces, every_namespace=True)
         chosen = {
             name

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpupart.core.dra import names
-from gpupart.core.dra.read import ClaimView, Skipped
+from gpupart.core.dra.read import AllocationResult, ClaimView, Skipped
 from gpupart.core.mig.catalogue import GpuModel
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.node.interface import ClaimUse
@@ -79,3 +79,21 @@ def claimed_placements(
         for start in p.starts
     }
     return tuple(sorted({by_name[d] for d in devices if d in by_name}))
+
+
+def holding_claim(
+    pool: str, placements: Mapping[int, Iterable[MigInstance]], namespace: str = "held"
+) -> ClaimView:
+    """One claim that holds these MIG placements (GPU index → instances) of `pool`: how the
+    simulator and the benchmarks tell the allocator model what is allocated."""
+    results = tuple(
+        AllocationResult(
+            "held",
+            names.DRIVER,
+            pool,
+            names.mig_device_name(index, i.profile, i.placement.start),
+        )
+        for index, instances in sorted(placements.items())
+        for i in instances
+    )
+    return ClaimView(namespace, f"{pool}-held", "", results)

@@ -16,14 +16,15 @@ version). An attribute that is not known is omitted, never guessed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
-from gpupart.core.dra.order import placement_order
+from gpupart.core.dra.order import Rank, placement_ranks
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import GpuModel, MediaEngines, MigProfile
@@ -62,10 +63,10 @@ MIN_SHARED_MEMORY_MIB = 1
 
 
 class Order(StrEnum):
-    """How a GPU's MIG placements are ordered in its slice (the scheduler takes the first fit)."""
+    """How MIG placements are ordered in their profile's slice (the scheduler takes the first fit)."""
 
     GPUPART = "gpupart"
-    """Least stranded future demand first (docs/adr-021-dra-device-order.md)."""
+    """Least stranded future demand first, across the node's GPUs (docs/adr-032-dra-slices-by-profile.md)."""
     NVIDIA = "nvidia"
     """Lexicographic by device name, as NVIDIA's driver publishes."""
 
@@ -101,11 +102,14 @@ class DraGpu:
 
 @dataclass(frozen=True, slots=True)
 class GpuDevices:
-    """One GPU's devices, in publishing order, and the counter set they consume (dynamic MIG)."""
+    """One GPU's devices and the counter set they consume (dynamic MIG), with each device's
+    rank in its slice across the node's GPUs (`pool_slices` merges the GPUs by it)."""
 
     index: int
     devices: tuple[Device, ...]
     counters: CounterSet | None = None
+    ranks: tuple[Rank, ...] = ()
+    """One per device, lower first; empty: by name (NVIDIA's order)."""
 
 
 def gpu_devices(gpu: DraGpu, *, mix: Mix | None = None, order: Order = Order.GPUPART) -> GpuDevices:
@@ -120,7 +124,8 @@ def gpu_devices(gpu: DraGpu, *, mix: Mix | None = None, order: Order = Order.GPU
         if gpu.dynamic:
             return _dynamic(gpu, model, mix, order)
         return _static(gpu, model, order)
-    found = GpuDevices(view.index, (_shared(gpu) if view.mode.is_shared else _whole(gpu),))
+    device = _shared(gpu) if view.mode.is_shared else _whole(gpu)
+    found = GpuDevices(view.index, (device,), ranks=((view.index,),))
     _check(found, where)
     return found
 
@@ -242,19 +247,29 @@ def _static(gpu: DraGpu, model: GpuModel, order: Order) -> GpuDevices:
     for mig in instances:
         profile = model.require_profile(mig.instance.profile)
         devices.append(_mig_device(gpu, profile, mig.instance, uuid=mig.uuid))
-    found = GpuDevices(view.index, _ordered(devices, order))
+    # an instance that exists is used before any GPU's placement to be made, smaller first
+    ranks = tuple(
+        (-1, float(m.instance.placement.size), 0, 0, m.instance.placement.start, view.index)
+        for m in instances
+    )
+    found = GpuDevices(view.index, tuple(devices), ranks=ranks if order is Order.GPUPART else ())
     _check(found, f"gpu {view.index}")
     return found
 
 
 def counter_capacity(model: GpuModel) -> dict[str, str]:
-    """A GPU's counters: one per memory slice, compute slices, MiB, media engines, and the
-    instance limits the others do not already imply (so that the counters allow a set of
-    placements exactly when `check_layout` accepts it)."""
+    """A GPU's counters: one per memory slice, compute slices, the media engines and the
+    instance limits that the others do not already imply (so that the counters allow a set of
+    placements exactly when `check_layout` accepts it). Nothing implied is published: the
+    scheduler converts every counter of a node's devices again in each of its Filter calls
+    (docs/adr-032-dra-slices-by-profile.md), so no MiB counter (the memory slices imply it)
+    and no engine counter that every profile takes in proportion to its compute slices."""
     counters = {names.memory_slice_counter(s): "1" for s in range(model.memory_slices)}
     counters[names.COUNTER_COMPUTE_SLICES] = str(model.compute_slices)
-    counters[names.COUNTER_MEMORY] = names.mib(model.memory_mib)
-    counters.update({k: str(v) for k, v in _engine_counters(model.engines).items() if v})
+    implied = _implied_engines(model)
+    counters.update(
+        {k: str(v) for k, v in _engine_counters(model.engines).items() if v and k not in implied}
+    )
     if _needs_instance_counter(model):
         counters[names.COUNTER_INSTANCES] = str(model.max_instances)
     for profile in model.profiles:
@@ -270,8 +285,9 @@ def placement_consumption(model: GpuModel, profile: MigProfile, start: int) -> d
         names.memory_slice_counter(s): "1" for s in range(start, start + profile.memory_slices)
     }
     taken[names.COUNTER_COMPUTE_SLICES] = str(profile.compute_slices)
-    taken[names.COUNTER_MEMORY] = names.mib(profile.memory_mib)
-    taken.update({k: str(v) for k, v in _engine_counters(profile.engines).items() if v})
+    taken.update(
+        {k: str(v) for k, v in _engine_counters(profile.engines).items() if v and k in capacity}
+    )
     if names.COUNTER_INSTANCES in capacity:
         taken[names.COUNTER_INSTANCES] = "1"
     counter = names.profile_counter(profile.name)
@@ -294,7 +310,8 @@ def _dynamic(gpu: DraGpu, model: GpuModel, mix: Mix, order: Order) -> GpuDevices
         for start in p.starts
         if not any(f.placement.overlaps(Placement(start, p.memory_slices)) for f in foreign)
     ]
-    ordered = placement_order(model, placements, (*gpu.in_use, *foreign), mix)
+    ranks = placement_ranks(model, view.index, placements, (*gpu.in_use, *foreign), mix)
+    ordered = sorted(placements, key=lambda i: ranks[i])
     devices = [
         _mig_device(
             gpu,
@@ -310,7 +327,12 @@ def _dynamic(gpu: DraGpu, model: GpuModel, mix: Mix, order: Order) -> GpuDevices
         "name": names.counter_set_name(view.index),
         "counters": _values(capacity),
     }
-    found = GpuDevices(view.index, _ordered(devices, order), counter_set)
+    found = GpuDevices(
+        view.index,
+        tuple(devices),
+        counter_set,
+        tuple(ranks[i] for i in ordered) if order is Order.GPUPART else (),
+    )
     _check(found, where)
     return found
 
@@ -319,20 +341,13 @@ def _less(
     model: GpuModel, capacity: dict[str, str], foreign: Iterable[MigInstance]
 ) -> dict[str, str]:
     """The counters left once the instances someone else made take theirs (at least 0 each)."""
-    left = {name: _amount(value) for name, value in capacity.items()}
+    left = {name: int(value) for name, value in capacity.items()}
     for instance in foreign:
         profile = model.require_profile(instance.profile)
         taken = placement_consumption(model, profile, instance.placement.start)
         for name, value in taken.items():
-            left[name] = max(0, left[name] - _amount(value))
-    return {
-        name: names.mib(value) if capacity[name].endswith("Mi") else str(value)
-        for name, value in left.items()
-    }
-
-
-def _amount(text: str) -> int:
-    return int(text.removesuffix("Mi"))
+            left[name] = max(0, left[name] - int(value))
+    return {name: str(value) for name, value in left.items()}
 
 
 def _engine_counters(engines: MediaEngines) -> dict[str, int]:
@@ -342,6 +357,28 @@ def _engine_counters(engines: MediaEngines) -> dict[str, int]:
         names.COUNTER_JPEG: engines.jpeg,
         names.COUNTER_OFA: engines.ofa,
     }
+
+
+def _implied_engines(model: GpuModel) -> frozenset[str]:
+    """The engine counters whose limit another counter already is: each profile takes of it
+    in the same proportion to the GPU's total as of compute slices, or of an engine counter
+    kept before it (so `Σ taken ≤ total` of the one holds exactly when it holds of the other)."""
+
+    def shares(taken: Callable[[MigProfile], int], total: int) -> tuple[Fraction, ...]:
+        return tuple(Fraction(taken(p), total) for p in model.profiles)
+
+    kept = [shares(lambda p: p.compute_slices, model.compute_slices)]
+    implied = set()
+    totals = _engine_counters(model.engines)
+    for name, total in totals.items():
+        if not total:
+            continue
+        these = shares(lambda p, n=name: _engine_counters(p.engines)[n], total)  # type: ignore[misc]
+        if these in kept:
+            implied.add(name)
+        else:
+            kept.append(these)
+    return frozenset(implied)
 
 
 def _needs_instance_counter(model: GpuModel) -> bool:
@@ -363,17 +400,6 @@ def _needs_profile_counter(profile: MigProfile) -> bool:
 
 def _values(counters: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return {name: {"value": value} for name, value in counters.items()}
-
-
-def _ordered(devices: list[Device], order: Order) -> tuple[Device, ...]:
-    if order is Order.NVIDIA:
-        return tuple(lexicographic_order(devices))
-    return tuple(devices)
-
-
-def lexicographic_order(devices: Iterable[Device]) -> list[Device]:
-    """NVIDIA's order: devices sorted by name (its driver publishes them so)."""
-    return sorted(devices, key=lambda d: str(d["name"]))
 
 
 def _check(found: GpuDevices, where: str) -> None:

@@ -44,7 +44,6 @@ TYPE_SHARED = "shared"
 # Counter names (DNS labels) in a GPU's counter set.
 MEMORY_SLICE_PREFIX = "memory-slice-"
 COUNTER_COMPUTE_SLICES = "compute-slices"
-COUNTER_MEMORY = "memory"
 COUNTER_DECODERS = "decoders"
 COUNTER_ENCODERS = "encoders"
 COUNTER_JPEG = "jpeg-engines"
@@ -54,13 +53,13 @@ COUNTER_INSTANCES = "instances"
 PROFILE_INSTANCES_SUFFIX = "-instances"
 """`<profile label>-instances`: only where a profile's `max_count` is below what fits."""
 
-# Device taints (KEP-5055, beta and on in 1.36): a label key, its value a label value.
+# Device taints (KEP-5055, GA in 1.37): a label key, its value a label value.
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
 """The taint of a device on a GPU (or GPU instance) that had an Xid, until a clean window."""
 TAINT_VALUE_UNRESPONSIVE = "unresponsive"
 """The taint's value when the GPU stopped answering; else `xid-<n>`."""
 
-# The API's limits (k8s.io/kubernetes pkg/apis/resource/types.go, v1.36).
+# The API's limits (k8s.io/kubernetes pkg/apis/resource/types.go, v1.37).
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS = 64
 """With counters, taints or list attributes on any device of the slice."""
@@ -144,10 +143,25 @@ def slice_name(node: str, part: str) -> str:
     return f"{node[:keep].rstrip('.-')}-{digest}-gpupart-{part}"
 
 
-def gpu_slice_part(index: int) -> str:
+def check_gpu_index(index: int) -> int:
     if not 0 <= index <= MAX_GPU_INDEX:
         raise InvalidInput("gpu.index", f"{index} is outside 0-{MAX_GPU_INDEX}")
-    return f"gpu-{index:02d}"
+    return index
+
+
+WHOLE_SLICE_PART = "whole"
+"""The slice of the node's whole-GPU devices (after every MIG slice in name order)."""
+SHARED_SLICE_PART = "shared"
+"""The slice of the node's MPS and time-sliced devices."""
+
+
+def mig_slice_part(profile: str, memory_slices: int, compute_slices: int) -> str:
+    """`mig-<memory slices><compute slices>-<profile label>`: one slice per MIG profile across the
+    node's GPUs, named so that name order is size order (the scheduler's search order: a
+    request that several profiles satisfy takes the smallest). Both counts are one digit."""
+    if not (0 < memory_slices <= 9 and 0 < compute_slices <= 9):
+        raise InvalidInput("profile", f"{shown(profile)} has slice counts outside 1-9")
+    return f"mig-{memory_slices}{compute_slices}-{profile_label(profile)}"
 
 
 def counters_slice_part(number: int) -> str:

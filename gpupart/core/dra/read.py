@@ -108,6 +108,12 @@ class SliceView:
         """What the slice publishes, without its pool bookkeeping (generation, count)."""
         return (self.node, self.devices, self.counter_sets)
 
+    @property
+    def holds(self) -> tuple[frozenset[str], tuple[tuple[str, Amounts], ...]]:
+        """Which devices the slice holds, in any order, and its counter sets: what a pool's
+        consistency depends on (an order, a taint or an attribute does not change it)."""
+        return (frozenset(d.name for d in self.devices), self.counter_sets)
+
 
 @dataclass(frozen=True, slots=True)
 class AllocationResult:

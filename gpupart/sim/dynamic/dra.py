@@ -10,10 +10,11 @@ the two DRA policies differ only in the device order, which is what they measure
 
 On a node, each GPU publishes every placement of every profile with its counters, as a
 dynamic-MIG agent would (`gpu_devices` with `in_use` the instances that exist, then
-`pool_slices` and `read_slice`): NVIDIA's order sorts the devices by name, ours is
-`placement_order` against the observed mix. The devices are rebuilt after every allocation
-change, as the agent re-orders. The chosen instance is created for the pod (create latency)
-and destroyed when the pod leaves: no warm pool.
+`pool_slices`, `keep_choices` and `read_slice`: one slice per profile across the GPUs):
+NVIDIA's order sorts the devices by name, ours ranks them across the GPUs against the observed
+mix (`placement_ranks`). The devices are rebuilt after every allocation change and published
+as the agent publishes them (`slice_writes` counts the slices it rewrote). The chosen instance
+is created for the pod (create latency) and destroyed when the pod leaves: no warm pool.
 
 Each pod the policy cannot place when it first tries is recorded with the cause
 (`refusal_cause`): whether a device order could have helped at that moment, and which part of
@@ -28,9 +29,10 @@ from enum import StrEnum
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import DeviceRequest, first_fit
+from gpupart.core.dra.claims import holding_claim
 from gpupart.core.dra.devices import DraGpu, GpuDevices, Order, gpu_devices
-from gpupart.core.dra.pool import pool_slices
-from gpupart.core.dra.read import AllocationResult, ClaimView, SliceView, read_slice
+from gpupart.core.dra.pool import keep_choices, pool_slices
+from gpupart.core.dra.read import ClaimView, SliceView, read_slice
 from gpupart.core.dynamic.model import Mix
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.catalogue import GpuModel
@@ -116,9 +118,13 @@ class DraOrder:
         it does not fit within this long of arrival (0: a loss system, as benchmarks count)."""
         self.name = f"dra_{order.value}_order"
         self._cache: dict[tuple[int, int, tuple[MigInstance, ...]], GpuDevices] = {}
-        self._views: dict[tuple[int, str, tuple[MigInstance, ...] | None], SliceView] = {}
         self._cache_mix: Mix | None = None
         self.refused: dict[str, tuple[str, Refusal]] = {}
+        self.slice_writes = 0
+        """Slices whose content changed between two states a node's pool was read in: the
+        writes an agent re-publishing after each change would make."""
+        self._published: dict[int, tuple[object, tuple[SliceView, ...]]] = {}
+        """Node position -> the state its pool was last published for, and the pool."""
         """Pod -> its largest profile and why it did not fit, at its first refusal."""
 
     def initial(self, node: SimNode) -> Layout:
@@ -136,7 +142,6 @@ class DraOrder:
         mix = cluster.mix(now) if self.order is Order.GPUPART else Mix()
         if mix != self._cache_mix:
             self._cache.clear()
-            self._views.clear()
             self._cache_mix = mix
         taken: dict[GpuKey, list[MigInstance]] = {k: list(g) for k, g in cluster.gpus.items()}
         waiting = sorted(
@@ -204,6 +209,41 @@ class DraOrder:
             found.append(cached)
         return found
 
+    def publish(
+        self,
+        node: SimNode,
+        n: int,
+        taken: dict[GpuKey, list[MigInstance]],
+        devices: Sequence[GpuDevices],
+        claims: Sequence[ClaimView],
+        mix: Mix,
+    ) -> tuple[SliceView, ...]:
+        """The node's pool as the agent leaves it after this state's publish: the wanted
+        slices, each kept in its published order where that changes no next pick
+        (`keep_choices`); the slices it rewrote are counted in `slice_writes`."""
+        state = (tuple(tuple(sorted(taken[(n, i)])) for i in range(node.gpus)), mix)
+        last = self._published.get(n)
+        if last is not None and last[0] == state:
+            return last[1]
+        wanted = pool_slices(node.name, node.name, devices)
+        if last is not None:
+            wanted = keep_choices(last[1], wanted, claims, mix=mix)
+        views = []
+        for doc in wanted:
+            view = read_slice(doc)
+            if view is None:
+                raise InvalidInput(
+                    doc["metadata"]["name"], "a slice of ours is not read back as ours"
+                )
+            views.append(view)
+        if last is not None:
+            before = {v.name: v.content for v in last[1]}
+            self.slice_writes += sum(
+                1 for v in views if v.name in before and before[v.name] != v.content
+            )
+        self._published[n] = (state, tuple(views))
+        return tuple(views)
+
     def allocate(
         self,
         node: SimNode,
@@ -214,38 +254,9 @@ class DraOrder:
     ) -> list[tuple[GpuKey, MigInstance]] | None:
         """The instances the scheduler's first fit gives `pod` on this node, or None."""
         devices = self.devices(node, n, taken, mix)
-        views = []
-        owner = {
-            names.slice_name(node.name, names.gpu_slice_part(index)): index
-            for index in range(node.gpus)
-        }
-        for doc in pool_slices(node.name, node.name, devices):
-            name = doc["metadata"]["name"]
-            base = name if name in owner else name.rsplit("-", 1)[0]
-            # a slice's content follows from its GPU's instances (or is the constant counters)
-            index = owner.get(base)
-            held = tuple(sorted(taken[(n, index)])) if index is not None else None
-            key = (n, name, held)
-            view = self._views.get(key)
-            if view is None:
-                view = read_slice(doc)
-                if view is None:
-                    raise InvalidInput(name, "a slice of ours is not read back as ours")
-                if len(self._views) >= CACHE_LIMIT:
-                    self._views.clear()
-                self._views[key] = view
-            views.append(view)
-        allocated = tuple(
-            AllocationResult(
-                "held",
-                names.DRIVER,
-                node.name,
-                names.mig_device_name(index, i.profile, i.placement.start),
-            )
-            for index in range(node.gpus)
-            for i in taken[(n, index)]
-        )
-        claims = [ClaimView(_CLAIMS_NAMESPACE, f"{node.name}-held", "", allocated)]
+        held = {index: taken[(n, index)] for index in range(node.gpus)}
+        claims = [holding_claim(node.name, held, _CLAIMS_NAMESPACE)]
+        views = self.publish(node, n, taken, devices, claims, mix)
         requests = [
             DeviceRequest(
                 f"mig-{k}", match=((names.TYPE, names.TYPE_MIG), (names.PROFILE, profile))

@@ -16,7 +16,7 @@
 - ``first_fit``: DRA DynamicMIG: the requested profile at the first free (node, GPU, start) in
   device order, created for the pod, destroyed when it exits.
 - ``dra_nvidia_order`` and ``dra_gpupart_order``: kube-scheduler's DRA first fit over the devices
-  `gpupart.core.dra` publishes, sorted by name (NVIDIA's order) or by `placement_order` (ours),
+  `gpupart.core.dra` publishes, sorted by name (NVIDIA's order) or by `placement_ranks` (ours),
   re-ordered after each change (`gpupart.sim.dynamic.dra`).
 """
 
