@@ -7,7 +7,6 @@ thousands of pods the client's model deserialisation costs more than everything 
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from gpupart.core.api.jsontext import loads
 from gpupart.kubeconfig import describe_api_error
 
 T = TypeVar("T")
@@ -111,7 +111,7 @@ def list_watch(
     while not stop.is_set():
         try:
             response = lister(_preload_content=False, **selector, **timeouts)
-            data = json.loads(response.data)
+            data = loads(response.data, "the list")
             items = tuple(i for i in data.get("items") or () if isinstance(i, Mapping))
             version = str((data.get("metadata") or {}).get("resourceVersion") or "")
             backoff.reset()
@@ -130,7 +130,7 @@ def list_watch(
                     for line in iter_resp_lines(response):
                         if stop.is_set():
                             return
-                        event = json.loads(line)
+                        event = loads(line, "a watch event")
                         kind, obj = event.get("type"), event.get("object") or {}
                         if kind == "ERROR":
                             if obj.get("code") == 410:

@@ -9,7 +9,6 @@ fields). Failures raise KubeUnavailable; the sink logs them and retries.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -17,9 +16,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart.core.api.jsontext import loads
 from gpupart.core.dra import names
 from gpupart.core.dra.pool import PublishPlan
 from gpupart.core.dra.read import SliceView
+from gpupart.core.errors import InvalidInput
 from gpupart.kubeconfig import describe_api_error
 from gpupart.watch import Backoff, Event, Failed, Listed, list_watch
 from gpupart_plugin.kube import CONNECTION_ERRORS, KubeUnavailable, watch_failed
@@ -86,12 +87,12 @@ class PoolClient:
     def _list(self, what: str, lister: Callable[..., Any], **selector: str) -> list[Raw]:
         try:
             response = lister(_preload_content=False, _request_timeout=self.timeout_s, **selector)
-            items = json.loads(response.data).get("items") or []
+            items = loads(response.data, what).get("items") or []
         except ApiException as error:
             if error.status == NOT_FOUND:
                 raise DraNotServed(f"{what}: {describe_api_error(error)}") from error
             raise KubeUnavailable(f"{what}: {describe_api_error(error)}") from error
-        except (*CONNECTION_ERRORS, ValueError) as error:
+        except (*CONNECTION_ERRORS, ValueError, InvalidInput) as error:
             raise KubeUnavailable(f"{what}: {describe_api_error(error)}") from error
         return [i for i in items if isinstance(i, Mapping)]
 

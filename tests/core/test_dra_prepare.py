@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpupart.core.api.jsontext import loads
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.prepare import (
@@ -177,6 +179,36 @@ def test_a_claim_is_refused_with_a_reason_naming_it(obj: dict[str, Any], reason:
 def test_a_foreign_drivers_opaque_config_is_not_ours_to_read() -> None:
     obj = _claim("u", [_result("gpu-1")], config=[{"opaque": {"driver": "x.io", "parameters": 7}}])
     assert _plan(obj).complete
+
+
+@pytest.mark.parametrize("depth", [40, 800, 20_000])
+def test_our_opaque_config_nested_deep_is_refused_naming_it(depth: int) -> None:
+    """Free-form JSON a tenant wrote, refused by its depth: at 800 levels (which `json` still
+    walks) without recursion, at 20,000 after `loads` cut it when the claim was read."""
+    parameters = json.dumps({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND})[:-1] + ',"x":'
+    nested = '{"a":' * depth + "1" + "}" * depth
+    text = json.dumps(
+        _claim(
+            "u",
+            [_result("gpu-1")],
+            config=[{"opaque": {"driver": names.DRIVER, "parameters": "P"}}],
+        )
+    ).replace('"P"', parameters + nested + "}")
+    with pytest.raises(ClaimRefused) as refused:
+        _plan(loads(text, "claim"))
+    assert "config[0].opaque.parameters" in str(refused.value)
+    assert str(refused.value).endswith("parameters: nests deeper than 32 levels")
+
+
+def test_a_shared_claim_is_for_one_pod_and_a_whole_gpu_for_many() -> None:
+    """The scheduler counts a claim's consumedCapacity once: a shared device's claim reserved
+    for two pods would give two MPS clients the memory counted for one."""
+    consumed = {"memory": "10Gi", "compute": "10"}
+    two = (POD_UID, "pod-uid-2")
+    shared = _claim("u", [_result("gpu-2-shared", consumedCapacity=consumed)], reserved=two)
+    with pytest.raises(ClaimRefused, match=r"is reserved for 2 pods \(p-pod-uid-1, p-pod-uid-2\)"):
+        _plan(shared)
+    assert _plan(_claim("u", [_result("gpu-1")], reserved=two)).complete
 
 
 def test_the_kubelet_asking_for_another_uid_is_refused() -> None:

@@ -201,6 +201,26 @@ def test_shared_memory_is_never_over_committed() -> None:
     assert dict(got[0].consumed)["compute"] == 25  # unrequested: the default share of 4 replicas
 
 
+def test_an_mps_share_is_never_more_than_the_daemon_lets_one_client_hold() -> None:
+    """The partition's ceilings (9216 MiB, 25 %) are the shared device's largest request, so
+    the scheduler never allocates a claim that prepare would refuse (ADR 033)."""
+    capped = gpu(1, Mode.MPS, replicas=8, mps_memory_mib=9216, mps_compute_percent=25)
+    slices = list(
+        read_slices(pool_slices("node-a", "uid", [gpu_devices(DraGpu(capped, H100))])).items
+    )
+
+    def share(memory_mib: int, compute: int) -> DeviceRequest:
+        amounts = (("memory", Fraction(memory_mib * 2**20)), ("compute", Fraction(compute)))
+        return DeviceRequest("r", ((names.TYPE, names.TYPE_SHARED),), capacity=amounts)
+
+    assert first_fit(slices, [], [share(9216, 25)]) is not None
+    assert first_fit(slices, [], [share(9217, 1)]) is None
+    assert first_fit(slices, [], [share(1024, 26)]) is None
+    unasked = DeviceRequest("r", ((names.TYPE, names.TYPE_SHARED),))
+    got = first_fit(slices, [], [unasked])
+    assert got is not None and dict(got[0].consumed) == {"memory": 9216 * 2**20, "compute": 12}
+
+
 # --- the builder -----------------------------------------------------------------------------
 
 

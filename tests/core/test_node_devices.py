@@ -22,7 +22,7 @@ from gpupart.core.node.devices import (
     resolve_devices,
     status_changes,
 )
-from gpupart.core.node.mps import client_limits, daemon_commands, mps_limits
+from gpupart.core.node.mps import MpsLimits, client_limits, daemon_commands, mps_limits
 from gpupart.core.node.targets import UNPARTITIONED, gpu_targets
 
 
@@ -95,6 +95,16 @@ def test_mps_limits_and_commands() -> None:
             client_limits(memory, compute, defaults=limits, gpu_memory_mib=80000)
     with pytest.raises(InvalidInput):
         client_limits(90000, 0, defaults=limits, gpu_memory_mib=80000)
+
+
+@pytest.mark.parametrize("interface", [Interface.DEVICE_PLUGIN, Interface.DRA])
+def test_both_interfaces_hold_clients_to_the_partitions_ceilings(interface: Interface) -> None:
+    """Through DRA too: the daemon is what holds a client whose environment lies."""
+    given = MpsSettings(default_memory_mib=9216, default_compute_percent=25)
+    config = GpuConfig(Mode.MPS, mps=given, replicas=8, interface=interface)
+    assert mps_limits(config, 81920) == MpsLimits(8, 9216, 25)
+    even = GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=8, interface=interface)
+    assert mps_limits(even, 81920) == MpsLimits(8, 10240, 12)
 
 
 def test_first_group_naming_a_gpu_wins_and_the_rest_are_whole() -> None:

@@ -35,6 +35,7 @@ from gpupart.core.dra.read import Consumer
 from gpupart.core.mig.catalogue import require_gpu_model
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.core.mig.planning import CreateGpuInstance
+from gpupart.core.node.mps import MpsLimits
 from gpupart_plugin.actuator import Actuator
 from gpupart_plugin.api import podresources_pb2 as pr
 from gpupart_plugin.api import podresources_pb2_grpc as pr_grpc
@@ -70,7 +71,12 @@ THREE_G = MigInstance(Placement(4, 4), "3g.40gb")
 TARGETS = {
     0: GpuConfig(Mode.MIG, dynamic=True, interface=Interface.DRA),
     1: GpuConfig(Mode.NONE, interface=Interface.DRA),
-    2: GpuConfig(Mode.MPS, mps=MpsSettings(), replicas=4, interface=Interface.DRA),
+    2: GpuConfig(
+        Mode.MPS,
+        mps=MpsSettings(default_memory_mib=20480, default_compute_percent=40),
+        replicas=4,
+        interface=Interface.DRA,
+    ),
 }
 
 
@@ -455,12 +461,14 @@ def _spec(plugin: Plugin, claim: dict[str, Any]) -> dict[str, Any]:
 def test_each_shared_claim_gets_exactly_its_consumed_capacity_as_mps_limits(
     api: Any, namespace: str, pod: Any, plugin: Plugin
 ) -> None:
+    """Below the partition's ceilings (20 GiB and 40 % a client, which the daemon enforces);
+    a claim above them is refused in words, though the API holds its allocation."""
     big = _claim(
         api,
         namespace,
         pod,
         [(names.DRIVER, "gpu-2-shared")],
-        consumed={"memory": "30Gi", "compute": "40"},
+        consumed={"memory": "20Gi", "compute": "40"},
     )
     small = _claim(
         api,
@@ -469,10 +477,22 @@ def test_each_shared_claim_gets_exactly_its_consumed_capacity_as_mps_limits(
         [(names.DRIVER, "gpu-2-shared")],
         consumed={"memory": "10Gi", "compute": "10"},
     )
-    answer = plugin.prepare(big, small)
+    over = _claim(
+        api,
+        namespace,
+        pod,
+        [(names.DRIVER, "gpu-2-shared")],
+        consumed={"memory": "21Gi", "compute": "10"},
+    )
+    answer = plugin.prepare(big, small, over)
     assert [answer.claims[_uid(c)].error for c in (big, small)] == ["", ""]
+    assert "21504 MiB asked, MPS lets one client hold at most 20480 MiB" in (
+        answer.claims[_uid(over)].error
+    )
     uuid_2 = plugin.gpus.gpus()[2].uuid
-    for claim, memory, compute in ((big, 30720, 40), (small, 10240, 10)):
+    # the daemon holds every client to the partition's ceilings, whatever its environment says
+    assert MpsDaemons(plugin.root / "mps", ["true"]).limits(uuid_2) == MpsLimits(4, 20480, 40)
+    for claim, memory, compute in ((big, 20480, 40), (small, 10240, 10)):
         (device,) = _spec(plugin, claim)["devices"]
         env = device["containerEdits"]["env"]
         assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid_2}={memory}M" in env

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from gpupart.core.api.jsontext import loads
 from gpupart.core.api.records import Record
 from gpupart.core.api.resources import check_profile_name
 from gpupart.core.api.spec import (
@@ -194,9 +195,9 @@ def _encode(payload: dict[str, Any]) -> str:
 
 def _decode(text: str, annotation: str, read: Callable[[Record], T]) -> T:
     try:
-        raw = json.loads(text)
-    except (TypeError, ValueError) as error:
-        raise WireFormatError(f"{annotation}: not JSON ({error})") from None
+        raw = loads(text, annotation)
+    except InvalidInput as error:
+        raise WireFormatError(str(error)) from None
     if not isinstance(raw, Mapping):
         raise WireFormatError(f"{annotation}: expected a JSON object")
     version = raw.get("version")

@@ -166,11 +166,17 @@ def _whole(gpu: DraGpu) -> Device:
 
 
 def _shared(gpu: DraGpu) -> Device:
+    """One device many claims share; on MPS no claim may ask more than the daemon lets one
+    client hold (ADR 033), so the scheduler never allocates what prepare would refuse."""
     view = gpu.gpu
     replicas = max(1, view.replicas)
     memory = view.memory_mib
-    default_memory = max(MIN_SHARED_MEMORY_MIB, memory // replicas)
-    default_compute = max(1, 100 // replicas)
+    most_memory, most_compute = memory, 100
+    if view.mode is Mode.MPS and view.mps_memory_mib > 0:
+        most_memory = min(memory, view.mps_memory_mib)
+        most_compute = min(100, max(1, view.mps_compute_percent))
+    default_memory = min(most_memory, max(MIN_SHARED_MEMORY_MIB, memory // replicas))
+    default_compute = min(most_compute, max(1, 100 // replicas))
     return {
         "name": names.shared_device_name(view.index),
         "allowMultipleAllocations": True,
@@ -189,7 +195,7 @@ def _shared(gpu: DraGpu) -> Device:
                     "default": names.mib(default_memory),
                     "validRange": {
                         "min": names.mib(MIN_SHARED_MEMORY_MIB),
-                        "max": names.mib(memory),
+                        "max": names.mib(most_memory),
                         "step": names.mib(1),
                     },
                 },
@@ -198,7 +204,7 @@ def _shared(gpu: DraGpu) -> Device:
                 "value": "100",
                 "requestPolicy": {
                     "default": str(default_compute),
-                    "validRange": {"min": "1", "max": "100", "step": "1"},
+                    "validRange": {"min": "1", "max": str(most_compute), "step": "1"},
                 },
             },
         },

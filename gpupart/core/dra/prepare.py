@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from gpupart.core.api.jsontext import check_size
 from gpupart.core.api.records import Record
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
@@ -101,8 +102,8 @@ def check_opaque_config(obj: object) -> None:
         if opaque is None or opaque.string("driver", "") != names.DRIVER:
             continue
         parameters_raw = opaque.value("parameters")
-        if len(repr(parameters_raw)) > MAX_CONFIG_BYTES * 2:
-            raise InvalidInput(opaque.path("parameters"), "is larger than the API allows")
+        # free-form JSON a tenant wrote: measured without recursion before anything walks it
+        check_size(parameters_raw, opaque.path("parameters"), max_bytes=MAX_CONFIG_BYTES)
         parameters = Record(parameters_raw, opaque.path("parameters"))
         version = parameters.string("apiVersion")
         if version != CONFIG_API_VERSION:
@@ -165,7 +166,21 @@ def plan_claim(
                 )
         devices.append(device)
     _check_requests(ref, devices)
+    _check_one_consumer(ref, view, devices)
     return PreparedClaim(ref, tuple(devices), complete=all(_exists(d) for d in devices))
+
+
+def _check_one_consumer(ref: ClaimRef, view: ClaimView, devices: Sequence[PreparedDevice]) -> None:
+    """A shared device's amounts are one client's: the scheduler counts the claim's
+    `consumedCapacity` once, however many pods use it, so a claim of one is for one pod."""
+    pods = [c.name for c in view.reserved_for if c.resource == "pods"]
+    if len(pods) > 1 and any(d.kind is DeviceKind.SHARED for d in devices):
+        raise ClaimRefused(
+            ref.key,
+            f"is reserved for {len(pods)} pods ({', '.join(pods[:5])}); a shared GPU's memory "
+            "and compute are counted once a claim, so each pod needs a claim of its own "
+            "(a ResourceClaimTemplate)",
+        )
 
 
 def _exists(device: PreparedDevice) -> bool:

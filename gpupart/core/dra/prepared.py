@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gpupart.core.api.jsontext import loads
 from gpupart.core.api.records import Record
 from gpupart.core.errors import InvalidInput
 from gpupart.core.mig.layout import MigInstance, Placement
@@ -110,11 +111,7 @@ def encode_checkpoint(node: str, claims: Iterable[PreparedClaim]) -> str:
 def decode_checkpoint(text: str, *, node: str, where: str) -> dict[str, PreparedClaim]:
     """Claims by uid; InvalidInput naming `where` and the field when the document is not ours
     (another version, another node, malformed): never a partial read."""
-    try:
-        raw = json.loads(text)
-    except ValueError as error:
-        raise InvalidInput(where, f"not JSON ({error})") from None
-    record = Record(raw, where)
+    record = Record(loads(text, where), where)
     version = record.integer("version", minimum=0)
     if version != CHECKPOINT_VERSION:
         raise InvalidInput(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpupart.core.api.spec import GpuConfig, Interface, MpsSettings
+from gpupart.core.api.spec import GpuConfig, MpsSettings
 from gpupart.core.errors import InvalidInput
 
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
@@ -29,15 +29,14 @@ class MpsLimits:
 def mps_limits(config: GpuConfig, gpu_memory_mib: int) -> MpsLimits:
     """Defaults: the partition's figures, else an even share of memory and SMs per client.
 
-    A GPU served through DRA gets the whole GPU as its ceilings: the scheduler accounts each
-    claim's `consumedCapacity` against the device, and each claim's containers get exactly
-    that as their own limits (a client's environment can only lower the daemon's defaults).
+    The same on both interfaces: they are what the daemon enforces on every client, whatever
+    its environment says. Through DRA they are also the most one claim's `consumedCapacity`
+    may be (the shared device's `validRange.max`, ADR 033), and each claim's containers get
+    their own amounts as client limits below them.
     """
     replicas = config.replicas
     if replicas < 1:
         raise InvalidInput("mps.maxClients", "must be at least 1")
-    if config.interface is Interface.DRA:
-        return MpsLimits(replicas, gpu_memory_mib, 100)
     settings = config.mps or MpsSettings()
     memory = settings.default_memory_mib or gpu_memory_mib // replicas
     compute = settings.default_compute_percent or max(1, 100 // replicas)

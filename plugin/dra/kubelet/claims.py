@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.client
-import json
 import ssl
 import threading
 from typing import Any
@@ -12,8 +11,9 @@ from urllib.parse import quote, urlencode, urlsplit
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart.core.api.jsontext import loads
 from gpupart.core.dra.read import Consumer
-from gpupart.core.errors import GpupartError
+from gpupart.core.errors import GpupartError, InvalidInput
 from gpupart.kubeconfig import describe_api_error
 from gpupart_plugin.kube import NodePods
 
@@ -213,9 +213,9 @@ class ClaimReader:
         if len(body) > MAX_OBJECT_BYTES:
             raise ClaimUnavailable(f"{what}: answer too large")
         try:
-            return json.loads(body)
-        except ValueError:
-            raise ClaimUnavailable(f"{what}: not JSON") from None
+            return loads(body, what)
+        except InvalidInput as error:
+            raise ClaimUnavailable(str(error)) from None
 
     def _read_through_client(
         self, path: str, path_params: dict[str, str], query: list[tuple[str, Any]]
