@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 MAX_FAULTS_FILE_BYTES = 64 * 1024
 """A faults file is a few entries; anything larger is refused unread."""
+XID_POLL_S = 0.02
+"""How often an Xid wait looks at the faults file: a real GPU's event wakes NVML's wait at
+once, so the simulator's lag stays far below what the node agent adds (Xid to taint)."""
 
 _NAMESPACE = uuidlib.UUID("6a1f0c1e-0d1b-4c59-9d0e-67707570a271")
 _NVML_KINDS = {
@@ -491,12 +494,18 @@ class SimulatedGpus:
             self._save()
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
-        with self._lock:
-            self._read_faults_file()
-        try:
-            return self._events.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+        """As NVML's event wait: back as soon as an Xid is raised, here or through the faults
+        file (looked at every `XID_POLL_S`: a file has no wake-up of its own)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._read_faults_file()
+            left = deadline - time.monotonic()
+            try:
+                return self._events.get(timeout=max(0.0, min(left, XID_POLL_S)))
+            except queue.Empty:
+                if left <= XID_POLL_S:
+                    return None
 
     def responsive(self, uuid: str) -> bool:
         with self._lock:

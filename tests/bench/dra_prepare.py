@@ -1,8 +1,8 @@
 """Benchmark: DRA claims on the real kubelet: creation -> Running and the kubelet's Prepare time, per driver.
 
 Run: python tests/bench/dra_prepare.py [--pods 200] [--burst 20] [--bursts 1] [--mig-pods 60]
-[--mig-burst 8] [--fault-pods 6] [--skip-whole] [--skip-mig] [--skip-faults]  (last line: one
-JSON object; progress on stderr). Needs the binaries from scripts/build-k8s-bins.sh.
+[--mig-burst 8] [--fault-pods 6] [--xid-rounds 20] [--skip-whole] [--skip-mig] [--skip-faults]
+(last line: one JSON object; progress on stderr). Needs the binaries from scripts/build-k8s-bins.sh.
 
 One control plane with kube-controller-manager (the resourceclaim controller makes each pod's
 claim from its ResourceClaimTemplate) and the real kube-scheduler; per driver a fresh
@@ -18,6 +18,12 @@ DeviceClass of its devices. Each pod asks one device through a claim template. T
 creation -> Running: from just before the create call to the pod seen Running by a watch.
 mismatches: containers whose CDI devices (from the fake runtime's record) are not exactly the
 devices their claim was allocated.
+
+Xid to taint (`xid_to_taint_ms`, `--xid-rounds`, ours): after the two phases, an Xid 79 on
+each of the node's GPUs in turn (through the faults file the simulated NVML reads; its event
+wait looks at it every 20 ms, as a real GPU's event wakes NVML's wait at once), timed from just
+before the file is written to the GPU's device first seen tainted by a watch of the node's
+ResourceSlices (issue 43's goal: p95 <= 200 ms).
 
 Drivers: `example_driver` (sigs.k8s.io/dra-example-driver v0.4.0's kubelet plugin, the reference
 Go driver, `--burst` devices) and `gpupart` (`gpupart node --dra`: `--burst` simulated whole
@@ -205,6 +211,47 @@ Matches = Callable[[dict[str, Any], dict[str, Any]], bool]
 """Whether a container's record (the fake runtime's) holds exactly what its claim was allocated."""
 
 
+class TaintWatch:
+    """The moment (perf_counter) each device of a node's pool is first seen tainted, from a
+    watch of its ResourceSlices (the events as the API server sends them: no polling lag)."""
+
+    def __init__(self, api: Any, node: str) -> None:
+        self.resource = client.ResourceV1Api(api)
+        self.node = node
+        self.seen: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.started = threading.Event()
+        """Set at the watch's first event (the pool's slices as they are)."""
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            w = watch.Watch()
+            with contextlib.suppress(Exception):  # a dropped watch is opened again
+                for event in w.stream(
+                    self.resource.list_resource_slice,
+                    field_selector=f"spec.nodeName={self.node}",
+                    timeout_seconds=30,
+                ):
+                    now = time.perf_counter()
+                    for device in event["object"].spec.devices or []:
+                        if any(t.key == names.TAINT_UNHEALTHY for t in device.taints or []):
+                            with self.lock:
+                                self.seen.setdefault(device.name, now)
+                    self.started.set()
+                    if self.stopping.is_set():
+                        break
+
+    def tainted_at(self, device: str) -> float | None:
+        with self.lock:
+            return self.seen.get(device)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
 @dataclass
 class Target:
     """One driver on one node: the class its pods' templates name, the node, the driver's name."""
@@ -217,6 +264,8 @@ class Target:
     """The classes pods cycle through (the i-th pod the i-th modulo); empty: `device_class`."""
     label: str = ""
     """The name in progress lines; empty: `driver`."""
+    xid_to_taint: Callable[[int], list[float]] | None = None
+    """Ours: `rounds` Xids, one GPU each, and the seconds from each to its device's taint."""
 
 
 def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int) -> Run:
@@ -411,7 +460,26 @@ def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
                 got.get("cdiDevices") == [own] and env.get("NVIDIA_VISIBLE_DEVICES") == uuids[index]
             )
 
-        yield Target(node, names.DRIVER, GPUPART_GPU_CLASS, matches)
+        def xid_to_taint(rounds: int) -> list[float]:
+            """An Xid 79 on GPU k (the faults file the simulated NVML reads, as an Xid event
+            wakes NVML's wait) to the taint on `gpu-k` as the slice watch delivers it."""
+            taints = TaintWatch(api, node.name)
+            seconds = []
+            try:
+                wait_for(taints.started.is_set, WAIT_S, "the slice watch")
+                if taints.seen:
+                    raise RuntimeError(f"devices tainted before any Xid: {sorted(taints.seen)}")
+                for k in range(min(rounds, devices)):
+                    raised = time.perf_counter()
+                    stack.inject_faults(node.name, {"xid": 79, "gpu": k})
+                    wait_for(lambda k=k: taints.tainted_at(f"gpu-{k}"), WAIT_S, f"gpu-{k} tainted")
+                    seconds.append((taints.tainted_at(f"gpu-{k}") or raised) - raised)
+            finally:
+                taints.stop()
+                stack.inject_faults(node.name)
+            return seconds
+
+        yield Target(node, names.DRIVER, GPUPART_GPU_CLASS, matches, xid_to_taint=xid_to_taint)
     finally:
         stack.stop()
         node.stop()
@@ -773,6 +841,9 @@ def main() -> None:
     parser.add_argument("--fault-pods", type=int, default=6, help="pods per fault round (6)")
     parser.add_argument("--skip-mig", action="store_true", help="no dynamic MIG phases")
     parser.add_argument("--skip-faults", action="store_true", help="no fault runs")
+    parser.add_argument(
+        "--xid-rounds", type=int, default=20, help="Xids to taints, one GPU each (20; 0: none)"
+    )
     args = parser.parse_args()
     if args.fault_pods < 3 and not args.skip_faults:
         parser.error("--fault-pods must be at least 3 (a third of them are deleted)")
@@ -785,6 +856,7 @@ def main() -> None:
     mig: dict[str, Any] | None = None
     faults: dict[str, Any] | None = None
     leaks: Leaks | None = None
+    xid_s: list[float] = []
     started = time.monotonic()
     try:
         cp.start()
@@ -792,6 +864,9 @@ def main() -> None:
             log(f"{name}: {args.pods} pods one by one, {args.bursts} x {args.burst} at once")
             with DRIVERS[name](cp, max(args.burst, 1)) as target:
                 figures[name] = measure(cp, target, args.pods, args.burst, args.bursts).figures()
+                if target.xid_to_taint is not None and args.xid_rounds > 0:
+                    log(f"{name}: {args.xid_rounds} Xids to taints")
+                    xid_s = target.xid_to_taint(args.xid_rounds)
         if not (args.skip_mig and args.skip_faults):
             mig, faults, leaks = mig_phases(cp, args)
     finally:
@@ -820,6 +895,7 @@ def main() -> None:
                     "running_s": per_driver("burst_running_s"),
                 },
                 "dynamic_mig_running_p95_s": mig["running_s"]["p95"] if mig else None,
+                "xid_to_taint_ms": p50_p95_p99(xid_s, 1000) if xid_s else None,
                 "mismatches": sum(counted) if counted else None,
                 "leaked_instances": len(leaks.found) if leaks is not None else None,
                 "retried_prepares": per_driver("retried_prepares"),

@@ -234,6 +234,31 @@ def test_an_existing_instance_at_the_placement_is_reused_and_released_unless_war
     assert "/dev/nvidia-caps/nvidia-cap101" in paths and "/dev/nvidia0" in paths
 
 
+def test_admin_access_views_what_exists_and_never_makes_takes_or_keeps_an_instance() -> None:
+    """adminAccess (the namespace label Kubernetes requires for it is the admin's): a view of
+    a device. Of a MIG placement with no instance it is refused: it would make one (and hold
+    the placement) for a claim that only watches; of an instance another claim holds it is
+    given the same instance, conflicts with nothing, and neither keeps it nor destroys it."""
+    name, instance = next((n, i) for n, i in MIG_NAMES if i.profile == "1g.10gb")
+    with pytest.raises(ClaimRefused, match=f"adminAccess to {name}, and no instance is at that"):
+        _plan(_claim("adm", [_result(name, adminAccess=True)]))
+    existing = (OfferedMigDevice("MIG-1", instance, 1, 0, (101, 102)),)
+    gpus = {**_gpus(existing), 0: DraGpuNow(_gpus(existing)[0].gpu, A100, dynamic=True)}
+    user = _plan(_claim("u1", [_result(name)]), gpus=gpus)
+    admin = _plan(_claim("adm", [_result(name, adminAccess=True)]), (user,), gpus=gpus)
+    assert admin.complete and admin.devices[0].mig_uuid == "MIG-1"
+    assert layouts_after_release(admin, (user, admin), gpus) == {}  # the view destroys nothing
+    assert layouts_after_release(user, (user, admin), gpus) == {0: ()}  # nor keeps it alive
+    assert _plan(_claim("u2", [_result(name)]), (admin,), gpus=gpus).complete
+    assert decode_checkpoint(encode_checkpoint(NODE, [admin]), node=NODE, where="f") == {
+        "adm": admin
+    }
+    # a view of a shared GPU is no MPS client: the GPU's UUID, no limits
+    shared = _plan(_claim("adm2", [_result("gpu-2-shared", adminAccess=True)]))
+    env = cdi_spec(shared, _gpus())["devices"][0]["containerEdits"]["env"]
+    assert env == ["NVIDIA_VISIBLE_DEVICES=GPU-2"]
+
+
 def test_checkpoint_round_trips_and_refuses_another_version() -> None:
     name, _ = MIG_NAMES[0]
     claim = _plan(_claim("u1", [_result(name), _result("gpu-1", request="b")]))

@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from gpupart.core.api.spec import Mode
 from gpupart.core.dra import names
 from gpupart.core.dra.allocator import DeviceRequest, first_fit, round_up
+from gpupart.core.dra.claims import pool_use
 from gpupart.core.dra.devices import DraGpu, GpuFacts, gpu_devices
 from gpupart.core.dra.pool import pool_slices
 from gpupart.core.dra.read import (
+    AllocationResult,
     Capacity,
     ClaimView,
     RequestPolicy,
@@ -199,6 +201,23 @@ def test_shared_memory_is_never_over_committed() -> None:
     got = first_fit(slices, [], [half_mib])
     assert got is not None and dict(got[0].consumed)["memory"] == 2**20  # rounded up to 1 MiB
     assert dict(got[0].consumed)["compute"] == 25  # unrequested: the default share of 4 replicas
+
+
+def test_an_admin_access_is_no_allocation() -> None:
+    """As the scheduler counts it: an adminAccess result takes nothing from the device."""
+    view = read_claim(claim("gpu-1-shared", adminAccess=True))
+    assert view is not None and view.results[0].admin_access
+    slices = list(read_slices(docs()).items)
+    watching = AllocationResult(
+        "r", names.DRIVER, "node-a", "gpu-1-shared",
+        consumed=(("memory", Fraction(80 * 2**30)),), admin_access=True,
+    )  # fmt: skip
+    held = [ClaimView("ns", "adm", "ua", (watching,))]
+    request = DeviceRequest(
+        "r", ((names.TYPE, names.TYPE_SHARED),), capacity=(("memory", Fraction(30 * 2**30)),)
+    )
+    assert first_fit(slices, held, [request]) is not None
+    assert pool_use(held, "node-a").devices == {}
 
 
 def test_an_mps_share_is_never_more_than_the_daemon_lets_one_client_hold() -> None:

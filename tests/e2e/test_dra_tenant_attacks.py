@@ -8,7 +8,11 @@ claim read (`ClaimReader`):
 - a claim whose opaque configuration nests thousands of levels deep, which the API server
   stores and Python's `json` cannot walk: the list, the watch and the read still answer, with
   that claim's deep value cut (`gpupart.core.api.jsontext`); the other claims count, and the
-  node publishes its pool after an agent restart, with the claim still there.
+  node publishes its pool after an agent restart, with the claim still there;
+- what the API server refuses a tenant before any of our readers sees it: an `adminAccess`
+  claim in a namespace without Kubernetes' admin-access label (which only an admin can set),
+  a ResourceSlice of its own (a pool for any node), and a claim's status (an allocation of
+  its own making, or another pod in `reservedFor`).
 """
 
 from __future__ import annotations
@@ -199,3 +203,83 @@ def test_a_claim_nested_deeper_than_json_walks_affects_only_itself(
         stop.set()
         core.delete_node(node)
         api.close()
+
+
+def test_the_api_refuses_a_tenant_admin_access_slices_and_claim_status(
+    cp: ControlPlane, tenant_ns: str
+) -> None:
+    ns = tenant_ns
+    admin_claim = {
+        "apiVersion": names.API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "watch-all", "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "dev",
+                        "exactly": {"deviceClassName": WHOLE_GPU_CLASS, "adminAccess": True},
+                    }
+                ]
+            }
+        },
+    }
+    refused = cp.kubectl(
+        "--as", f"tenant-{ns}", "-n", ns, "create", "-f", "-",
+        input=json.dumps(admin_claim), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "admin-access" in refused.stderr, refused.stderr
+
+    node_pool = {
+        "apiVersion": names.API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"forged-{ns}"},
+        "spec": {
+            "driver": names.DRIVER,
+            "nodeName": "any-node",
+            "pool": {"name": "any-node", "generation": 99, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+    refused = cp.kubectl(
+        "--as", f"tenant-{ns}", "create", "-f", "-", input=json.dumps(node_pool), check=False
+    )
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+
+    _as_tenant(
+        cp,
+        ns,
+        "create",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                **admin_claim,
+                "metadata": {"name": "mine", "namespace": ns},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {"name": "dev", "exactly": {"deviceClassName": WHOLE_GPU_CLASS}}
+                        ]
+                    }
+                },
+            }
+        ),
+    )
+    status = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "dev", "driver": names.DRIVER, "pool": "n", "device": "gpu-0"}
+                    ]
+                }
+            }
+        }
+    }
+    refused = cp.kubectl(
+        "--as", f"tenant-{ns}", "-n", ns, "patch", "resourceclaim", "mine",
+        "--subresource=status", "--type=merge", "-p", json.dumps(status), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr

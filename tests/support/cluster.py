@@ -59,6 +59,8 @@ CONTROLLERS = (
     # DRA: claims from ResourceClaimTemplates, reservedFor cleared and claims of deleted pods
     # released (the scheduler's extended-resource claims go with their pod through the GC).
     "resourceclaim-controller",
+    # DRA: pods whose devices get a NoExecute taint are evicted (device taints, GA in 1.37).
+    "device-taint-eviction-controller",
 )
 """The controllers kube-controller-manager runs here. Not the node lifecycle controller: kwok's
 nodes renew no leases, so it would taint them unreachable and evict their pods."""

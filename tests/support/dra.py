@@ -207,6 +207,7 @@ def start_gpupart_dra(
     products: Sequence[str] = (),
     create_s: float = 0.0,
     destroy_s: float = 0.0,
+    taint_effect: str = "",
 ) -> list[str]:
     """`gpupart node --dra` on the node with `gpus` simulated A100s, all on DRA, and the
     node's pool published; returns each GPU's UUID by index.
@@ -216,6 +217,7 @@ def start_gpupart_dra(
     `products`: each GPU's simulated product by index (`A100-SXM4-80GB`, `H100-SXM5-80GB`);
     empty: all A100-SXM4-80GB. `create_s` / `destroy_s`: the simulated NVML time of each MIG
     instance create / destroy (`--simulate-create-seconds`, `--simulate-destroy-seconds`).
+    `taint_effect`: of a faulty GPU's device taints (`--dra-taint-effect`; empty: the default).
     The desired annotation is written here as the operator writes it (the operator is not
     under test: one group per GPU, as one GpuPartition per GPU would give); the pool is the
     agent's own publisher's.
@@ -234,6 +236,7 @@ def start_gpupart_dra(
         recovery_s=recovery_s,
         create_s=create_s,
         destroy_s=destroy_s,
+        taint_effect=taint_effect,
     )
     desired = encode_desired(
         tuple(DesiredGroup(f"e2e-{i}", 1, (i,), c) for i, c in enumerate(configs))

@@ -158,12 +158,13 @@ class Stack:
         create_s: float = 0.0,
         recovery_s: float = 60,
         destroy_s: float = 0.0,
+        taint_effect: str = "",
     ) -> None:
         """The node agent of a running real-kubelet node (one the caller owns and stops) with
         its DRA kubelet plugin on: it registers in the node's `plugins_registry`, serves in its
         `plugins` and writes each claim's CDI spec to its `cdi_dir`. Its simulated GPUs read
         faults and Xids from `faults_file(node)`; a GPU is Healthy again `recovery_s` after its
-        last Xid."""
+        last Xid. `taint_effect`: `--dra-taint-effect` (empty: the agent's default)."""
         self._start_agent(
             real.name, gpus, real.plugin_dir, real.kubelet_socket, real.pod_resources_socket,
             auto_reset=True, resync_s=60, metrics_port=real.agent_metrics_port, create_s=create_s,
@@ -173,6 +174,7 @@ class Stack:
                 f"--dra-plugins-dir={real.plugins}", f"--cdi-root={real.cdi_dir}",
                 f"--simulate-faults={self.faults_file(real.name)}",
                 f"--recovery-seconds={recovery_s:g}",
+                *([f"--dra-taint-effect={taint_effect}"] if taint_effect else []),
             ),
         )  # fmt: skip
 

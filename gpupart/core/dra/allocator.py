@@ -219,7 +219,8 @@ def first_fit(
     state = _State(pools)
     for claim in claims:
         for result in claim.results:
-            state.record(result)
+            if not result.admin_access:  # the scheduler counts no admin access as allocated
+                state.record(result)
     order = [
         _Candidate(driver, pool, device)
         for (driver, pool), views in pools.items()

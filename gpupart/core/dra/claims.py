@@ -44,12 +44,13 @@ def gpu_index(device: str) -> int | None:
 
 
 def pool_use(claims: Iterable[ClaimView], pool: str) -> PoolUse:
-    """Every result of `claims` (already our driver's) in `pool`, by GPU."""
+    """Every allocated result of `claims` (already our driver's) in `pool`, by GPU; an admin
+    access is no allocation (the scheduler does not count it, so neither does the order)."""
     found: dict[int, list[tuple[str, str]]] = {}
     skipped = []
     for claim in claims:
         for result in claim.results:
-            if result.pool != pool:
+            if result.pool != pool or result.admin_access:
                 continue
             index = gpu_index(result.device)
             if index is None:

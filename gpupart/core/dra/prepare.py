@@ -20,6 +20,7 @@ from gpupart.core.mig.layout import Layout, MigInstance, Placement
 from gpupart.core.node.allocation import (
     ContainerAllocation,
     exclusive_allocation,
+    gpu_view_allocation,
     shared_allocation,
 )
 from gpupart.core.node.devices import Device, OfferedGpu
@@ -174,7 +175,7 @@ def _check_one_consumer(ref: ClaimRef, view: ClaimView, devices: Sequence[Prepar
     """A shared device's amounts are one client's: the scheduler counts the claim's
     `consumedCapacity` once, however many pods use it, so a claim of one is for one pod."""
     pods = [c.name for c in view.reserved_for if c.resource == "pods"]
-    if len(pods) > 1 and any(d.kind is DeviceKind.SHARED for d in devices):
+    if len(pods) > 1 and any(d.kind is DeviceKind.SHARED and not d.admin_access for d in devices):
         raise ClaimRefused(
             ref.key,
             f"is reserved for {len(pods)} pods ({', '.join(pods[:5])}); a shared GPU's memory "
@@ -221,6 +222,7 @@ def _device(
         gpu_uuid=view.uuid,
         kind=DeviceKind.GPU,
         share_id=result.share_id,
+        admin_access=result.admin_access,
     )
     rest = match.group(2)
     if rest is None:
@@ -234,6 +236,10 @@ def _device(
             )
         return base
     if rest == "shared":
+        if base.admin_access:  # a view of the GPU, no MPS client and no share of it
+            if not view.mode.is_shared:
+                raise ClaimRefused(ref.key, f"{where}.device: GPU {view.index} is not shared now")
+            return replace(base, kind=DeviceKind.SHARED)
         return _shared(ref, result, where, gpu, base)
     return _mig(ref, result, where, gpu, base)
 
@@ -261,6 +267,12 @@ def _mig(
             f"{where}.device: {shown(result.device)} names no placement of {model.product}",
         )
     found = next((m for m in view.mig if m.instance == wanted), None)
+    if found is None and base.admin_access:
+        raise ClaimRefused(
+            ref.key,
+            f"{where}: adminAccess to {result.device}, and no instance is at that placement: "
+            "gpupart makes a MIG instance for a claim that uses it, never for one that watches it",
+        )
     if found is None:
         blocking = [m.instance for m in view.mig if m.instance.placement.overlaps(wanted.placement)]
         if blocking:
@@ -278,7 +290,7 @@ def _mig(
         kind=DeviceKind.MIG,
         instance=wanted,
         mig_uuid=found.uuid if found is not None else "",
-        dynamic=gpu.dynamic,
+        dynamic=gpu.dynamic and not base.admin_access,  # an admin's view never destroys it
     )
 
 
@@ -333,8 +345,9 @@ def _text(value: Fraction) -> str:
 
 def _conflict(a: PreparedDevice, b: PreparedDevice) -> bool:
     """Whether two devices cannot both be given: the same GPU, one of them whole or both MIG
-    instances over a common memory slice. Shared devices are many claims' by design."""
-    if a.gpu_index != b.gpu_index:
+    instances over a common memory slice. Shared devices are many claims' by design, and an
+    admin access is a view that takes nothing."""
+    if a.gpu_index != b.gpu_index or a.admin_access or b.admin_access:
         return False
     if DeviceKind.GPU in (a.kind, b.kind):
         return True
@@ -347,7 +360,7 @@ def _check_requests(ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
     """A container is the client of one MPS daemon: a request gets at most one MPS device."""
     by_request: dict[str, int] = {}
     for device in devices:
-        if device.kind is DeviceKind.SHARED:
+        if device.kind is DeviceKind.SHARED and not device.admin_access:
             by_request[device.request] = by_request.get(device.request, 0) + 1
     crowded = sorted(r for r, n in by_request.items() if n > 1)
     if crowded:
@@ -387,7 +400,7 @@ def layouts_after_release(
         for c in others
         if c.ref.uid != claim.ref.uid
         for d in c.devices
-        if d.instance is not None
+        if d.instance is not None and not d.admin_access  # a view keeps nothing alive
     }
     found: dict[int, Layout] = {}
     for device in claim.devices:
@@ -460,6 +473,8 @@ def _request_allocation(
         if len(prepared) > 1:
             raise InvalidInput(where, f"request {device.request} mixes a shared GPU with others")
         gpu = _gpu(gpus, device, where)
+        if device.admin_access:
+            return gpu_view_allocation(gpu)
         return shared_allocation(
             gpu,
             memory_mib=device.memory_mib if gpu.mode is Mode.MPS else 0,

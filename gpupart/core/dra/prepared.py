@@ -68,6 +68,9 @@ class PreparedDevice:
     """Shared: the claim's `consumedCapacity.memory` (MPS pinned device memory limit)."""
     compute_percent: int = 0
     """Shared: the claim's `consumedCapacity.compute` (MPS active thread percentage)."""
+    admin_access: bool = False
+    """A view of a device that exists (`adminAccess`): it conflicts with nothing, makes and
+    destroys no instance, and on a shared GPU is no MPS client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,7 @@ def _device_json(device: PreparedDevice) -> dict[str, object]:
         "dynamic": device.dynamic,
         "memoryMiB": device.memory_mib,
         "computePercent": device.compute_percent,
+        "adminAccess": device.admin_access,
     }
     if device.instance is not None:
         found["instance"] = {
@@ -203,4 +207,5 @@ def _read_device(record: Record) -> PreparedDevice:
         dynamic=record.boolean("dynamic", False),
         memory_mib=record.integer("memoryMiB", 0, minimum=0),
         compute_percent=record.integer("computePercent", 0, minimum=0, maximum=100),
+        admin_access=record.boolean("adminAccess", False),
     )

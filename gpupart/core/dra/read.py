@@ -125,6 +125,9 @@ class AllocationResult:
     device: str
     share_id: str = ""
     consumed: Amounts = ()
+    admin_access: bool = False
+    """`adminAccess`: a view of the device for monitoring, which the scheduler does not count
+    as allocated (the device may be another claim's too, or nobody's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +390,7 @@ def _result(raw: object, where: str) -> AllocationResult:
         device=_string(record, "device", limit=names.MAX_DNS_LABEL),
         share_id=_string(record, "shareID", default=""),
         consumed=amounts,
+        admin_access=record.boolean("adminAccess", False),
     )
 
 

@@ -481,7 +481,8 @@ def _usage(
     for claim in claims:
         holder = holder_of(claim)
         for result in claim.results:
-            usage.record(result, holder)
+            if not result.admin_access:  # not allocated, as the scheduler counts it
+                usage.record(result, holder)
     for result in own:
         usage.record(result, f"this pod's request {result.request}")
     return usage

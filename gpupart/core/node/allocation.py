@@ -60,6 +60,14 @@ def exclusive_allocation(devices: Sequence[Device], *, cdi: bool = True) -> Cont
     )
 
 
+def gpu_view_allocation(gpu: OfferedGpu) -> ContainerAllocation:
+    """A shared GPU seen whole, with no share of it and no MPS client: a DRA admin access,
+    for monitoring (NVML sees the GPU; MPS's clients are the ones its daemon serves)."""
+    return ContainerAllocation(
+        envs=((VISIBLE_DEVICES_ENV, gpu.uuid),), devices=_gpu_nodes([gpu], ())
+    )
+
+
 def shared_allocation(
     gpu: OfferedGpu, *, memory_mib: int, compute_percent: int, cdi: bool = True
 ) -> ContainerAllocation:
