@@ -79,14 +79,15 @@ class HealthMonitor:
     def step(self, timeout_s: float) -> bool:
         """One wait for an event plus one recovery check; True when the unhealthy set changed."""
         before, faults_before = self.book.unhealthy, self.fault_book.faults
-        devices = self.board.all_devices()
-        now = self.clock()
         try:
             event = self.backend.wait_xid(timeout_s)
         except NvmlError as error:
             # NVIDIA's plugin marks everything unhealthy here; gpupart narrows it to GPUs that stop answering.
             log.error("Failed to wait for GPU events", extra=logs.kv(err=error))
             event = None
+        # The devices as they are when the event came: one prepared during the wait is hit too.
+        devices = self.board.all_devices()
+        now = self.clock()
         fault_gpus = self.faults.fault_gpus() if self.faults is not None else ()
         if event is not None:
             hit = affected_devices(event, devices, ignored=self.ignored)

@@ -25,6 +25,12 @@ wait looks at it every 20 ms, as a real GPU's event wakes NVML's wait at once), 
 before the file is written to the GPU's device first seen tainted by a watch of the node's
 ResourceSlices (issue 43's goal: p95 <= 200 ms).
 
+Per call (`call_ms`, `burst_call_ms`): each NodePrepareResources call as the kubelet's own
+log times it (`--vmodule=dra_plugin=4`: its lines just before and after the call, by claim
+UID), one by one and in the bursts, per driver. `burst20_p99_over_single` (ours) and
+`burst20_p99_over_single_example_driver`: the burst's p99 call over the one-by-one p50 call,
+what one call takes alone (issue 43's goal: <= 3 at `--burst 20`).
+
 Drivers: `example_driver` (sigs.k8s.io/dra-example-driver v0.4.0's kubelet plugin, the reference
 Go driver, `--burst` devices) and `gpupart` (`gpupart node --dra`: `--burst` simulated whole
 A100s, so no NVML time in Prepare; the desired annotation and the pool are the test bed's
@@ -66,6 +72,7 @@ import argparse
 import collections
 import contextlib
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -184,6 +191,10 @@ class Run:
 
     prepare_s: list[float] = field(default_factory=list)
     running_s: list[float] = field(default_factory=list)
+    call_s: list[float] = field(default_factory=list)
+    """Each one-by-one NodePrepareResources call as the kubelet's log times it."""
+    burst_call_s: list[float] = field(default_factory=list)
+    """Each call of the bursts, likewise."""
     burst_prepare_mean_s: list[float] = field(default_factory=list)
     burst_running_s: list[float] = field(default_factory=list)
     burst_devices: list[str] = field(default_factory=list)
@@ -202,6 +213,8 @@ class Run:
             "running_s": p50_p99(self.running_s),
             "burst_prepare_mean_ms": mean,
             "burst_running_s": p50_p99(self.burst_running_s),
+            "call_ms": p50_p99(self.call_s, 1000),
+            "burst_call_ms": p50_p99(self.burst_call_s, 1000),
             "mismatches": self.mismatches,
             "retried_prepares": self.retried_prepares,
         }
@@ -353,6 +366,8 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             delete([name])
             if (i + 1) % 20 == 0:
                 log(f"  {label}: {i + 1}/{pods} one by one")
+        timed = prepare_calls(target.node.kubelet_log())
+        run.call_s = list(timed.values())
         for b in range(bursts):
             names = [f"burst-{b}-{i}" for i in range(burst)]
             count0, sum0 = grpc_seconds(target.node, target.driver, PREPARE)
@@ -360,6 +375,9 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             wait_running(names)
             count1, sum1 = grpc_seconds(target.node, target.driver, PREPARE)
             run.burst_running_s += [(running.running_at(n) or 0.0) - starts[n] for n in names]
+            now = prepare_calls(target.node.kubelet_log())
+            run.burst_call_s += [s for uid, s in now.items() if uid not in timed]
+            timed = now
             if count1 > count0:
                 run.burst_prepare_mean_s.append((sum1 - sum0) / (count1 - count0))
             for n in names:
@@ -386,13 +404,38 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
     return run
 
 
+_KLOG = re.compile(r"^[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)\s")
+_CALLED = re.compile(r'"Calling NodePrepareResources rpc".*?UID:([0-9a-f-]{36})')
+_DONE = re.compile(
+    r'"Done calling NodePrepareResources rpc".*?NodePrepareResponse\{([0-9a-f-]{36}):'
+)
+
+
+def prepare_calls(kubelet_log: str) -> dict[str, float]:
+    """Each claim's NodePrepareResources call (one claim a call: one pod's), in seconds, from
+    the kubelet's own log lines around it (`--vmodule=dra_plugin=4`), by claim UID; the same
+    clock and the same place for every driver."""
+    started: dict[str, float] = {}
+    took: dict[str, float] = {}
+    for line in kubelet_log.splitlines():
+        stamp = _KLOG.match(line)
+        if stamp is None:
+            continue
+        at = int(stamp[2]) * 3600 + int(stamp[3]) * 60 + float(stamp[4])
+        if (called := _CALLED.search(line)) is not None:
+            started[called[1]] = at
+        elif (done := _DONE.search(line)) is not None and done[1] in started:
+            took[done[1]] = (at - started.pop(done[1])) % 86400
+    return took
+
+
 def fresh_node(cp: ControlPlane, prefix: str, attempts: int = 3) -> KubeletNode:
     """A Ready real-kubelet node named `<prefix>-<random>`; tried again under another name when
     it does not come up (on a shared machine a port the test bed chose free can be taken before
     the kubelet binds it), so one lost port does not cost the whole run."""
     for attempt in range(1, attempts + 1):
         try:
-            return start_dra_node(cp, f"{prefix}-{uuid.uuid4().hex[:4]}")
+            return start_dra_node(cp, f"{prefix}-{uuid.uuid4().hex[:4]}", vmodule="dra_plugin=4")
         except TimeoutError as error:
             if attempt == attempts:
                 raise
@@ -877,6 +920,13 @@ def main() -> None:
     def per_driver(key: str) -> dict[str, Any]:
         return {n: (figures[n][key] if n in figures else None) for n in DRIVERS}
 
+    def burst_over_single(driver: str) -> float | None:
+        """The burst's p99 call over the one-by-one p50 call (what one call takes alone)."""
+        found = figures.get(driver, {})
+        burst = (found.get("burst_call_ms") or {}).get("p99")
+        single = (found.get("call_ms") or {}).get("p50")
+        return round(burst / single, 3) if burst is not None and single else None
+
     def ratio(q: str) -> float | None:
         ours, theirs = (figures.get(n, {}).get("prepare_ms", {}).get(q) for n in DRIVERS)
         return round(ours / theirs, 3) if ours is not None and theirs else None
@@ -896,6 +946,10 @@ def main() -> None:
                 },
                 "dynamic_mig_running_p95_s": mig["running_s"]["p95"] if mig else None,
                 "xid_to_taint_ms": p50_p95_p99(xid_s, 1000) if xid_s else None,
+                "burst20_p99_over_single": burst_over_single("gpupart"),
+                "burst20_p99_over_single_example_driver": burst_over_single("example_driver"),
+                "call_ms": per_driver("call_ms"),
+                "burst_call_ms": per_driver("burst_call_ms"),
                 "mismatches": sum(counted) if counted else None,
                 "leaked_instances": len(leaks.found) if leaks is not None else None,
                 "retried_prepares": per_driver("retried_prepares"),

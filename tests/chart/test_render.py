@@ -529,7 +529,7 @@ def test_admission_policies_name_the_release_accounts(
 ) -> None:
     objects = render(COMBINATIONS[combination])
     found = policies(objects)
-    assert set(found) == {"annotation-owners", "gpu-pods-scheduled", "node-agent"}
+    assert set(found) == {"annotation-owners", "gpu-pods-scheduled", "node-agent", "shared-claims"}
     bindings = {
         b["spec"]["policyName"]: b["spec"]
         for b in by_kind(objects, "ValidatingAdmissionPolicyBinding")

@@ -20,9 +20,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart.core.dra.names import DRIVER
 from gpupart_extender.kube import ApiBinder
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane
+from gpupart_testsupport.polling import wait_for
 
 from .admission import (
     NODE_NAME_EXTRA,
@@ -680,3 +682,62 @@ def test_the_node_agent_reads_claims_but_cannot_write_them(cp: ControlPlane) -> 
     with pytest.raises(ApiException) as denied:
         agent.delete_collection_namespaced_resource_claim(TENANT)
     assert denied.value.status == 403  # RBAC: read only
+
+
+def test_a_claim_of_a_shared_gpu_is_reserved_for_one_pod_only(cp: ControlPlane) -> None:
+    """The scheduler counts a shared claim's consumedCapacity once and the kubelet prepares a
+    claim once a node: a second pod in its `reservedFor` is refused, whoever writes it (here
+    the admin, as the scheduler would); a whole GPU's claim may serve several pods."""
+    resource = _slices(cp)
+
+    def allocated(name: str, device: str) -> Any:
+        claim = resource.create_namespaced_resource_claim(
+            TENANT,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": "x"}}]}
+                },
+            },
+        )
+        claim.status = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "dev", "driver": DRIVER, "pool": NODE_A, "device": device}
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p1", "uid": "u1"}],
+        }
+        return resource.replace_namespaced_resource_claim_status(name, TENANT, claim)
+
+    shared, whole = allocated("vap-shared", "gpu-0-shared"), allocated("vap-whole", "gpu-1")
+    two = [
+        {"resource": "pods", "name": "p1", "uid": "u1"},
+        {"resource": "pods", "name": "p2", "uid": "u2"},
+    ]
+
+    def refused() -> str | None:
+        shared.status.reserved_for = two
+        try:
+            resource.replace_namespaced_resource_claim_status(
+                "vap-shared", TENANT, shared, dry_run="All"
+            )
+        except ApiException as error:
+            return str(error.body)
+        return None  # not enforced yet: the policy is new to the API server
+
+    message = wait_for(refused, 60, "the shared-claims policy enforced")
+    assert "serves one pod" in message and "p1, p2" in message, message
+    whole.status.reserved_for = two
+    assert (
+        len(
+            resource.replace_namespaced_resource_claim_status(
+                "vap-whole", TENANT, whole
+            ).status.reserved_for
+        )
+        == 2
+    )
+    for name in ("vap-shared", "vap-whole"):
+        resource.delete_namespaced_resource_claim(name, TENANT)

@@ -508,6 +508,8 @@ class Killed(BaseException):
 
 
 def _crash_after_the_gpu_instance(plugin: Plugin) -> None:
+    """Killed between the GPU instance and its compute instance."""
+
     def crash(index: int, _layout: Any) -> str:
         plugin.gpus.apply(CreateGpuInstance(index, THREE_G))
         raise Killed
@@ -515,27 +517,59 @@ def _crash_after_the_gpu_instance(plugin: Plugin) -> None:
     plugin.driver.apply = crash
 
 
+def _crash_after_the_cdi_spec(plugin: Plugin) -> None:
+    """Killed once the instance is whole and the claim's CDI spec written, before the
+    checkpoint says the claim is complete."""
+    write = plugin.driver.cdi.write
+
+    def crash(claim_uid: str, spec: dict[str, Any]) -> Path:
+        write(claim_uid, spec)
+        raise Killed
+
+    plugin.driver.cdi.write = crash  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("then", ["unprepare", "prepare"])
+@pytest.mark.parametrize(
+    ("crash", "left"),
+    [(_crash_after_the_gpu_instance, [0]), (_crash_after_the_cdi_spec, [1])],
+    ids=["after-gpu-instance", "after-cdi-spec"],
+)
 def test_an_agent_killed_mid_prepare_leaks_nothing_and_creates_nothing_twice(
-    api: Any, namespace: str, pod: Any, plugin: Plugin, tmp_path: Path, then: str
+    api: Any,
+    namespace: str,
+    pod: Any,
+    plugin: Plugin,
+    tmp_path: Path,
+    then: str,
+    crash: Any,
+    left: list[int],
 ) -> None:
+    """Each kill point leaves the GPU as it was then (`left`: compute instances of the one GPU
+    instance); after a restart the kubelet's retry of either call ends with one whole instance
+    or none, one CDI spec or none, and the GPU instance made once."""
     claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)])
-    _crash_after_the_gpu_instance(plugin)
+    crash(plugin)
     with pytest.raises(Killed):
         plugin.driver.prepare([ClaimRef(namespace, claim["metadata"]["name"], _uid(claim))])
-    assert [r.compute_instances for r in plugin.gpus.instances(0)] == [0]  # half-built
+    assert [r.compute_instances for r in plugin.gpus.instances(0)] == left
     plugin.stop()
     restarted = Plugin(api, plugin.gpus, tmp_path)
     try:
+        spec = tmp_path / "cdi" / f"k8s.gpu.gpupart.io-claim_{_uid(claim)}.json"
         if then == "unprepare":
             assert restarted.unprepare(claim).claims[_uid(claim)].error == ""
             assert restarted.gpus.instances(0) == ()
+            assert not spec.exists()
         else:
             assert restarted.prepare(claim).claims[_uid(claim)].error == ""
             assert [(r.device.instance, r.compute_instances) for r in plugin.gpus.instances(0)] == [
                 (THREE_G, 1)
             ]
-            assert plugin.gpus.calls.count("CreateGpuInstance") == 1
+            (record,) = plugin.gpus.instances(0)
+            env = json.loads(spec.read_text())["devices"][0]["containerEdits"]["env"]
+            assert env == [f"NVIDIA_VISIBLE_DEVICES={record.device.uuid}"]
+        assert plugin.gpus.calls.count("CreateGpuInstance") == 1
     finally:
         restarted.stop()
         plugin.sockets = restarted.sockets

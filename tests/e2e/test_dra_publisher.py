@@ -18,7 +18,8 @@ writes it (`encode_desired`). One scenario, in order, because each step starts f
   pool is gone.
 
 And the sink alone against the API server: a malformed claim, an unreachable API server and a
-slice deleted by someone else each affect only themselves.
+slice deleted by someone else each affect only themselves; a change offered while
+kube-apiserver restarts is published, whole, once it is back.
 """
 
 from __future__ import annotations
@@ -528,3 +529,69 @@ def test_a_node_moved_to_dra_and_back_with_pods_running_never_serves_a_gpu_twice
         stack.stop_real_node(node)
     assert samples[0] > 20, samples
     assert violations == []
+
+
+def test_a_pool_changed_while_the_api_server_restarts_is_published_once_it_is_back(
+    cp: ControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sink wired as the agent wires it (its slice watch's relist publishes again): a
+    change offered while kube-apiserver is down is logged, and once the server is back the
+    pool holds the new devices, every slice at one generation."""
+    api = cp.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    node = f"drarestart-{uuid.uuid4().hex[:6]}"
+    core.create_node({"metadata": {"name": node}})
+    sim = SimulatedGpus(["H100-SXM5-80GB"] * 2, node=node, mig_enabled=[False, False])
+    views = tuple(
+        OfferedGpu(
+            g.index,
+            g.uuid,
+            "H100-SXM5-80GB",
+            g.memory_mib,
+            g.index,
+            0,
+            Mode.NONE,
+            interface=Interface.DRA,
+            pci_bus_id=g.pci_bus_id,
+        )  # fmt: skip
+        for g in sim.gpus()
+    )
+    pool = PoolClient(api, node, timeout_s=2, backoff_s=(0.2, 1.0))
+    sink = DraSink(pool, sim.model)
+    sink.claims_listed(())
+    stop = threading.Event()
+
+    def follow_slices() -> None:
+        for deleted in pool.watch_slices(stop, relist_s=5):
+            sink.slice_deleted(deleted)
+
+    def devices() -> tuple[set[str], set[int]]:
+        found = resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items
+        return (
+            {d.name for s in found for d in s.spec.devices or []},
+            {s.spec.pool.generation for s in found},
+        )
+
+    watcher = threading.Thread(target=follow_slices, daemon=True)
+    watcher.start()
+    caplog.set_level(logging.INFO)
+    try:
+        sink.offer(Offer(views[:1], frozenset(), NodeReport((), ())))
+        wait_for(lambda: devices()[0] == {"gpu-0"}, WAIT_S, "GPU 0 published")
+        with cp.apiserver_stopped():
+            sink.offer(Offer(views, frozenset(), NodeReport((), ())))  # logged, not raised
+        assert any(r.getMessage() == "Failed to publish ResourceSlices" for r in caplog.records)
+        found = wait_for(
+            lambda: (d := devices())[0] == {"gpu-0", "gpu-1"} and d,
+            WAIT_S,
+            "both GPUs published after the restart",
+            detail=lambda: str(devices()),
+        )
+        assert len(found[1]) == 1, found  # one generation: the pool is whole
+    finally:
+        stop.set()
+        core.delete_node(node)
+        for left in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+            with contextlib.suppress(client.exceptions.NotFoundException):
+                resource.delete_resource_slice(left.metadata.name)
+        api.close()

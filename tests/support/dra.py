@@ -362,12 +362,13 @@ def grpc_seconds(node: KubeletNode, driver: str, method: str) -> tuple[float, fl
 
 
 def start_dra_node(
-    cp: ControlPlane, name: str, labels: Mapping[str, str] | None = None
+    cp: ControlPlane, name: str, labels: Mapping[str, str] | None = None, *, vmodule: str = ""
 ) -> KubeletNode:
-    """A real-kubelet node, Ready, that DRA plugins can register with (no plugin yet)."""
+    """A real-kubelet node, Ready, that DRA plugins can register with (no plugin yet);
+    `vmodule`: the kubelet's `--vmodule` (`KubeletNode.vmodule`)."""
     from kubernetes import client
 
-    node = KubeletNode(name, cp.bin_dir, cp.kubeconfig, dict(labels or {}))
+    node = KubeletNode(name, cp.bin_dir, cp.kubeconfig, dict(labels or {}), vmodule=vmodule)
     node.start()
     api = cp.api_client()
     try:

@@ -74,6 +74,9 @@ class KubeletNode:
     healthz_port: int = field(default_factory=free_port)
     agent_metrics_port: int = field(default_factory=free_port)
     """Where the node agent that serves this node's GPUs says its metrics."""
+    vmodule: str = ""
+    """klog's per-file verbosity (`--vmodule`): `dra_plugin=4` logs each DRA plugin call with
+    its claims, as the DRA Prepare benchmark reads them."""
     node_status_s: int = 2
     """The kubelet's nodeStatusUpdateFrequency (and report frequency): its periodic node-status
     sync, where it writes device-plugin capacity (10 s by default on real clusters)."""
@@ -171,6 +174,7 @@ class KubeletNode:
                     f"--hostname-override={self.name}",
                     f"--node-labels={labels}",
                     "--v=2",
+                    *([f"--vmodule={self.vmodule}"] if self.vmodule else []),
                 ]
             ),
             self.logs,
