@@ -405,10 +405,9 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
 
 
 _KLOG = re.compile(r"^[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)\s")
-_CALLED = re.compile(r'"Calling NodePrepareResources rpc".*?UID:([0-9a-f-]{36})')
-_DONE = re.compile(
-    r'"Done calling NodePrepareResources rpc".*?NodePrepareResponse\{([0-9a-f-]{36}):'
-)
+# The request and the response in protobuf text: `uid:\"<claim uid>\"`, `key:\"<claim uid>\"`.
+_CALLED = re.compile(r'"Calling NodePrepareResources rpc".*?\buid:\\"([0-9a-f-]{36})\\"')
+_DONE = re.compile(r'"Done calling NodePrepareResources rpc".*?\bkey:\\"([0-9a-f-]{36})\\"')
 
 
 def prepare_calls(kubelet_log: str) -> dict[str, float]:
