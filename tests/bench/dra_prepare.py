@@ -80,7 +80,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,40 +151,6 @@ def p50_p95_p99(values: list[float], scale: float = 1.0) -> dict[str, float | No
     return {**p50_p99(values, scale), "p95": None if p95 is None else round(p95 * scale, 3)}
 
 
-class RunningWatch:
-    """The moment (perf_counter) each pod of a namespace is first seen Running, from a watch."""
-
-    def __init__(self, api: Any, namespace: str) -> None:
-        self.core = client.CoreV1Api(api)
-        self.namespace = namespace
-        self.seen: dict[str, float] = {}
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stopping.is_set():
-            w = watch.Watch()
-            with contextlib.suppress(Exception):  # a dropped watch is opened again
-                for event in w.stream(
-                    self.core.list_namespaced_pod, self.namespace, timeout_seconds=30
-                ):
-                    pod = event["object"]
-                    if pod.status and pod.status.phase == "Running":
-                        with self.lock:
-                            self.seen.setdefault(pod.metadata.name, time.perf_counter())
-                    if self.stopping.is_set():
-                        break
-
-    def running_at(self, name: str) -> float | None:
-        with self.lock:
-            return self.seen.get(name)
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-
 @dataclass
 class Run:
     """What one driver's run measured."""
@@ -224,17 +190,22 @@ Matches = Callable[[dict[str, Any], dict[str, Any]], bool]
 """Whether a container's record (the fake runtime's) holds exactly what its claim was allocated."""
 
 
-class TaintWatch:
-    """The moment (perf_counter) each device of a node's pool is first seen tainted, from a
-    watch of its ResourceSlices (the events as the API server sends them: no polling lag)."""
+class FirstSeen:
+    """The moment (perf_counter) each name `names_of` finds in a watched object is first seen,
+    from a watch (the events as the API server sends them: no polling lag)."""
 
-    def __init__(self, api: Any, node: str) -> None:
-        self.resource = client.ResourceV1Api(api)
-        self.node = node
+    def __init__(
+        self,
+        lister: Callable[..., Any],
+        names_of: Callable[[Any], Iterable[str]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        self.lister, self.names_of, self.args, self.kwargs = lister, names_of, args, kwargs
         self.seen: dict[str, float] = {}
         self.lock = threading.Lock()
         self.started = threading.Event()
-        """Set at the watch's first event (the pool's slices as they are)."""
+        """Set at the watch's first event (the objects as they are)."""
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -243,26 +214,47 @@ class TaintWatch:
         while not self.stopping.is_set():
             w = watch.Watch()
             with contextlib.suppress(Exception):  # a dropped watch is opened again
-                for event in w.stream(
-                    self.resource.list_resource_slice,
-                    field_selector=f"spec.nodeName={self.node}",
-                    timeout_seconds=30,
-                ):
+                for event in w.stream(self.lister, *self.args, timeout_seconds=30, **self.kwargs):
                     now = time.perf_counter()
-                    for device in event["object"].spec.devices or []:
-                        if any(t.key == names.TAINT_UNHEALTHY for t in device.taints or []):
-                            with self.lock:
-                                self.seen.setdefault(device.name, now)
+                    for name in self.names_of(event["object"]):
+                        with self.lock:
+                            self.seen.setdefault(name, now)
                     self.started.set()
                     if self.stopping.is_set():
                         break
 
-    def tainted_at(self, device: str) -> float | None:
+    def at(self, name: str) -> float | None:
         with self.lock:
-            return self.seen.get(device)
+            return self.seen.get(name)
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+def running_watch(api: Any, namespace: str) -> FirstSeen:
+    """Each pod of the namespace, first seen Running."""
+
+    def running(pod: Any) -> list[str]:
+        return [pod.metadata.name] if pod.status and pod.status.phase == "Running" else []
+
+    return FirstSeen(client.CoreV1Api(api).list_namespaced_pod, running, namespace)
+
+
+def taint_watch(api: Any, node: str) -> FirstSeen:
+    """Each device of the node's pool, first seen tainted unhealthy in its ResourceSlice."""
+
+    def tainted(found: Any) -> list[str]:
+        return [
+            d.name
+            for d in found.spec.devices or []
+            if any(t.key == names.TAINT_UNHEALTHY for t in d.taints or [])
+        ]
+
+    return FirstSeen(
+        client.ResourceV1Api(api).list_resource_slice,
+        tainted,
+        field_selector=f"spec.nodeName={node}",
+    )
 
 
 @dataclass
@@ -293,7 +285,7 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
         custom.create_namespaced_custom_object(
             GROUP, VERSION, ns, "resourceclaimtemplates", claim_template(template, cls)
         )
-    running = RunningWatch(api, ns)
+    running = running_watch(api, ns)
     run = Run()
     label = target.label or target.driver
 
@@ -306,7 +298,7 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
 
     def wait_running(names: list[str]) -> None:
         wait_for(
-            lambda: all(running.running_at(n) is not None for n in names),
+            lambda: all(running.at(n) is not None for n in names),
             WAIT_S,
             f"{len(names)} pod(s) Running",
             interval=0.02,
@@ -355,7 +347,7 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             started = create(name)
             wait_running([name])
             count1, sum1 = grpc_seconds(target.node, target.driver, PREPARE)
-            run.running_s.append((running.running_at(name) or 0.0) - started)
+            run.running_s.append((running.at(name) or 0.0) - started)
             # A pod whose Prepare was refused and retried is counted, not timed: its sum holds
             # more than one call.
             if count1 - count0 == 1:
@@ -374,7 +366,7 @@ def measure(cp: ControlPlane, target: Target, pods: int, burst: int, bursts: int
             starts = dict(zip(names, parallel(create, names, workers=burst), strict=True))
             wait_running(names)
             count1, sum1 = grpc_seconds(target.node, target.driver, PREPARE)
-            run.burst_running_s += [(running.running_at(n) or 0.0) - starts[n] for n in names]
+            run.burst_running_s += [(running.at(n) or 0.0) - starts[n] for n in names]
             now = prepare_calls(target.node.kubelet_log())
             run.burst_call_s += [s for uid, s in now.items() if uid not in timed]
             timed = now
@@ -505,7 +497,7 @@ def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
         def xid_to_taint(rounds: int) -> list[float]:
             """An Xid 79 on GPU k (the faults file the simulated NVML reads, as an Xid event
             wakes NVML's wait) to the taint on `gpu-k` as the slice watch delivers it."""
-            taints = TaintWatch(api, node.name)
+            taints = taint_watch(api, node.name)
             seconds = []
             try:
                 wait_for(taints.started.is_set, WAIT_S, "the slice watch")
@@ -514,8 +506,8 @@ def gpupart_driver(cp: ControlPlane, devices: int) -> Iterator[Target]:
                 for k in range(min(rounds, devices)):
                     raised = time.perf_counter()
                     stack.inject_faults(node.name, {"xid": 79, "gpu": k})
-                    wait_for(lambda k=k: taints.tainted_at(f"gpu-{k}"), WAIT_S, f"gpu-{k} tainted")
-                    seconds.append((taints.tainted_at(f"gpu-{k}") or raised) - raised)
+                    wait_for(lambda k=k: taints.at(f"gpu-{k}"), WAIT_S, f"gpu-{k} tainted")
+                    seconds.append((taints.at(f"gpu-{k}") or raised) - raised)
             finally:
                 taints.stop()
                 stack.inject_faults(node.name)
