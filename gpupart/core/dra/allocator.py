@@ -218,9 +218,8 @@ def first_fit(
     pools = usable_pools(slices)
     state = _State(pools)
     for claim in claims:
-        for result in claim.results:
-            if not result.admin_access:  # the scheduler counts no admin access as allocated
-                state.record(result)
+        for result in claim.allocated:
+            state.record(result)
     order = [
         _Candidate(driver, pool, device)
         for (driver, pool), views in pools.items()

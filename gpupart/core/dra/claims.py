@@ -49,8 +49,8 @@ def pool_use(claims: Iterable[ClaimView], pool: str) -> PoolUse:
     found: dict[int, list[tuple[str, str]]] = {}
     skipped = []
     for claim in claims:
-        for result in claim.results:
-            if result.pool != pool or result.admin_access:
+        for result in claim.allocated:
+            if result.pool != pool:
                 continue
             index = gpu_index(result.device)
             if index is None:

@@ -153,6 +153,12 @@ class ClaimView:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def allocated(self) -> tuple[AllocationResult, ...]:
+        """The results that hold their device, as the scheduler counts them: an admin access
+        holds nothing."""
+        return tuple(r for r in self.results if not r.admin_access)
+
 
 @dataclass(frozen=True, slots=True)
 class Skipped:

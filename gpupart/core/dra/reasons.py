@@ -480,9 +480,8 @@ def _usage(
     usage = _Usage(usable_pools(slices))
     for claim in claims:
         holder = holder_of(claim)
-        for result in claim.results:
-            if not result.admin_access:  # not allocated, as the scheduler counts it
-                usage.record(result, holder)
+        for result in claim.allocated:
+            usage.record(result, holder)
     for result in own:
         usage.record(result, f"this pod's request {result.request}")
     return usage
