@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 PodSource = Callable[[], tuple[SharedPod, ...]]
 """Pods bound to this node (any live phase) that carry an assignment annotation, verified or not."""
 Recorder = Callable[[SharedPod, tuple[GivenContainer, ...]], None]
-"""Writes a pod's `gpupart.io/allocation` annotation (the extender's gate); raises GpupartError
+"""Writes a pod's allocation record (its `gpupart.io/SharedGpuAllocated` condition, the
+extender's gate); raises GpupartError
 when it cannot."""
 Warn = Callable[[SharedPod, str], None]
 """Tells a pod why its Allocate was refused (a Warning Event); raises nothing."""

@@ -43,10 +43,13 @@ class PoolClient:
         api: client.ApiClient,
         node: str,
         *,
+        writer: client.ApiClient | None = None,
         timeout_s: float = 10.0,
         backoff_s: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self.resource = client.ResourceV1Api(api)
+        self.writes = client.ResourceV1Api(writer or api)
+        """Slice writes: as the node itself where the agent acts as its node (ADR 034)."""
         self.core = client.CoreV1Api(api)
         self.node = node
         self.timeout_s = timeout_s
@@ -122,7 +125,7 @@ class PoolClient:
     def delete(self, name: str) -> None:
         """Delete one slice of this pool; one already gone is no error."""
         try:
-            self.resource.delete_resource_slice(
+            self.writes.delete_resource_slice(
                 name, _request_timeout=self.timeout_s, _preload_content=False
             )
         except ApiException as error:
@@ -141,11 +144,11 @@ class PoolClient:
             # The model only carries the document (it keeps every field; a test reads it back).
             body = client.V1ResourceSlice.model_validate(doc)
             if verb == "create":
-                self.resource.create_resource_slice(
+                self.writes.create_resource_slice(
                     body, _preload_content=False, _request_timeout=self.timeout_s
                 )
             else:
-                self.resource.replace_resource_slice(
+                self.writes.replace_resource_slice(
                     name, body, _preload_content=False, _request_timeout=self.timeout_s
                 )
         except (*CONNECTION_ERRORS, ValueError) as error:

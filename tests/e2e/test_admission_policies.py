@@ -1,6 +1,9 @@
 """Admission policies in a real API server: tenants forge no annotation, GPU pods go through the scheduler.
 
 Each node agent writes only its own Node and the pods bound to it, and only its own fields.
+The chart is installed with `node.writeAs=serviceAccount`, where the agent writes as its own
+account and this policy is the wall; with the default (`node`: it writes as its node, which the
+API server itself confines) tests/e2e/test_node_agent_rights.py tries the same attacks.
 
 The release is installed with `helm install`; requests are made as an impersonated tenant (a
 user with only a namespaced Role on pods), as the components' service accounts (the node
@@ -20,6 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupart.core.api.wire import ALLOCATION_CONDITION
 from gpupart.core.dra.names import DRIVER
 from gpupart_extender.kube import ApiBinder
 from gpupart_testsupport.chart import IMAGE_FLAGS
@@ -52,6 +56,7 @@ AGENT = service_account(NAMESPACE, f"{RELEASE}-node")
 OPERATOR = service_account(NAMESPACE, f"{RELEASE}-operator")
 SCHEDULER = service_account(NAMESPACE, f"{RELEASE}-scheduler")  # the extender's sidecar
 ASSIGNMENT, ALLOCATION = "gpupart.io/assignment", "gpupart.io/allocation"
+RECORD = ALLOCATION_CONDITION
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,10 @@ def cp(k8s_control_plane: ControlPlane) -> Generator[ControlPlane, None, None]:
     api = cp.api_client()
     core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    cp.helm("install", RELEASE, str(CHART), *IMAGE_FLAGS, "-n", NAMESPACE, "--create-namespace")
+    cp.helm(
+        "install", RELEASE, str(CHART), *IMAGE_FLAGS, "-n", NAMESPACE, "--create-namespace",
+        "--set", "node.writeAs=serviceAccount",
+    )  # fmt: skip
     probes = admin_probes(api, "default")
     try:
         for node in (NODE_A, NODE_B):
@@ -206,10 +214,8 @@ def _bound_pod(cp: ControlPlane, name: str, node: str) -> str:
             ASSIGNMENT,
             f"only the gpupart extender writes it, in the Binding that places the pod ({SCHEDULER})",
         ),
-        (
-            ALLOCATION,
-            f"only the gpupart node agent of the node the pod is bound to writes it ({AGENT})",
-        ),
+        # Where the allocation record was before ADR 034: now nobody's, like any other key.
+        (ALLOCATION, "no gpupart component writes this key"),
         ("gpupart.io/anything", "no gpupart component writes this key"),
     ],
 )
@@ -229,7 +235,7 @@ def test_a_tenant_cannot_create_a_pod_with_a_gpupart_annotation(
 def test_a_tenant_cannot_add_change_or_remove_a_gpupart_annotation(cp: ControlPlane) -> None:
     tenant = _core(cp, TENANT)
     name = _tenant_pod(cp, "patched")
-    for key, owner in ((ASSIGNMENT, SCHEDULER), (ALLOCATION, AGENT)):
+    for key, owner in ((ASSIGNMENT, SCHEDULER), (ALLOCATION, "no gpupart component")):
         message = refused_by(
             OWNERS,
             lambda key=key: tenant.patch_namespaced_pod(name, TENANT, _annotate({key: "{}"})),
@@ -303,11 +309,18 @@ def test_mirror_pods_of_kubelets_are_exempt(cp: ControlPlane) -> None:
     pod = _pod("static-gpu", node=NODE_A, limits={"nvidia.com/gpu": "1"})
     pod.update(apiVersion="v1", kind="Pod")
     pod["metadata"]["namespace"] = TENANT
-    # As a kubelet (group system:nodes; system:masters only because this API server runs RBAC
-    # alone, without the Node authorizer); a dry run asks admission and stores nothing.
+    # A mirror pod as the kubelet makes it (NodeRestriction lets a node create no other kind):
+    # the mirror annotation, and its Node as the one owner.
+    node_uid = _core(cp).read_node(NODE_A).metadata.uid
+    pod["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE_A, "uid": node_uid, "controller": True}
+    ]
+    # As a kubelet (the Node authorizer's group system:nodes); a dry run asks admission and
+    # stores nothing.
     created = cp.kubectl(
         "create", "-f", "-", "--dry-run=server", "-o", "name",
-        f"--as=system:node:{NODE_A}", "--as-group=system:nodes", "--as-group=system:masters",
+        f"--as=system:node:{NODE_A}", "--as-group=system:nodes",
         input=json.dumps(pod),
     )  # fmt: skip
     assert created.stdout.strip() == "pod/static-gpu"
@@ -470,25 +483,32 @@ def test_the_node_agent_may_change_nothing_else_on_nodes(
     ]
 
 
+def _record(given: str = "[]") -> dict[str, Any]:
+    """A pods/status patch setting the allocation record (its message: `given`)."""
+    condition = {"type": RECORD, "status": "True", "reason": "Allocated", "message": given}
+    return {"status": {"conditions": [condition]}}
+
+
+def _patch_status(core: client.CoreV1Api, name: str, namespace: str, body: Any) -> Any:
+    return core.patch_namespaced_pod_status(
+        name, namespace, body, _content_type="application/strategic-merge-patch+json"
+    )
+
+
 def test_the_node_agent_records_allocations_of_its_own_nodes_pods_only(cp: ControlPlane) -> None:
     name = _bound_pod(cp, "served", NODE_A)
     mine, other = _core(cp, AGENT, NODE_A), _core(cp, AGENT, NODE_B)
-    message = refused_by(
-        AGENT_POLICY,
-        lambda: other.patch_namespaced_pod(name, TENANT, _annotate({ALLOCATION: "[]"})),
-    )
+    message = refused_by(AGENT_POLICY, lambda: _patch_status(other, name, TENANT, _record()))
     assert (
         f"may change only pods bound to node {NODE_B}; Pod {TENANT}/{name} is bound to node {NODE_A}"
         in message
     )
-    mine.patch_namespaced_pod(name, TENANT, _annotate({ALLOCATION: '[{"container": "main"}]'}))
+    _patch_status(mine, name, TENANT, _record('[{"container": "main"}]'))
     pod = _core(cp).read_namespaced_pod(name, TENANT)
-    assert pod.metadata.annotations[ALLOCATION] == '[{"container": "main"}]'
+    (record,) = [c for c in pod.status.conditions if c.type == RECORD]
+    assert record.message == '[{"container": "main"}]'
     pending = _tenant_pod(cp, "not-yet-bound")
-    message = refused_by(
-        AGENT_POLICY,
-        lambda: mine.patch_namespaced_pod(pending, TENANT, _annotate({ALLOCATION: "[]"})),
-    )
+    message = refused_by(AGENT_POLICY, lambda: _patch_status(mine, pending, TENANT, _record()))
     assert f"Pod {TENANT}/{pending} is not bound to a node" in message
 
 
@@ -499,24 +519,29 @@ def test_the_node_agent_cannot_change_a_pods_spec_or_its_other_metadata(cp: Cont
     try:
         agent = _core(cp, AGENT, NODE_A)
         image = {"spec": {"containers": [{"name": "main", "image": "attacker/evil:1"}]}}
-        message = refused_by(
-            AGENT_POLICY, lambda: agent.patch_namespaced_pod("kube-proxy-x", "kube-system", image)
-        )
-        assert "may change on a pod only its gpupart.io/allocation annotation" in message
-        assert "changes spec" in message
+        with pytest.raises(ApiException) as denied:  # RBAC: no pod writes but pods/status
+            agent.patch_namespaced_pod("kube-proxy-x", "kube-system", image)
+        assert denied.value.status == 403
+        # pods/status can change metadata too: the policy refuses all but the record.
         for patch, changed in (
             ({"metadata": {"labels": {"app": "x"}}}, "metadata.labels"),
             (_annotate({"note": "x"}), "metadata.annotations[note]"),
             (_annotate({ASSIGNMENT: '{"gpu": 1}'}), ASSIGNMENT),  # the extender's: both refuse
             ({"metadata": {"finalizers": ["example.com/hold"]}}, "metadata.finalizers"),
+            ({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, "conditions"),
         ):
             message = refused_by(
                 (AGENT_POLICY, OWNERS),
-                lambda patch=patch: agent.patch_namespaced_pod(
-                    "kube-proxy-x", "kube-system", patch
-                ),
+                lambda patch=patch: _patch_status(agent, "kube-proxy-x", "kube-system", patch),
             )
             assert changed in message
+        message = refused_by(
+            AGENT_POLICY,
+            lambda: _patch_status(
+                agent, "kube-proxy-x", "kube-system", {"metadata": {"labels": {"app": "x"}}}
+            ),
+        )
+        assert f"may change on a pod only its {RECORD} status condition" in message
         pod = _core(cp).read_namespaced_pod("kube-proxy-x", "kube-system")
         assert pod.spec.containers[0].image == "gpupart/sleep:0" and not pod.metadata.labels
     finally:

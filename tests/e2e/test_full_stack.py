@@ -16,10 +16,10 @@ from kubernetes import client
 
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     STATE_ANNOTATION,
+    allocation_record,
     decode_allocation,
     decode_assignment,
     decode_inventory,
@@ -464,7 +464,9 @@ def test_a_burst_of_shared_pods_each_container_gets_its_own_pods_gpu_and_limits(
             assignment = decode_assignment(placed.metadata.annotations[ASSIGNMENT_ANNOTATION])
             got = c.allocated(namespace, p) or {}
             assert set(got) == set(memory), (p, got)
-            record = decode_allocation(placed.metadata.annotations[ALLOCATION_ANNOTATION])
+            record = decode_allocation(
+                str(allocation_record(c.core.api_client.sanitize_for_serialization(placed)))
+            )
             assert {g.name for g in record} == set(memory)
             for container, env in got.items():
                 assert env["NVIDIA_VISIBLE_DEVICES"] == assignment.gpu_uuid, (p, container)

@@ -33,7 +33,6 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
     MIG_PLAN_ANNOTATION,
@@ -42,6 +41,7 @@ from gpupart.core.api.wire import (
     MigPlan,
     PlannedGpu,
     PlanReport,
+    allocation_record,
     decode_allocation,
     decode_assignment,
     decode_inventory,
@@ -294,7 +294,9 @@ def test_shared_pods_get_their_own_gpu_and_limits_through_the_real_kubelet(
             gpu = decode_assignment(pod.metadata.annotations[ASSIGNMENT_ANNOTATION]).gpu_uuid
             record = {
                 g.name: g
-                for g in decode_allocation(pod.metadata.annotations[ALLOCATION_ANNOTATION])
+                for g in decode_allocation(
+                    str(allocation_record(node.core.api_client.sanitize_for_serialization(pod)))
+                )
             }
             assert set(record) == set(containers), (name, record)
             for container, (memory, compute) in containers.items():

@@ -8,8 +8,10 @@ RBAC, gpupart-scheduler with the extender, a real kubelet v1.36 with simulated M
 container got is read from the runtime's record of its CreateContainer.
 
 We test these aspects:
-- a pod through the scheduler with a pre-set `gpupart.io/allocation` claiming the whole GPU
-  gets exactly its own small limits;
+- a pod through the scheduler with a pre-set `gpupart.io/allocation` annotation (where the
+  record was before ADR 034) claiming the whole GPU gets exactly its own small limits, and the
+  tenant cannot write the record where it is now (the pod's `gpupart.io/SharedGpuAllocated`
+  status condition, the extender's gate): pods/status is not its to write;
 - a CPU-only pod with spec.nodeName preset and a forged record naming every slot answers
   nobody's Allocate: the next tenant's pod gets its own GPU and limits;
 - pods with spec.nodeName preset asking for slots, with no assignment, an unsigned one claiming
@@ -28,10 +30,10 @@ import pytest
 from kubernetes import client
 
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     GivenContainer,
     PodAssignment,
+    allocation_condition,
     decode_assignment,
     encode_allocation,
     encode_assignment,
@@ -46,6 +48,8 @@ pytestmark = pytest.mark.e2e
 
 COMPUTE = "gpupart.io/gpu-compute"
 GPU_MIB = 81920
+OLD_RECORD = "gpupart.io/allocation"
+"""Where the allocation record was before ADR 034 (an annotation, which tenants write)."""
 
 
 @pytest.fixture
@@ -148,15 +152,28 @@ def test_forged_records_and_assignments_are_never_served(
         victim_env = served("victim", 20000, 20)
 
         # 1. Through the scheduler, asking 1 MiB / 1 %, with a record that claims the whole GPU.
-        whole = encode_allocation((GivenContainer("app-0", tuple(slots), gpu0, GPU_MIB, 100),))
+        whole_given = (GivenContainer("app-0", tuple(slots), gpu0, GPU_MIB, 100),)
+        whole = encode_allocation(whole_given)
         tenant.create_namespaced_pod(
-            namespace, _pod("greedy", _shared(1, 1), notes={ALLOCATION_ANNOTATION: whole})
+            namespace, _pod("greedy", _shared(1, 1), notes={OLD_RECORD: whole})
         )
         served("greedy", 1, 1)
+        with pytest.raises(client.ApiException) as refused:
+            tenant.patch_namespaced_pod_status(
+                "greedy",
+                namespace,
+                {
+                    "status": {
+                        "conditions": [allocation_condition(whole_given, "2026-01-01T00:00:00Z")]
+                    }
+                },
+                _content_type="application/strategic-merge-patch+json",
+            )
+        assert refused.value.status == 403, refused.value
 
         # 2. A CPU-only pod on the node with a record naming every slot: it answers nobody.
         tenant.create_namespaced_pod(
-            namespace, _pod("squatter", {}, node=node.name, notes={ALLOCATION_ANNOTATION: whole})
+            namespace, _pod("squatter", {}, node=node.name, notes={OLD_RECORD: whole})
         )
         node.running(namespace, "squatter")
         tenant.create_namespaced_pod(namespace, _pod("next", _shared(15000, 15)))

@@ -57,7 +57,7 @@ class Node:
     kubelet: FakeKubelet
     pods: list[SharedPod]
     recorded: dict[str, tuple[GivenContainer, ...]]
-    """The `gpupart.io/allocation` annotations written, by pod uid."""
+    """The allocation records written, by pod uid."""
     published: list[tuple[str, str]]
 
     def apply(self, *groups: DesiredGroup) -> None:

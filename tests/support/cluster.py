@@ -458,7 +458,10 @@ class ControlPlane:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--token-auth-file={tokens}",
-                "--authorization-mode=RBAC",
+                # As production clusters run: the Node authorizer and NodeRestriction confine
+                # what a node (and a node agent writing as its node, ADR 034) may write.
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
