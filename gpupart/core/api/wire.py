@@ -33,8 +33,10 @@ INVENTORY_ANNOTATION = "gpupart.io/inventory"
 """On a Node, written by the node agent: GPUs and MIG devices as the extender needs them."""
 ASSIGNMENT_ANNOTATION = "gpupart.io/assignment"
 """On a Pod, written by the extender before binding: which GPU a shared-GPU pod gets."""
-ALLOCATION_ANNOTATION = "gpupart.io/allocation"
-"""On a Pod, written by the device plugin in Allocate: what each of its shared-GPU containers got."""
+ALLOCATION_CONDITION = "gpupart.io/SharedGpuAllocated"
+"""On a Pod, the type of the status condition the node agent writes in Allocate (as its node,
+through pods/status, which no tenant may write): its message records what each of the pod's
+shared-GPU containers got (docs/adr-034-node-agent-writes-as-its-node.md)."""
 MIG_PLAN_ANNOTATION = "gpupart.io/mig-plan"
 """On a Node, written by the operator: the exact MIG layouts its dynamic GPUs go to, with the pod
 each planned instance is reserved for (docs/adr-013-dynamic-mig-plans.md)."""
@@ -153,7 +155,8 @@ class Inventory:
     gpus: tuple[InventoryGpu, ...]
     serial_admission: bool = False
     """The node's device plugin pairs shared Allocates with the one pod awaiting them and
-    records each in `gpupart.io/allocation`: the extender binds one such pod at a time there."""
+    records each in the pod's `ALLOCATION_CONDITION`: the extender binds one such pod at a time
+    there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,7 +564,34 @@ def decode_allocation(text: str) -> tuple[GivenContainer, ...]:
     def read(record: Record) -> tuple[GivenContainer, ...]:
         return tuple(record.each("containers", read_given, required=True))
 
-    return _decode(text, ALLOCATION_ANNOTATION, read)
+    return _decode(text, ALLOCATION_CONDITION, read)
+
+
+def allocation_condition(given: tuple[GivenContainer, ...], now: str) -> dict[str, str]:
+    """The pod status condition that records what a shared-GPU pod's containers got (`now`:
+    its lastTransitionTime, RFC 3339)."""
+    return {
+        "type": ALLOCATION_CONDITION,
+        "status": "True",
+        "reason": "Allocated",
+        "message": encode_allocation(given),
+        "lastTransitionTime": now,
+    }
+
+
+def allocation_record(pod: Mapping[str, Any]) -> object:
+    """The message of the pod's `ALLOCATION_CONDITION` (the API's plain dict form): a text to
+    `decode_allocation`, None when there is no such condition, anything else when the condition
+    is not a readable record (a client that reads it treats that as served, ADR 001)."""
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list):
+        return None
+    for condition in conditions:
+        if isinstance(condition, Mapping) and condition.get("type") == ALLOCATION_CONDITION:
+            message = condition.get("message")
+            return "" if message is None else message  # a condition of no record: unreadable
+    return None
 
 
 MAX_PLAN_RESERVATIONS = 512
