@@ -13,11 +13,18 @@ All counting happens on the event loop's thread: no locks.
 
 from __future__ import annotations
 
+import asyncio
+import asyncio.sslproto
 import json
-from typing import Any
+import ssl
+from collections.abc import Callable
+from typing import Any, cast
 
+import uvloop
+import uvloop.loop
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
 from .metrics import Metrics
 
@@ -195,6 +202,14 @@ class BoundedHttpTools(HttpToolsProtocol):
             )
             self.transport.close()
 
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timer only once a response is sent: a connection that
+        # never sends a request (after its TLS handshake, or on plain HTTP) would stay open.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
@@ -203,3 +218,119 @@ class BoundedHttpTools(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = True
         super().on_message_complete()
+
+
+class Connections:
+    """One TLS listener's open connections, and the bounds they are held to.
+
+    Counted from the accept, handshake included: `handshaking` holds the connections whose TLS
+    handshake is in flight (oldest first, a dict keeps insertion order) and `established` is
+    uvicorn's own set of the connections its HTTP protocol serves (`ServerState.connections`,
+    filled by its `connection_made`, emptied by its `connection_lost`).
+
+    At `max_connections`, a new connection takes the place of the oldest handshake still in
+    flight (that one is aborted): a flood of clients that connect and never finish their
+    handshake then only ever evicts its own, older, connections, and a client whose handshake
+    completes in less time than the flood takes to open `max_connections` more is served. Only
+    when every connection is established is the new one closed at once.
+    """
+
+    def __init__(
+        self, context: ssl.SSLContext, *, handshake_timeout: float, max_connections: int
+    ) -> None:
+        self.context = context
+        self.handshake_timeout = handshake_timeout
+        self.max_connections = max_connections
+        self.handshaking: dict[asyncio.Transport, asyncio.Task[None] | None] = {}
+
+    def admit(self, transport: asyncio.Transport, established: int) -> bool:
+        """Whether `transport`, just accepted, may handshake; oldest handshakes are dropped to
+        make room."""
+        while self.handshaking and len(self.handshaking) + established >= self.max_connections:
+            self.drop(next(iter(self.handshaking)))
+        if len(self.handshaking) + established >= self.max_connections:
+            return False
+        self.handshaking[transport] = None
+        return True
+
+    def drop(self, transport: asyncio.Transport) -> None:
+        del self.handshaking[transport]
+        transport.abort()  # a reset: the descriptor is freed now, no TLS alert, no linger
+
+
+def gated(protocol: Callable[..., asyncio.Protocol], connections: Connections) -> type[TlsGate]:
+    """The protocol class to give uvicorn (`Config(http=...)`) for a TLS listener: every
+    connection starts as a `TlsGate`, which puts the SSL protocol and, inside it, a `protocol`
+    (built with uvicorn's arguments) in its place. uvicorn is then given no TLS settings."""
+
+    class Gate(TlsGate):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(connections, lambda: protocol(**kwargs), kwargs["server_state"])
+
+    return Gate
+
+
+class TlsGate(asyncio.Protocol):
+    """The first protocol of a connection on the TLS listener: it counts the connection from
+    its accept, and puts the loop's own SSL protocol in its place, with the handshake bounded.
+
+    Why not uvicorn's `loop.create_server(..., ssl=context)`: there the HTTP protocol, and so
+    uvicorn's count of connections, hears of a TLS connection only once its handshake has
+    completed (asyncio's and uvloop's SSL protocol call `connection_made` then, and nothing at
+    all when the handshake fails), and the handshake bound is 60 s: a client that connects
+    and sends nothing holds a descriptor for a minute, uncounted. Here the listener is plain
+    TCP and this protocol sees the accept; it then does what the loop does for an SSL server
+    (the same SSL protocol class, wrapping the same HTTP protocol), with our bounds.
+
+    Not `loop.start_tls`: it swaps the protocol only in a later step, and uvloop starts
+    reading as soon as `connection_made` returns, so the ClientHello could reach this
+    protocol instead of the SSL one. Swapping here, before the first read, loses nothing.
+    """
+
+    def __init__(
+        self,
+        connections: Connections,
+        protocol: Callable[[], asyncio.Protocol],
+        server_state: ServerState,
+    ) -> None:
+        self.connections = connections
+        self.protocol = protocol
+        self.established = server_state.connections
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        raw = cast(asyncio.Transport, transport)  # a TCP listener's: a stream transport
+        connections = self.connections
+        if not connections.admit(raw, len(self.established)):
+            raw.abort()
+            return
+        loop = asyncio.get_running_loop()
+        handshake = loop.create_future()
+
+        def ended(done: asyncio.Future[None]) -> None:
+            # Completed (the HTTP protocol now counts it), refused, timed out or dropped.
+            connections.handshaking.pop(raw, None)
+            if not done.cancelled() and done.exception() is not None:
+                raw.abort()  # as the loop's own SSL server does; mostly closed already
+
+        handshake.add_done_callback(ended)
+        tls = _ssl_protocol(loop)(
+            loop,
+            self.protocol(),  # its connection_made comes once the handshake has completed
+            connections.context,
+            handshake,
+            server_side=True,
+            ssl_handshake_timeout=connections.handshake_timeout,
+            # A client gone silent after the keep-alive timeout's close_notify: the same bound.
+            ssl_shutdown_timeout=connections.handshake_timeout,
+        )
+        raw.set_protocol(tls)
+        tls.connection_made(raw)
+
+
+def _ssl_protocol(loop: asyncio.AbstractEventLoop) -> Callable[..., asyncio.BaseProtocol]:
+    """The SSL protocol class the loop's own SSL servers use: uvloop's for a uvloop loop (as
+    `gpupart extender` runs), asyncio's for asyncio's."""
+    if isinstance(loop, uvloop.Loop):
+        ssl_protocol: Callable[..., asyncio.BaseProtocol] = uvloop.loop.SSLProtocol  # type: ignore[attr-defined]
+        return ssl_protocol
+    return asyncio.sslproto.SSLProtocol

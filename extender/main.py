@@ -14,6 +14,7 @@ import contextlib
 import cProfile
 import gc
 import logging
+import resource
 import socket
 import ssl
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import create_ssl_context
 
 from gpupart import logs
 from gpupart.core.errors import InvalidInput
@@ -33,7 +35,7 @@ from . import settings as settings_module
 from .app import create_app, create_health_app
 from .cache import ClusterCache
 from .kube import ApiBinder, ApiEvents, Watcher, api_client
-from .limits import BoundedHttpTools
+from .limits import BoundedHttpTools, Connections, gated
 from .metrics import Metrics
 from .pending import PendingPods, Reporter
 from .service import ExtenderService
@@ -99,26 +101,78 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+FD_RESERVE = 256
+"""Descriptors kept beside the connections: the watch and bind pool's API connections (40
+threads), the listeners, the key and certificate files, the interpreter's own."""
+
+
+def descriptor_room(max_connections: int) -> int:
+    """The connections the process can hold: `max_connections`, after raising the soft
+    file-descriptor limit to fit it and `FD_RESERVE` (up to the hard limit); less when the
+    hard limit is lower (logged). Above the limit, accept() fails with EMFILE, and libuv then
+    accepts and closes every pending connection: the legitimate client's too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return max_connections
+    room = max(1, soft - FD_RESERVE)
+    log.warning(
+        "Lowered max_connections to fit the file-descriptor limit",
+        extra=logs.kv(max_connections=room, setting=max_connections, nofile=soft),
+    )
+    return room
+
+
+def tls_context(settings: ExtenderSettings) -> ssl.SSLContext | None:
+    """The server's TLS context (uvicorn's own, as `ssl_certfile` etc. would build it), or None
+    for plain HTTP; raises OSError or ssl.SSLError for a certificate it cannot read."""
+    if settings.tls_cert_file is None:
+        return None
+    ca = settings.tls_client_ca_file
+    return create_ssl_context(
+        certfile=settings.tls_cert_file,
+        keyfile=settings.tls_key_file,
+        password=None,
+        ssl_version=ssl.PROTOCOL_TLS_SERVER,
+        cert_reqs=ssl.CERT_REQUIRED if ca is not None else ssl.CERT_NONE,
+        ca_certs=ca,
+        ciphers=None,
+    )
+
+
 def server(app: FastAPI, settings: ExtenderSettings) -> uvicorn.Server:
     """uvicorn as production runs it: uvloop and the C HTTP parser (httptools), with the
     request head bounded (`limits.BoundedHttpTools`); HTTPS when a certificate is set,
-    requiring a client certificate signed by `tls_client_ca_file` when that is set.
+    requiring a client certificate signed by `tls_client_ca_file` when that is set (a client
+    without one fails the handshake: no HTTP answer at all).
+
+    Over TLS, each connection is counted from its accept and its handshake bounded
+    (`limits.TlsGate`: `tls_handshake_timeout_seconds`, `max_connections`); uvicorn itself is
+    given no TLS settings. Raises OSError or ssl.SSLError for an unreadable certificate.
 
     At 5,000 nodes a filter request carries ~70 KB of names and its answer ~300 KB; the
     pure-Python h11 parser and the default event loop cost more than the decision itself.
     """
-    ca = settings.tls_client_ca_file
+    context = tls_context(settings)
+    http: type[asyncio.Protocol] = BoundedHttpTools
+    if context is not None:
+        connections = Connections(
+            context,
+            handshake_timeout=settings.tls_handshake_timeout_seconds,
+            max_connections=descriptor_room(settings.max_connections),
+        )
+        http = gated(BoundedHttpTools, connections)
     return uvicorn.Server(
         uvicorn.Config(
             app,
             loop="uvloop",
-            http=BoundedHttpTools,
+            http=http,
             log_level=settings.log_level.lower(),
             access_log=False,
-            ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
-            ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
-            ssl_cert_reqs=ssl.CERT_REQUIRED if ca is not None else ssl.CERT_NONE,
-            ssl_ca_certs=str(ca) if ca is not None else None,
+            timeout_keep_alive=settings.keep_alive_timeout_seconds,
         )
     )
 
@@ -228,14 +282,14 @@ def run(args: argparse.Namespace) -> int:
     pending = PendingPods(settings.scheduler_names) if settings.pending_reasons_seconds else None
     watcher = Watcher(api, cache, period_seconds=settings.resync_seconds, pending=pending)
     app = create_app(settings, service, watcher.health)
-    main = server(app, settings)
     health = (
         None
         if health_socket is None
         else health_server(create_health_app(service, watcher.health), settings)
     )
     try:
-        main.config.load()  # reads the certificates and the client CA now
+        main = server(app, settings)  # reads the certificates and the client CA now
+        main.config.load()
     except (OSError, ssl.SSLError) as error:
         return _fail(
             f"cannot set up TLS (tls_cert_file, tls_key_file, tls_client_ca_file): {error}"

@@ -55,6 +55,18 @@ class ExtenderSettings(BaseModel):
     """Require a client certificate signed by this CA (PEM) on every connection of the verbs'
     listener (needs tls_cert_file and tls_key_file): a client without one gets no TLS
     handshake, so no answer at all."""
+    tls_handshake_timeout_seconds: float = Field(5.0, gt=0, le=300)
+    """A TLS connection whose handshake has not completed this long after its accept is
+    dropped (asyncio's own bound is 60 s); kube-scheduler's own bound is 10 s and it reconnects
+    at once."""
+    max_connections: int = Field(1024, ge=1, le=1_000_000)
+    """Connections open at once on the TLS listener, handshakes in flight included: a new one
+    beyond takes the place of the oldest unfinished handshake, or is closed at once when every
+    connection is established. The file-descriptor limit is raised to fit it, where allowed."""
+    keep_alive_timeout_seconds: int = Field(120, ge=1, le=3600)
+    """An HTTP connection idle this long (no request since its last answer, or since it was
+    opened) is closed. Above kube-scheduler's 90 s (Go's IdleConnTimeout): the scheduler then
+    closes its idle connections first, and never writes a request onto one being closed."""
     allow_unauthenticated: bool = False
     """Serve the verbs on a non-loopback host without client certificates (anyone who reaches
     the port can then bind pods): for test clusters only."""
