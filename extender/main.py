@@ -29,7 +29,8 @@ from uvicorn.config import create_ssl_context
 
 from gpupart import logs
 from gpupart.core.errors import InvalidInput
-from gpupart.keyfile import KeyFile
+from gpupart.keyfile import KeyFile, KeyFileUnreadable
+from gpupart.publickeys import ConfigMapKeys, KeyPublisher
 
 from . import settings as settings_module
 from .app import create_app, create_health_app
@@ -242,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         api = api_client(settings.kubeconfig)  # first: no credentials is a one-line error
     except InvalidInput as error:
         return _fail(str(error))
-    keys = None if settings.assignment_key_file is None else KeyFile(settings.assignment_key_file)
+    path = settings.assignment_key_file
+    keys = None if path is None else KeyFile.private(path)
     if keys is None:
         log.warning(
             "Started without an assignment key: shared-GPU binds will be refused",
@@ -251,11 +253,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             keys.keys()
-        except InvalidInput as error:  # it may appear later (a Secret being mounted)
+        except KeyFileUnreadable as error:  # it may appear later (a Secret being mounted)
             log.warning(
                 "Cannot read the assignment key yet: shared-GPU binds are refused until it can",
                 extra=logs.kv(err=str(error)),
             )
+        except InvalidInput as error:  # e.g. public keys only: this extender could never sign
+            return _fail(f"{error} (setting assignment_key_file)")
+    publisher = None
+    if keys is not None and settings.assignment_public_keys is not None:
+        namespace, _, name = settings.assignment_public_keys.partition("/")
+        publisher = KeyPublisher(keys.keys, ConfigMapKeys(api, namespace, name))
     metrics = Metrics()
     # Both listeners first: a port in use or an unreadable certificate is a one-line error.
     try:
@@ -295,6 +303,11 @@ def run(args: argparse.Namespace) -> int:
             f"cannot set up TLS (tls_cert_file, tls_key_file, tls_client_ca_file): {error}"
         )
     watcher.start()
+    if publisher is not None:
+        # The node agents read the public keys there, at start and whenever the file changes.
+        threading.Thread(
+            target=publisher.run, args=(watcher.stopping,), name="public-keys", daemon=True
+        ).start()
     if pending is not None:
         # kube-scheduler never asks about pods its own counts rejected everywhere: say why.
         reporter = Reporter(pending, service.pending_reason, ApiEvents(api))

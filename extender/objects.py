@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpupart.core.api.pods import parse_pod_request, pod_cpu_milli, shared_containers
-from gpupart.core.api.provenance import AssignmentKeys, forgery
+from gpupart.core.api.provenance import AssignmentKeys, Signer, forgery
 from gpupart.core.api.resources import node_cpu_milli
 from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
 from gpupart.core.api.spec import Interface
@@ -58,8 +58,10 @@ DRA_KINDS = (RESOURCE_SLICE, RESOURCE_CLAIM, DEVICE_CLASS)
 _DONE_PHASES = ("Succeeded", "Failed")
 
 KeySource = Callable[[], AssignmentKeys]
-"""The shared assignment keys (`gpupart.keyfile.KeyFile.keys`); raises InvalidInput when they
-cannot be read."""
+"""The public keys that verify assignments (`gpupart.keyfile.KeyFile.keys`, the extender's
+private key file); raises InvalidInput when they cannot be read."""
+SignerSource = Callable[[], Signer]
+"""The extender's private key that signs assignments (the same `KeyFile.keys`)."""
 NO_KEY = "no assignment key is configured (setting assignment_key_file)"
 
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpupart import logs
 from gpupart.core.api.pods import node_constraint
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import Signer, sign
 from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, encode_assignment
 from gpupart.core.dra.reasons import DraAsk
 from gpupart.core.errors import GpupartError, InvalidInput
@@ -48,7 +48,7 @@ from .cache import ClusterCache
 from .drapods import dra_ask, node_reasons, pending_text
 from .memo import KEPT_LISTS, Memo
 from .metrics import Metrics
-from .objects import KeySource, PodEntry, read_node
+from .objects import PodEntry, SignerSource, read_node
 from .preemption import NodeVictims, victims_on
 from .reservations import Hold
 from .snapshot import DraPicture, Snapshot
@@ -117,13 +117,14 @@ class ExtenderService:
         refresh_seconds: float = 60.0,
         memo_size: int = 200_000,
         kept_lists: int = KEPT_LISTS,
-        keys: KeySource | None = None,
+        keys: SignerSource | None = None,
         scheduler_names: Sequence[str] = ("gpupart-scheduler",),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
         self.keys = keys
-        """Signs every shared-GPU assignment at bind (None: shared-GPU binds are refused)."""
+        """The extender's private key: signs every shared-GPU assignment at bind (None:
+        shared-GPU binds are refused)."""
         self.scheduler_names = tuple(scheduler_names)
         """Bind only pods whose spec.schedulerName is one of these."""
         self.scoring = scoring
@@ -583,9 +584,9 @@ class ExtenderService:
             return f"pod {pod} is {phase}, not Pending; not bound"
         return ""
 
-    def _signing_keys(self, pod: str) -> tuple[AssignmentKeys | None, str]:
-        """The keys that sign the pod's assignment, or why there are none (then no bind: the
-        node agent serves only signed assignments)."""
+    def _signing_keys(self, pod: str) -> tuple[Signer | None, str]:
+        """The private key that signs the pod's assignment, or why there is none (then no
+        bind: the node agent serves only signed assignments)."""
         if self.keys is None:
             return None, (
                 f"shared-GPU pod {pod} not bound: no assignment key is configured (setting "

@@ -86,9 +86,17 @@ class ExtenderSettings(BaseModel):
     """Requests served at once on the verbs' listener; one more is answered 503 at once (binds
     waiting for a node's admission hold theirs for up to admission_wait_seconds)."""
     assignment_key_file: Path | None = None
-    """The shared key (one per line, the first signs) that signs every shared-GPU assignment
-    at bind and verifies those the watch cache counts; re-read when it changes. None or
-    unreadable: shared-GPU binds are refused with the reason, and no assignment is trusted."""
+    """The Ed25519 private key(s) in PEM (PKCS#8; the first signs every shared-GPU assignment
+    at bind) and any PEM public keys still accepted; every one verifies those the watch cache
+    counts. Re-read when it changes. None or unreadable: shared-GPU binds are refused with the
+    reason, and no assignment is trusted; a file with no private key: the extender refuses to
+    start."""
+    assignment_public_keys: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+    )
+    """NAMESPACE/NAME of the ConfigMap the public keys of `assignment_key_file` are published
+    to (data key keys.pem), at start and whenever the file changes: the node agents read them
+    there. None: not published (the agents then need the public keys in a file)."""
     scheduler_names: list[str] = Field(default_factory=lambda: ["gpupart-scheduler"], min_length=1)
     """Bind only pods whose spec.schedulerName is one of these (the scheduler(s) that call this
     extender); comma-separated in a flag or variable."""

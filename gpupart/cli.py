@@ -30,6 +30,10 @@ COMPONENTS: dict[str, tuple[str, str]] = {
         "Print what NVML reports of this node's GPUs (read-only) against the catalogue",
     ),
     "extender": ("gpupart_extender.main", "Run the kube-scheduler extender (FastAPI)"),
+    "assignment-keys": (
+        "gpupart.keycmd",
+        "Print the public keys of the extender's assignment private keys, or a new private key",
+    ),
 }
 
 

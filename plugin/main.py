@@ -14,8 +14,9 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from gpupart import logs
+from gpupart.core.api.provenance import config_map_ref
 from gpupart.core.errors import GpupartError
-from gpupart.keyfile import KeyFile
+from gpupart.keyfile import KeyFile, KeySource
 from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.actuator import Actuator, NodePass
@@ -38,6 +39,8 @@ from gpupart_plugin.podresources import PodResourcesClient
 from gpupart_plugin.simgpu import SimulatedGpus
 
 if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
     from gpupart_plugin.kube import PassInput  # at run time only in `run`: loads the client
 
 log = logging.getLogger("gpupart_plugin")
@@ -151,6 +154,19 @@ def serve(
             log.info("Scheduled retry of waiting GPUs", extra=logs.kv(retryAfter=f"{delay:g}s"))
 
 
+def _public_keys(api: ApiClient, settings: node_settings.NodeSettings) -> KeySource:
+    """The extender's public keys: its ConfigMap through the API, else the key file."""
+    if not settings.assignment_public_keys:
+        return KeyFile.public(settings.assignment_key_file)
+    namespace, name = config_map_ref(
+        settings.assignment_public_keys, where="--assignment-public-keys"
+    )
+    from gpupart.publickeys import ConfigMapKeys, PublishedKeys  # loads the client
+
+    config_map = ConfigMapKeys(api, namespace, name)
+    return PublishedKeys(config_map.read, where=config_map.where)
+
+
 def run(args: argparse.Namespace) -> int:
     logs.configure("INFO")
     from kubernetes import client
@@ -169,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     node = NodeClient(
         client.ApiClient(configuration),
         settings.node_name,
-        KeyFile(settings.assignment_key_file),
+        _public_keys(client.ApiClient(configuration), settings),
     )
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()

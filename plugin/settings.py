@@ -6,10 +6,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupart.core.api.provenance import config_map_ref
 from gpupart.core.dra.taints import TaintEffect
 from gpupart.core.errors import InvalidInput
 from gpupart.core.node.devices import DEFAULT_IGNORED_XIDS
-from gpupart.keyfile import DEFAULT_KEY_FILE
 from gpupart.settings import (
     KUBECONFIG,
     Setting,
@@ -44,8 +44,11 @@ class NodeSettings:
     state_dir: Path
     """Host directory of the agent's own records (the admission checkpoint); it survives restarts."""
     assignment_key_file: Path
-    """The extender's assignment keys (a Secret volume): shared-GPU pods are served only when
-    their assignment verifies."""
+    """The extender's public keys in PEM, when not read from `assignment_public_keys`:
+    shared-GPU pods are served only when their assignment verifies."""
+    assignment_public_keys: str
+    """NAMESPACE/NAME of the ConfigMap the extender publishes its public keys to (the chart's),
+    read through the API; "" to read `assignment_key_file` instead."""
     mps_root: Path
     """Host directory for MPS pipe, log and shm directories (hostPath mounted at the same path)."""
     mps_control: tuple[str, ...]
@@ -116,12 +119,21 @@ STATE_DIR = Setting(
     "host directory for the agent's admission checkpoint (not the device-plugin directory, "
     "which the kubelet empties when it starts)",
 )
+DEFAULT_PUBLIC_KEY_FILE = "/etc/gpupart/assignment-public-keys/keys.pem"
 ASSIGNMENT_KEY_FILE = Setting(
     "--assignment-key-file",
     text,
-    DEFAULT_KEY_FILE,
-    "the extender's assignment keys, one per line: only shared-GPU assignments signed with "
-    "one of them are served",
+    DEFAULT_PUBLIC_KEY_FILE,
+    "the extender's Ed25519 public keys in PEM (`gpupart assignment-keys public` prints them; "
+    "a private key is refused): only shared-GPU assignments signed with one of them are "
+    "served; unused with --assignment-public-keys",
+)
+ASSIGNMENT_PUBLIC_KEYS = Setting(
+    "--assignment-public-keys",
+    text,
+    "",
+    "NAMESPACE/NAME of the ConfigMap the extender publishes its public keys to, read through "
+    "the API (the chart's); empty: read --assignment-key-file",
 )
 MPS_ROOT = Setting(
     "--mps-root", text, "/run/gpupart/mps", "host directory for MPS pipe/log/shm directories"
@@ -238,7 +250,7 @@ SETTINGS = SettingsTable(
     "GPUPART_",
     (
         NODE_NAME, PLUGIN_DIR, KUBELET_SOCKET, POD_RESOURCES_SOCKET, STATE_DIR,
-        ASSIGNMENT_KEY_FILE, MPS_ROOT, MPS_CONTROL,
+        ASSIGNMENT_KEY_FILE, ASSIGNMENT_PUBLIC_KEYS, MPS_ROOT, MPS_CONTROL,
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE,
         SIMULATE_FAULTS, IGNORED_XIDS, RECOVERY,
         RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, DRA, PLUGINS_REGISTRY_DIR, DRA_PLUGINS_DIR,
@@ -299,6 +311,13 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
     faults = read(SIMULATE_FAULTS)
     if faults and not gpus:
         raise InvalidInput("--simulate-faults", "works only with --simulate")
+    published = read(ASSIGNMENT_PUBLIC_KEYS)
+    if published:
+        config_map_ref(published, where="--assignment-public-keys")
+        if read.given(ASSIGNMENT_KEY_FILE):
+            raise InvalidInput(
+                "--assignment-public-keys", "give it or --assignment-key-file, not both"
+            )
     return NodeSettings(
         node_name=node,
         plugin_dir=plugin_dir,
@@ -306,6 +325,7 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         pod_resources_socket=Path(read(POD_RESOURCES_SOCKET)),
         state_dir=Path(read(STATE_DIR)),
         assignment_key_file=Path(read(ASSIGNMENT_KEY_FILE)),
+        assignment_public_keys=published,
         mps_root=Path(read(MPS_ROOT)),
         mps_control=tuple(read(MPS_CONTROL).split()),
         simulate=gpus,

@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -71,6 +71,7 @@ from gpupart.core.api.wire import (
     encode_inventory,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.signing import PrivateKeys
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
 from gpupart_extender.main import listen, server, tune_gc
@@ -85,7 +86,7 @@ GPUS = 8
 MIB = 81559
 
 
-KEYS = AssignmentKeys((b"gpupart-bench-assignment-key-0000000000",))
+KEYS = PrivateKeys((b"gpupart-bench-assignment-key-000",))
 SCHEDULER = "gpupart-scheduler"
 
 

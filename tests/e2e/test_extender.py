@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 import yaml
 
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -39,6 +39,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.keyfile import KeyFile
+from gpupart.signing import PrivateKeys
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import ClusterCache
 from gpupart_extender.kube import ApiBinder, Watcher
@@ -56,14 +57,15 @@ from gpupart_testsupport.cluster import (
     start_scheduler,
     wait_for,
 )
+from gpupart_testsupport.objects import write_key_file
 
 pytestmark = pytest.mark.e2e
 
 SCHEDULER = "gpupart-scheduler"
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 H100 = "NVIDIA H100 80GB HBM3"
-KEY = b"gpupart-e2e-extender-assignment-key-000001"
-"""The assignment key the extender signs with here (and the pods "already bound" below)."""
+KEY = b"gpupart-e2e-extender-key-0000001"
+"""The raw Ed25519 private key the extender signs with here (and the pods "already bound" below)."""
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
@@ -80,8 +82,8 @@ def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
     """The real extender (watch cache, API binder) on 127.0.0.1, ready once its cache synced."""
     api = k8s_control_plane.api_client()
     key_file = k8s_control_plane.workdir / "extender-assignment-keys"
-    key_file.write_bytes(KEY + b"\n")
-    keys = KeyFile(key_file).keys
+    write_key_file(key_file, KEY)
+    keys = KeyFile.private(key_file).keys
     cache = ClusterCache(keys=keys)
     settings = ExtenderSettings(fragmentation_refresh_seconds=1, assignment_key_file=key_file)
     service = ExtenderService(
@@ -406,7 +408,7 @@ def _create_bound_pod(
     manifest["spec"]["priorityClassName"] = priority_class
     created = core.create_namespaced_pod(ns, manifest)
     assignment = PodAssignment(node, gpu, f"GPU-{node}-{gpu}", memory, pod_uid=created.metadata.uid)
-    text = encode_assignment(sign(assignment, AssignmentKeys((KEY,))))
+    text = encode_assignment(sign(assignment, PrivateKeys((KEY,))))
     core.patch_namespaced_pod(
         name, ns, {"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: text}}}
     )

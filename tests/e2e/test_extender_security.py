@@ -2,10 +2,15 @@
 
 The extender runs as its own process against the session's API server (RBAC on), with a
 ServiceAccount token whose ClusterRole holds only what it needs (nodes list/watch; pods
-get/list/watch; pods/binding create; poddisruptionbudgets and namespaces list/watch; events create). The test plays
+get/list/watch; pods/binding create; poddisruptionbudgets and namespaces list/watch; events create),
+and a Role for its one public-keys ConfigMap (get, update, patch). The test plays
 kube-scheduler over real HTTP (filter, then bind); kwok nodes carry the node agent's inventory.
 
 We test these aspects:
+- the extender publishes the public keys of its Ed25519 private keys into its ConfigMap, and
+  again when its key file changes; a node agent's reader of that ConfigMap (public keys only)
+  verifies what it signs, before and after a rotation (key B first: new assignments signed
+  with B verify at once, through the re-read an unknown key id makes; A's still verify);
 - bind re-reads the pod from the API server: it binds a pending pod of `gpupart-scheduler` with
   an assignment signed for the pod's UID and node (it verifies with the key), and refuses, with
   a sentence, a pod of another scheduler, a bound pod, a replaced pod (another UID), and a
@@ -35,7 +40,7 @@ import httpx
 import pytest
 import yaml
 
-from gpupart.core.api.provenance import AssignmentKeys, forgery
+from gpupart.core.api.provenance import forgery
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -47,16 +52,23 @@ from gpupart.core.api.wire import (
     encode_assignment,
     encode_inventory,
 )
+from gpupart.publickeys import DATA_KEY, ConfigMapKeys, PublishedKeys
+from gpupart.signing import PrivateKeys, PublicKeys
 from gpupart_extender.limits import memory_allowance
 from gpupart_extender.settings import ExtenderSettings
 from gpupart_testsupport.cluster import ControlPlane, create_nodes, gpu_node
+from gpupart_testsupport.objects import write_key_file
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK, free_port
 from gpupart_testsupport.processes import Proc, spawn
 
 pytestmark = pytest.mark.e2e
 
-KEY = b"gpupart-e2e-extender-security-key-00000001"
+KEY = b"gpupart-e2e-extender-security-01"
+"""The extender's raw Ed25519 private key (32 bytes); KEY_B: the one a rotation brings."""
+KEY_B = b"gpupart-e2e-extender-security-02"
+PUBLIC_KEYS = "gpupart-assignment-public-keys"
+"""The ConfigMap the extender publishes its public keys to (the chart makes it empty)."""
 SCHEDULER = "gpupart-scheduler"
 H100 = "NVIDIA H100 80GB HBM3"
 RULES = [
@@ -78,6 +90,7 @@ class Running:
     core: Any
     ns: str
     nodes: tuple[str, str]
+    key_file: Path
 
     def rss(self, field: str = "VmRSS") -> int:
         """The process's resident memory (or its peak, VmHWM) in bytes."""
@@ -104,6 +117,29 @@ def _service_account_kubeconfig(cp: ControlPlane, core: Any, ns: str, path: Path
             },
             "subjects": [{"kind": "ServiceAccount", "name": "extender", "namespace": ns}],
         }
+    )
+    # Its public keys' ConfigMap, as the chart's Role grants: that one, by name, no create.
+    core.create_namespaced_config_map(ns, {"metadata": {"name": PUBLIC_KEYS}})
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [PUBLIC_KEYS],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "extender"}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "extender"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "extender",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "extender", "namespace": ns}],
+        },
     )
     token = core.create_namespaced_service_account_token(
         "extender", ns, {"spec": {"expirationSeconds": 3600}}
@@ -175,7 +211,7 @@ def extender(k8s_control_plane: ControlPlane) -> Generator[Running, None, None]:
     work.mkdir()
     kubeconfig = work / "extender.kubeconfig"
     _service_account_kubeconfig(cp, core, ns, kubeconfig)
-    (work / "keys").write_bytes(KEY + b"\n")
+    write_key_file(work / "keys", KEY)
     port, health_port = free_port(), free_port()
     config = work / "extender.yaml"
     config.write_text(
@@ -187,6 +223,7 @@ def extender(k8s_control_plane: ControlPlane) -> Generator[Running, None, None]:
                 "health_port": health_port,
                 "kubeconfig": str(kubeconfig),
                 "assignment_key_file": str(work / "keys"),
+                "assignment_public_keys": f"{ns}/{PUBLIC_KEYS}",
             }
         )
     )
@@ -206,7 +243,8 @@ def extender(k8s_control_plane: ControlPlane) -> Generator[Running, None, None]:
             "the extender's watch cache to sync under its service account",
             detail=proc.tail,
         )
-        yield Running(proc, f"http://{LOOPBACK}:{port}/gpupart", health, core, ns, nodes)
+        url = f"http://{LOOPBACK}:{port}/gpupart"
+        yield Running(proc, url, health, core, ns, nodes, work / "keys")
     finally:
         proc.stop()
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
@@ -237,6 +275,56 @@ def _bind(http: httpx.Client, ext: Running, name: str, uid: str, node: str) -> s
     return str(answer.json()["Error"])
 
 
+def _published(ext: Running) -> str:
+    found = ext.core.read_namespaced_config_map(PUBLIC_KEYS, ext.ns).data or {}
+    return str(found.get(DATA_KEY) or "")
+
+
+def test_the_public_keys_are_published_and_verify_across_a_rotation(
+    extender: Running, k8s_control_plane: ControlPlane
+) -> None:
+    ext, core, ns = extender, extender.core, extender.ns
+    a, b = PrivateKeys((KEY,)), PrivateKeys((KEY_B,))
+    wait_for(
+        lambda: _published(ext) == a.pem(), 30, "A's public key published", detail=ext.proc.tail
+    )
+    reader = ConfigMapKeys(k8s_control_plane.api_client(), ns, PUBLIC_KEYS)
+    agent = PublishedKeys(reader.read, where=reader.where, ttl_s=3600, min_reread_s=0)
+    assert agent.keys().key_ids() == {a.key_id}
+    assert not hasattr(agent, "sign")  # the agent's side can verify only
+
+    def bound(name: str) -> PodAssignment:
+        core.create_namespaced_pod(ns, _pod(name, 1000))
+        live = _live(ext, name)
+        with httpx.Client(timeout=30) as http:
+            assert _filter(http, ext, live, ext.nodes[1])["NodeNames"] == [ext.nodes[1]]
+            assert _bind(http, ext, name, live["metadata"]["uid"], ext.nodes[1]) == ""
+        annotations = core.read_namespaced_pod(name, ns).metadata.annotations
+        assignment = decode_assignment(annotations[ASSIGNMENT_ANNOTATION])
+        assert forgery(assignment, agent, pod_uid=live["metadata"]["uid"], node=ext.nodes[1]) == ""
+        return assignment
+
+    try:
+        by_a = bound("rot-a")
+        assert by_a.signature.startswith(f"{a.key_id}:")
+        # Rotation, step 1: B added after A. A still signs; both are published.
+        write_key_file(ext.key_file, KEY, KEY_B)
+        wait_for(lambda: _published(ext) == a.pem() + b.pem(), 30, "A's and B's public keys")
+        assert bound("rot-a2").signature.startswith(f"{a.key_id}:")
+        # Step 2: B moved first. New assignments are signed with B and verify with the
+        # agent's copy, read again at once for B's id; A's earlier ones still verify.
+        write_key_file(ext.key_file, KEY_B, KEY)
+        wait_for(lambda: _published(ext) == b.pem() + a.pem(), 30, "B's public key first")
+        assert bound("rot-b").signature.startswith(f"{b.key_id}:")
+        assert agent.key_ids() == {a.key_id, b.key_id}
+        assert forgery(by_a, agent, pod_uid=by_a.pod_uid, node=by_a.node) == ""
+    finally:
+        write_key_file(ext.key_file, KEY)
+        wait_for(lambda: _published(ext) == a.pem(), 30, "A's public key alone again")
+        for name in ("rot-a", "rot-a2", "rot-b"):
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
 def test_bind_checks_the_live_pod_and_signs_what_it_writes(extender: Running) -> None:
     ext, core, ns = extender, extender.core, extender.ns
     a = ext.nodes[0]
@@ -249,7 +337,8 @@ def test_bind_checks_the_live_pod_and_signs_what_it_writes(extender: Running) ->
         bound = core.read_namespaced_pod("ours", ns)
         assert bound.spec.node_name == a
         assignment = decode_assignment(bound.metadata.annotations[ASSIGNMENT_ANNOTATION])
-        assert forgery(assignment, AssignmentKeys((KEY,)), pod_uid=uid, node=a) == ""
+        public = PublicKeys(PrivateKeys((KEY,)).public_raw())  # what a node agent holds
+        assert forgery(assignment, public, pod_uid=uid, node=a) == ""
         assert assignment.memory_mib == 10000
         # Bound already: a replayed filter (of the pod as it was) and bind are refused.
         _filter(http, ext, ours, ext.nodes[1])

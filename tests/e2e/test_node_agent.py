@@ -53,7 +53,7 @@ def test_one_pass_applies_the_desired_layout_and_reports(k8s_api: Any, tmp_path:
     )
     core.create_node({"metadata": {"name": name, "annotations": {DESIRED_ANNOTATION: desired}}})
     try:
-        node = NodeClient(k8s_api, name, KeyFile(tmp_path / "assignment-keys"))
+        node = NodeClient(k8s_api, name, KeyFile.public(tmp_path / "assignment-keys"))
         sim = SimulatedGpus(["H200-141GB"] * 2, node=name)
         actuator = Actuator(sim, lambda: (), MpsDaemons(tmp_path / "mps", ["true"]))
         agent = NodeAgent(actuator, sinks(node.publish), NodeMetrics())
@@ -80,7 +80,7 @@ def test_the_plan_annotation_starts_a_pass_and_gets_its_answer(
     desired = encode_desired((dynamic,))
     core.create_node({"metadata": {"name": name, "annotations": {DESIRED_ANNOTATION: desired}}})
     stop = threading.Event()
-    node = NodeClient(k8s_api, name, KeyFile(tmp_path / "assignment-keys"))
+    node = NodeClient(k8s_api, name, KeyFile.public(tmp_path / "assignment-keys"))
     seen = node.watch_input(stop, relist_s=30)
     try:
         assert next(seen) == PassInput(desired, None)

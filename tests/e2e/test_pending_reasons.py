@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import sign
 from gpupart.core.api.spec import GpuConfig, Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -46,6 +46,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.mig.layout import MigInstance, Placement
 from gpupart.keyfile import KeyFile
+from gpupart.signing import PrivateKeys
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import ClusterCache
 from gpupart_extender.kube import ApiBinder, ApiEvents, Watcher
@@ -63,6 +64,7 @@ from gpupart_testsupport.cluster import (
     start_scheduler,
 )
 from gpupart_testsupport.cluster import wait_for as wait
+from gpupart_testsupport.objects import write_key_file
 
 from .test_extender import _serve
 
@@ -72,7 +74,7 @@ SCHEDULER = "gpupart-scheduler"
 CONFIG_FILE = REPO / "charts" / "gpupart" / "files" / "scheduler-config.yaml"
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"
-KEY = b"gpupart-e2e-pending-reasons-key-0000000001"
+KEY = b"gpupart-e2e-pending-reasons-key1"
 RUN = f"pr{int(time.time()) % 100000}"
 NS = f"e2e-{RUN}"
 
@@ -82,8 +84,8 @@ def extender_url(k8s_control_plane: ControlPlane) -> Generator[str, None, None]:
     """The extender with its pending-reasons reporter, ready once its cache synced."""
     api = k8s_control_plane.api_client()
     key_file = k8s_control_plane.workdir / "pending-reasons-keys"
-    key_file.write_bytes(KEY + b"\n")
-    keys = KeyFile(key_file).keys
+    write_key_file(key_file, KEY)
+    keys = KeyFile.private(key_file).keys
     cache = ClusterCache(keys=keys)
     settings = ExtenderSettings(assignment_key_file=key_file)
     service = ExtenderService(
@@ -205,7 +207,7 @@ def _bound_shared(core: Any, name: str, node: str) -> None:
     )
     uid = core.read_namespaced_pod(name, NS).metadata.uid
     assignment = PodAssignment(node, 0, f"GPU-{RUN}-mps-0", 1000, pod_uid=uid)
-    text = encode_assignment(sign(assignment, AssignmentKeys((KEY,))))
+    text = encode_assignment(sign(assignment, PrivateKeys((KEY,))))
     core.patch_namespaced_pod(
         name, NS, {"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: text}}}
     )

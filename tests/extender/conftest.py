@@ -97,7 +97,7 @@ def service(
     return ExtenderService(
         cache,
         settings.scoring(),
-        keys=KeyFile(settings.assignment_key_file).keys,
+        keys=KeyFile.private(settings.assignment_key_file).keys,
         binder=binder,
         metrics=Metrics(),
         ttl_seconds=30,

@@ -31,7 +31,7 @@ from gpupart.core.api.wire import ASSIGNMENT_ANNOTATION, PodAssignment, decode_a
 from gpupart.keyfile import KeyFile
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
-from gpupart_extender.objects import KeySource
+from gpupart_extender.objects import KeySource, SignerSource
 from gpupart_extender.service import ExtenderService
 from gpupart_extender.settings import ExtenderSettings
 from gpupart_testsupport.objects import (
@@ -45,6 +45,7 @@ from gpupart_testsupport.objects import (
     signed,
     whole_gpu,
     write_key_file,
+    write_public_key_file,
 )
 
 GPUS = [shared_gpu(0, memory=40000), shared_gpu(1, memory=40000)]
@@ -167,7 +168,7 @@ def test_without_a_readable_key_no_assignment_counts_until_one_can_be_read(
     path = tmp_path / "keys"
     a = pod("a", shared(30000), node="n1", assignment=PodAssignment("n1", 1, "GPU-0001"))
     assert used(cluster(a, source=None)) == ([0, 0], ["team-a/a"])
-    c = cluster(a, source=KeyFile(path).keys)  # the Secret is not mounted yet
+    c = cluster(a, source=KeyFile.private(path).keys)  # the Secret is not mounted yet
     assert used(c) == ([0, 0], ["team-a/a"])
     assert c.recheck_assignments() == 0 and used(c) == ([0, 0], ["team-a/a"])
     write_key_file(path)
@@ -177,16 +178,16 @@ def test_without_a_readable_key_no_assignment_counts_until_one_can_be_read(
 
 
 def test_a_rotated_key_file_verifies_with_every_key_it_holds(tmp_path: Path) -> None:
-    path = write_key_file(tmp_path / "keys", b"a-new-assignment-key-that-signs-from-now-on", KEY)
+    path = write_key_file(tmp_path / "keys", b"a-new-assignment-key-signs-now-1", KEY)
     a = pod("a", shared(30000), node="n1", assignment=PodAssignment("n1", 1, "GPU-0001"))
-    assert used(cluster(a, source=KeyFile(path).keys)) == ([0, 30000], [])
+    assert used(cluster(a, source=KeyFile.private(path).keys)) == ([0, 30000], [])
 
 
 # --- bind ------------------------------------------------------------------------------------
 
 
 def service_of(
-    c: ClusterCache, binder: FakeBinder, source: KeySource | None = keys
+    c: ClusterCache, binder: FakeBinder, source: SignerSource | None = keys
 ) -> ExtenderService:
     return ExtenderService(
         c,
@@ -330,14 +331,17 @@ def test_shared_binds_without_a_readable_key_are_refused_naming_it(tmp_path: Pat
         "only assignments signed with it"
     )
     absent = tmp_path / "absent"
-    svc = service_of(cluster(), binder, KeyFile(absent).keys)
+    svc = service_of(cluster(), binder, KeyFile.private(absent).keys)
     answer = refusal(binder, svc, pod("p", shared(1)), "uid-team-a-p")
     assert answer.startswith(f"shared-GPU pod team-a/p not bound: {absent}: cannot read the ")
     assert "(setting assignment_key_file)" in answer
-    short = write_key_file(tmp_path / "short", b"too-short")
-    svc = service_of(cluster(), binder, KeyFile(short).keys)
+    public = write_public_key_file(tmp_path / "public")  # what a node agent holds
+    svc = service_of(cluster(), binder, KeyFile.private(public).keys)
     answer = refusal(binder, svc, pod("p", shared(1)), "uid-team-a-p")
-    assert f"{short}: 9 bytes; at least 32 are needed (setting assignment_key_file)" in answer
+    assert f"{public}: holds 1 public key(s) and no private key: the extender signs" in answer
+    assert answer.endswith(
+        "(setting assignment_key_file); node agents serve only assignments signed with it"
+    )
 
 
 def test_whole_gpu_binds_need_no_key() -> None:

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupart.core.api.pods import SharedContainer, parse_pod_request, shared_containers
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import sign
 from gpupart.core.api.resources import GPU_SHARED
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
@@ -52,6 +52,7 @@ from gpupart.core.node.admission import (
     read_shared_pod,
 )
 from gpupart.core.node.devices import OfferedGpu
+from gpupart.signing import PrivateKeys
 from gpupart_plugin.checkpoint import CHECKPOINT_NAME, Checkpoint
 from gpupart_plugin.deviceplugin.allocator import Allocator
 from gpupart_plugin.deviceplugin.hub import DeviceHub
@@ -60,8 +61,8 @@ NODE = "node-a"
 GPU_MIB = 81920
 DEFAULT_MIB, DEFAULT_PERCENT = 15000, 25
 """The MPS daemon's per-client ceilings: 30000 MiB (30 %) containers are above them."""
-KEYS = AssignmentKeys((b"k" * 40,))
-OTHER_KEYS = AssignmentKeys((b"x" * 40,))
+KEYS = PrivateKeys((b"k" * 32,))
+OTHER_KEYS = PrivateKeys((b"x" * 32,))
 
 
 def container(name: str, slots: int, memory: int = 0, compute: int = 0) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def test_only_the_extenders_assignment_for_this_pod_and_node_is_believed() -> No
         "copied from another pod": (genuine, "u2", NODE, "made for pod UID 'u1'"),
         "edited": (json.dumps(edited), "u1", NODE, "does not verify"),
         "unsigned": (unsigned, "u1", NODE, "carries no signature"),
-        "another key": (other_key, "u1", NODE, "does not verify"),
+        "another key": (other_key, "u1", NODE, "not one of the extender's published public keys"),
         "another node": (genuine, "u1", "node-b", "made for node 'node-a'"),
         "not JSON": ("{", "u1", NODE, "unreadable"),
     }

@@ -30,7 +30,7 @@ closed_port = free_port  # a loopback port nothing listens on (bound, then relea
 def unreachable(node: str = "node-a") -> NodeClient:
     configuration = client.Configuration(host=f"http://{LOOPBACK}:{closed_port()}")
     configuration.retries = 0  # one refused connection per request, not urllib3's three
-    keys = KeyFile(Path("/nonexistent/assignment-keys"))  # no pod is verified here
+    keys = KeyFile.public(Path("/nonexistent/assignment-keys"))  # no pod is verified here
     return NodeClient(
         client.ApiClient(configuration), node, keys, timeout_s=2.0, backoff_s=(0.02, 0.1)
     )

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpupart.core.api.provenance import AssignmentKeys, sign
+from gpupart.core.api.provenance import private_pem, public_pem, sign
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
     ASSIGNMENT_ANNOTATION,
@@ -23,26 +23,41 @@ from gpupart.core.api.wire import (
     encode_mig_plan,
 )
 from gpupart.core.mig.layout import MigInstance, Placement
+from gpupart.signing import PrivateKeys, PublicKeys
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_MIB = 81559
 SCHEDULER = "gpupart-scheduler"
 """The scheduler name the extender binds for by default (setting scheduler_names)."""
 
-KEY = b"gpupart-extender-tests-assignment-key-0001"
-KEYS = AssignmentKeys((KEY,))
-"""The assignment key of these tests (conftest's `key_file` holds it in a file)."""
+KEY = b"gpupart-extender-tests-key-00001"
+"""The raw Ed25519 private key (32 bytes) the extender signs with in these tests (conftest's
+`key_file` holds it in PEM)."""
+KEYS = PrivateKeys((KEY,))
+"""The extender's keys of these tests: they sign, and verify with KEY's public key."""
+PUBLIC = PublicKeys(KEYS.public_raw())
+"""KEY's public key alone: what a node agent holds."""
 
 
-def keys() -> AssignmentKeys:
+def keys() -> PrivateKeys:
     """The `KeySource` of the cache and service in these tests."""
     return KEYS
 
 
 def write_key_file(path: Path, *keys: bytes) -> Path:
-    """An assignment key file as the chart's Secret holds it: one key a line (default: KEY)."""
-    path.write_bytes(b"".join(k + b"\n" for k in keys or (KEY,)))
-    path.chmod(0o600)
+    """The extender's key file as the chart's Secret holds it: each raw 32-byte private key
+    in PEM (PKCS#8), the first signs (default: KEY)."""
+    # A new file swapped in (a new inode), as the kubelet updates a Secret volume.
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text("".join(private_pem(k) for k in keys or (KEY,)))
+    fresh.chmod(0o600)
+    fresh.replace(path)
+    return path
+
+
+def write_public_key_file(path: Path, *keys: bytes) -> Path:
+    """A node agent's key file: the PEM public keys of raw private keys (default: KEY)."""
+    path.write_text("".join(public_pem(raw) for raw in PrivateKeys(keys or (KEY,)).public_raw()))
     return path
 
 

@@ -19,9 +19,11 @@ from typing import Any
 
 import yaml
 
+from gpupart.signing import private_keys
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane, http_ok, start_scheduler
 from gpupart_testsupport.kubelet import KubeletNode
+from gpupart_testsupport.objects import write_key_file
 from gpupart_testsupport.polling import wait_for
 from gpupart_testsupport.ports import LOOPBACK, free_port
 from gpupart_testsupport.processes import Proc, spawn
@@ -65,11 +67,19 @@ class Stack:
 
     @property
     def key_file(self) -> Path:
-        """The assignment keys the extender signs with and the agents verify (the chart's Secret)."""
+        """The Ed25519 private key the extender signs with (the chart's Secret), made once."""
         path = self.work / "assignment-keys"
         if not path.exists():
-            path.write_text(secrets.token_hex(32) + "\n")
-            path.chmod(0o600)
+            write_key_file(path, secrets.token_bytes(32))
+        return path
+
+    @property
+    def public_key_file(self) -> Path:
+        """Its public key, what the agents verify with (the chart's agents read it from the
+        extender's ConfigMap; `gpupart assignment-keys public` prints it)."""
+        path = self.work / "assignment-public-keys"
+        if not path.exists():
+            path.write_text(private_keys(self.key_file.read_bytes(), where="stack").pem())
         return path
 
     def tails(self) -> str:
@@ -218,7 +228,7 @@ class Stack:
                 f"--plugin-dir={plugin_dir}", f"--kubelet-socket={kubelet_socket}",
                 f"--pod-resources-socket={pod_resources_socket}",
                 f"--mps-root={self.work / f'mps-{node}'}", f"--mps-control={mps}",
-                f"--state-dir={self.work / f'state-{node}'}", f"--assignment-key-file={self.key_file}",
+                f"--state-dir={self.work / f'state-{node}'}", f"--assignment-key-file={self.public_key_file}",
                 f"--resync-seconds={resync_s}", f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *(["--simulate-auto-reset"] if auto_reset else []),
@@ -251,6 +261,8 @@ class Stack:
         # The chart mounts its Secret there; here the stack's own key file. No health port:
         # the verbs' loopback listener serves /readyz too, and runs must not share a port.
         values["assignment_key_file"] = str(self.key_file)
+        # The agents here read the public key from a file: nothing to publish.
+        values.pop("assignment_public_keys", None)
         values["health_port"] = 0
         settings = self.work / "extender.yaml"
         settings.write_text(yaml.safe_dump(values))
