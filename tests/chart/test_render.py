@@ -233,7 +233,7 @@ def test_each_account_is_bound_to_its_own_roles_only(
         (subject,) = binding["subjects"]
         assert subject["kind"] == "ServiceAccount" and subject["name"] in names
         account = subject["name"].rsplit("-", 1)[1]
-        if binding["roleRef"]["name"] == "gp-gpupart-extender":
+        if binding["roleRef"]["name"].startswith("gp-gpupart-extender"):
             assert account == extender_account
         else:
             assert account in binding["metadata"]["name"], binding["metadata"]["name"]
@@ -469,9 +469,11 @@ def key_volumes(spec: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("combination", ["defaults", "existing-scheduler", "own-assignment-key"])
-def test_the_assignment_key_reaches_the_extender_and_the_node_agents_only(
+def test_the_private_key_reaches_the_extender_only_and_the_agents_read_public_keys(
     render: Render, combination: str
 ) -> None:
+    from gpupart.signing import private_keys
+
     objects = render(COMBINATIONS[combination])
     own = COMBINATIONS[combination].get("assignmentKey.existingSecret")
     secret = own or "gp-gpupart-assignment-key"
@@ -482,20 +484,65 @@ def test_the_assignment_key_reaches_the_extender_and_the_node_agents_only(
         (made,) = secrets
         assert made["metadata"]["name"] == secret
         import base64
-        import re
 
-        keys = base64.b64decode(made["data"]["keys"]).decode()
-        assert re.fullmatch(r"[A-Za-z0-9]{64}", keys), keys
+        # Helm's genPrivateKey "ed25519": one PKCS#8 PEM private key the extender reads.
+        keys = base64.b64decode(made["data"]["keys"])
+        assert len(private_keys(keys, where="the chart's Secret").key_ids()) == 1
     mounted = {name: key_volumes(spec) for name, spec in pod_specs(objects).items()}
-    assert mounted["gp-gpupart-node"] == {"node": secret}
+    assert mounted["gp-gpupart-node"] == {}  # never the private key on a node
     assert mounted["gp-gpupart-operator"] == {}
     extender = (
         "gp-gpupart-scheduler" if "gp-gpupart-scheduler" in mounted else "gp-gpupart-extender"
     )
     assert mounted[extender] == {"extender": secret}  # not the kube-scheduler container
-    assert extender_settings(objects)["assignment_key_file"] == "/etc/gpupart/assignment-key/keys"
+    for name, spec in pod_specs(objects).items():
+        volumes = [v.get("secret", {}).get("secretName") for v in spec.get("volumes", [])]
+        assert (secret in volumes) == (name == extender), name
+    # The public keys: an empty ConfigMap the extender writes and the agents read.
+    public = named(objects, "ConfigMap", "-assignment-public-keys")
+    assert public["metadata"]["name"] == "gp-gpupart-assignment-public-keys"
+    assert not public.get("data")
+    namespace = public["metadata"]["namespace"]
+    where = f"{namespace}/gp-gpupart-assignment-public-keys"
+    settings = extender_settings(objects)
+    assert settings["assignment_key_file"] == "/etc/gpupart/assignment-key/keys"
+    assert settings["assignment_public_keys"] == where
     args = pod_specs(objects)["gp-gpupart-node"]["containers"][0]["args"]
-    assert "--assignment-key-file=/etc/gpupart/assignment-key/keys" in args
+    assert f"--assignment-public-keys={where}" in args
+    assert not [a for a in args if a.startswith("--assignment-key-file")]
+
+
+def namespaced_grants(
+    objects: list[dict[str, Any]], role: str
+) -> tuple[set[tuple[str, str, str, str]], set[str]]:
+    """The Role's (group, resource, name, verb) and the accounts its RoleBinding binds."""
+    (found,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == role]
+    rules = {
+        (group, resource, name, verb)
+        for rule in found["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for name in rule.get("resourceNames") or [""]
+        for verb in rule["verbs"]
+    }
+    (binding,) = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role]
+    assert binding["metadata"]["namespace"] == found["metadata"]["namespace"]
+    return rules, {s["name"] for s in binding["subjects"]}
+
+
+@pytest.mark.parametrize("combination", ["defaults", "existing-scheduler"])
+def test_the_public_keys_configmap_is_written_by_the_extender_and_read_by_the_agents(
+    render: Render, combination: str
+) -> None:
+    objects = render(COMBINATIONS[combination])
+    name = "gp-gpupart-assignment-public-keys"
+    extender = "gp-gpupart-scheduler" if combination == "defaults" else "gp-gpupart-extender"
+    writes, writers = namespaced_grants(objects, "gp-gpupart-extender-assignment-public-keys")
+    assert writes == grants("", "configmaps", "get", "update", "patch", name=name)
+    assert writers == {extender}
+    reads, readers = namespaced_grants(objects, "gp-gpupart-node-assignment-public-keys")
+    assert reads == grants("", "configmaps", "get", name=name)
+    assert readers == {"gp-gpupart-node"}
 
 
 def test_the_generated_key_differs_per_render(render: Render) -> None:

@@ -103,12 +103,17 @@ scheduler.mode=dedicated is a sidecar of the scheduler pod and so runs as the sc
 {{- end -}}
 {{- end -}}
 
-{{/* The Secret holding the assignment key (data key `keys`). */}}
+{{/* The Secret holding the extender's Ed25519 private key (data key `keys`, PEM). */}}
 {{- define "gpupart.assignmentKeySecret" -}}
 {{- default (printf "%s-assignment-key" (include "gpupart.fullname" .)) .Values.assignmentKey.existingSecret -}}
 {{- end -}}
 
 {{- define "gpupart.assignmentKeyDir" -}}/etc/gpupart/assignment-key{{- end -}}
+
+{{/* The ConfigMap the extender publishes its public keys to and the node agents read. */}}
+{{- define "gpupart.assignmentPublicKeys" -}}
+{{- printf "%s-assignment-public-keys" (include "gpupart.fullname" .) -}}
+{{- end -}}
 
 {{/* The extender Service's DNS name (scheduler.mode=existing): its certificate's name. */}}
 {{- define "gpupart.extenderHost" -}}
@@ -143,7 +148,7 @@ Service over HTTPS. */}}
 {{/* The extender's settings file: the user's extender.settings under what the chart decides. */}}
 {{- define "gpupart.extenderSettings" -}}
 {{- $e := .Values.extender -}}
-{{- $chart := dict "port" (int $e.port) "url_prefix" $e.urlPrefix "log_level" $e.logLevel "health_host" "0.0.0.0" "health_port" (int $e.healthPort) "assignment_key_file" (printf "%s/keys" (include "gpupart.assignmentKeyDir" .)) -}}
+{{- $chart := dict "port" (int $e.port) "url_prefix" $e.urlPrefix "log_level" $e.logLevel "health_host" "0.0.0.0" "health_port" (int $e.healthPort) "assignment_key_file" (printf "%s/keys" (include "gpupart.assignmentKeyDir" .)) "assignment_public_keys" (printf "%s/%s" .Release.Namespace (include "gpupart.assignmentPublicKeys" .)) -}}
 {{- $user := deepCopy $e.settings -}}
 {{- if eq .Values.scheduler.mode "dedicated" -}}
 {{- /* Sidecar: only kube-scheduler, in the same pod, can reach it. */ -}}
