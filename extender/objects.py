@@ -26,7 +26,6 @@ from gpupart.core.api.resources import node_cpu_milli
 from gpupart.core.api.selectors import check_label_key, check_label_value, string_map
 from gpupart.core.api.spec import Interface
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
@@ -34,6 +33,7 @@ from gpupart.core.api.wire import (
     InventoryGpu,
     MigReservation,
     PodAssignment,
+    allocation_record,
     decode_allocation,
     decode_assignment,
     decode_desired,
@@ -99,7 +99,7 @@ class PodEntry:
     placed: PlacedPod
     awaiting: bool = False
     """A live shared-GPU pod with an assignment whose containers the device plugin has not all
-    served yet (no complete `gpupart.io/allocation` record)."""
+    served yet (no complete allocation record, `gpupart.io/SharedGpuAllocated`)."""
     distrusted: str = ""
     """Why the pod's `gpupart.io/assignment` annotation is not counted ("" when it is, or when
     there is none): forged, copied, edited, or no key to check it with."""
@@ -311,7 +311,7 @@ def _read_pod(
     could_await = (
         bool(request.shared)
         and meta.get("deletionTimestamp") is None
-        and not _served(pod, annotations.get(ALLOCATION_ANNOTATION))
+        and not _served(pod, allocation_record(pod))
     )
     return PodEntry(
         uid,

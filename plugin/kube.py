@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, watch
@@ -16,13 +17,12 @@ from urllib3.exceptions import HTTPError
 from gpupart import logs
 from gpupart.core.api.provenance import AssignmentKeys
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     DESIRED_ANNOTATION,
     INVENTORY_ANNOTATION,
     MIG_PLAN_ANNOTATION,
     STATE_ANNOTATION,
     GivenContainer,
-    encode_allocation,
+    allocation_condition,
 )
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.admission import SharedPod, read_shared_pod
@@ -177,10 +177,15 @@ class NodeClient:
         node: str,
         keys: KeySource,
         *,
+        writer: client.ApiClient | None = None,
         timeout_s: float = 10.0,
         backoff_s: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self.core = client.CoreV1Api(api)
+        self.writes = client.CoreV1Api(writer or api)
+        """Every write (the Node, its status, pods' status, Events): as the node itself where
+        the agent acts as its node (`node_writer`), so the API server's Node authorizer and
+        NodeRestriction confine it to this node's objects."""
         self.node = node
         self.keys = keys
         """The extender's assignment keys: only assignments that verify are served."""
@@ -279,7 +284,7 @@ class NodeClient:
             "metadata": {"annotations": {STATE_ANNOTATION: state, INVENTORY_ANNOTATION: inventory}}
         }
         try:
-            self.core.patch_node(self.node, body, _request_timeout=self.timeout_s)
+            self.writes.patch_node(self.node, body, _request_timeout=self.timeout_s)
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
                 f"publish state of node {self.node}: {describe_api_error(error)}"
@@ -300,7 +305,7 @@ class NodeClient:
             }
         }
         try:
-            self.core.patch_node_status(self.node, status, _request_timeout=self.timeout_s)
+            self.writes.patch_node_status(self.node, status, _request_timeout=self.timeout_s)
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
                 f"write the status of node {self.node}: {describe_api_error(error)}"
@@ -352,7 +357,7 @@ class NodeClient:
     def warn(self, pod: SharedPod, message: str) -> None:
         """A Warning Event on `pod` saying why its shared-GPU Allocate was refused; never raises."""
         warn_pod(
-            self.core,
+            self.writes,
             name=pod.name,
             namespace=pod.namespace,
             uid=pod.uid,
@@ -364,16 +369,34 @@ class NodeClient:
         )
 
     def record_allocation(self, pod: SharedPod, given: tuple[GivenContainer, ...]) -> None:
-        """Write what the plugin gave the pod's containers (`gpupart.io/allocation`) on the pod."""
-        body = {"metadata": {"annotations": {ALLOCATION_ANNOTATION: encode_allocation(given)}}}
+        """Write what the plugin gave the pod's containers on the pod: the message of its
+        `gpupart.io/SharedGpuAllocated` status condition (the extender's gate, ADR 001).
+
+        Through pods/status, which tenants cannot write and which the Node authorizer lets a
+        node write only on its own pods (ADR 034). A strategic merge patch: conditions merge
+        by type, so the kubelet's own stay as they are.
+        """
+        condition = allocation_condition(given, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         try:
-            self.core.patch_namespaced_pod(
-                pod.name, pod.namespace, body, _request_timeout=self.timeout_s
+            self.writes.patch_namespaced_pod_status(
+                pod.name,
+                pod.namespace,
+                {"status": {"conditions": [condition]}},
+                _content_type="application/strategic-merge-patch+json",
+                _request_timeout=self.timeout_s,
             )
         except CONNECTION_ERRORS as error:
             raise KubeUnavailable(
                 f"record the allocation of pod {pod.key}: {describe_api_error(error)}"
             ) from error
+
+
+def node_writer(configuration: client.Configuration, node: str) -> client.ApiClient:
+    """An API client that acts as node `node` (constrained impersonation of the node the
+    agent's pod runs on: `system:node:<node>`, ADR 034)."""
+    api = client.ApiClient(configuration)
+    api.set_default_header("Impersonate-User", f"system:node:{node}")
+    return api
 
 
 def _annotations(obj: Any) -> Mapping[str, str]:

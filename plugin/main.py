@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import client
 
     from gpupart.kubeconfig import load_configuration
-    from gpupart_plugin.kube import NodeClient, NodePods
+    from gpupart_plugin.kube import NodeClient, NodePods, node_writer
 
     # A bad setting, GPU list or kubeconfig: one line and exit code 2, as the other components.
     try:
@@ -182,10 +182,18 @@ def run(args: argparse.Namespace) -> int:
     except GpupartError as error:
         sys.stderr.write(f"gpupart node: {error}\n")
         return 2
+    # Reads as the agent's service account (it lists claims of every namespace, which a node
+    # may not); writes as the node itself unless told otherwise (docs/adr-034).
+    writer = (
+        node_writer(configuration, settings.node_name)
+        if settings.write_as_node
+        else client.ApiClient(configuration)
+    )
     node = NodeClient(
         client.ApiClient(configuration),
         settings.node_name,
         _public_keys(client.ApiClient(configuration), settings),
+        writer=writer,
     )
     pod_resources = PodResourcesClient(str(settings.pod_resources_socket))
     hub, metrics = DeviceHub(), NodeMetrics()
@@ -205,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         plugin_dir=settings.plugin_dir,
         kubelet_socket=settings.kubelet_socket,
     )
-    pool = PoolClient(client.ApiClient(configuration), settings.node_name)
+    pool = PoolClient(client.ApiClient(configuration), settings.node_name, writer=writer)
     dra = DraSink(pool, backend.model, taint_effect=settings.dra_taint_effect)
     actuator = Actuator(
         backend,

@@ -87,6 +87,11 @@ class NodeSettings:
     """The effect of the taint a faulty GPU's DRA devices carry (docs/adr-028)."""
     kubeconfig: str | None = None
     """None: the in-cluster service account, else ~/.kube/config."""
+    write_as_node: bool = True
+    """Make every write as this node (`system:node:<node>`, by constrained impersonation of
+    the node the agent's pod runs on), so the API server confines the writes to this node's
+    objects; False: as the agent's own service account (clusters before Kubernetes 1.36,
+    where only the chart's admission policy confines them; docs/adr-034)."""
 
 
 NODE_NAME = Setting(
@@ -244,6 +249,23 @@ DRA_TAINT_EFFECT = Setting(
 CDI_ROOT = Setting(
     "--cdi-root", text, "/var/run/cdi", "directory the container runtime reads CDI specs from"
 )
+
+
+def write_as(value: str) -> bool:
+    """`node` (True) or `service-account` (False)."""
+    choices = {"node": True, "service-account": False}
+    if value not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}")
+    return choices[value]
+
+
+WRITE_AS = Setting(
+    "--write-as",
+    write_as,
+    "node",
+    "whose identity the agent writes with: node (as its node, system:node:<name>, which the "
+    "API server confines to the node's own objects; Kubernetes 1.36+) or service-account",
+)
 ONCE = Setting("--once", boolean, "false", "run one reconcile pass and exit", boolean=True)
 
 SETTINGS = SettingsTable(
@@ -254,7 +276,7 @@ SETTINGS = SettingsTable(
         SIMULATE, SIMULATE_AUTO_RESET, SIMULATE_CREATE, SIMULATE_DESTROY, SIMULATE_STATE,
         SIMULATE_FAULTS, IGNORED_XIDS, RECOVERY,
         RELIST, METRICS_ADDRESS, METRICS_PORT, CDI, DRA, PLUGINS_REGISTRY_DIR, DRA_PLUGINS_DIR,
-        CDI_ROOT, DRA_TAINT_EFFECT, KUBECONFIG, ONCE,
+        CDI_ROOT, DRA_TAINT_EFFECT, KUBECONFIG, WRITE_AS, ONCE,
     ),
 )  # fmt: skip
 """Every flag of `gpupart node`; each falls back to a GPUPART_* variable (the node agent's
@@ -347,4 +369,5 @@ def from_args(args: argparse.Namespace) -> NodeSettings:
         dra_taint_effect=read(DRA_TAINT_EFFECT),
         once=read(ONCE),
         kubeconfig=read(KUBECONFIG),
+        write_as_node=read(WRITE_AS),
     )

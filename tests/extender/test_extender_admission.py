@@ -2,7 +2,8 @@
 
 We test these aspects:
 - on a node whose plugin admits one pod at a time (`serialAdmission`), a second shared pod is
-  bound only once the first pod's `gpupart.io/allocation` record covers its containers, or the
+  bound only once the first pod's allocation record (its `gpupart.io/SharedGpuAllocated`
+  status condition, which tenants cannot write) covers its containers, or the
   first pod finished or is being deleted; until then bind answers why, after a bounded wait;
 - a bind that waits is released by the watch event that completes the record;
 - MIG pods, and nodes without serial admission, are never held.
@@ -16,10 +17,9 @@ from typing import Any
 from extender_objects import FakeBinder
 
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
     ASSIGNMENT_ANNOTATION,
     GivenContainer,
-    encode_allocation,
+    allocation_condition,
 )
 from gpupart_extender.cache import NODE, POD, ClusterCache
 from gpupart_extender.metrics import Metrics
@@ -59,7 +59,7 @@ def watched(
     obj["metadata"]["annotations"][ASSIGNMENT_ANNOTATION] = annotations[ASSIGNMENT_ANNOTATION]
     if record:
         given = (GivenContainer("main", ("GPU-0000::0",), "GPU-0000", 8000, 0),)
-        obj["metadata"]["annotations"][ALLOCATION_ANNOTATION] = encode_allocation(given)
+        obj["status"]["conditions"] = [allocation_condition(given, "2026-01-01T00:00:00Z")]
     obj["status"].update(status)
     return obj
 

@@ -34,10 +34,12 @@ from gpupart.core.api.provenance import sign
 from gpupart.core.api.resources import GPU_SHARED
 from gpupart.core.api.spec import Mode
 from gpupart.core.api.wire import (
-    ALLOCATION_ANNOTATION,
+    ALLOCATION_CONDITION,
     ASSIGNMENT_ANNOTATION,
     GivenContainer,
     PodAssignment,
+    allocation_condition,
+    allocation_record,
     decode_allocation,
     encode_allocation,
     encode_assignment,
@@ -59,6 +61,8 @@ from gpupart_plugin.deviceplugin.hub import DeviceHub
 
 NODE = "node-a"
 GPU_MIB = 81920
+PLANTED_RECORD = "gpupart.io/allocation"
+"""A tenant's record of what its pod got: the annotation the record was before ADR 034."""
 DEFAULT_MIB, DEFAULT_PERCENT = 15000, 25
 """The MPS daemon's per-client ceilings: 30000 MiB (30 %) containers are above them."""
 KEYS = PrivateKeys((b"k" * 32,))
@@ -158,7 +162,7 @@ def test_only_the_extenders_assignment_for_this_pod_and_node_is_believed() -> No
     # A pod that asks for no slot is none of the allocator's business, whatever it carries.
     forged_record = encode_allocation((GivenContainer("c", ("GPU-0::0",), "GPU-0", GPU_MIB, 100),))
     cpu_only = raw_pod(
-        "u4", [{"name": "c"}], annotations={ASSIGNMENT_ANNOTATION: genuine, ALLOCATION_ANNOTATION: forged_record}
+        "u4", [{"name": "c"}], annotations={ASSIGNMENT_ANNOTATION: genuine, PLANTED_RECORD: forged_record}
     )  # fmt: skip
     assert read_shared_pod(cpu_only, KEYS) is None
 
@@ -312,9 +316,9 @@ class ApiServer:
     def record(self, pod: SharedPod, given: tuple[GivenContainer, ...]) -> None:
         if self.fail_writes:
             raise GpupartError("API server unavailable")
-        self.pods[pod.uid]["metadata"]["annotations"][ALLOCATION_ANNOTATION] = encode_allocation(
-            given
-        )
+        conditions = self.pods[pod.uid]["status"].setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c["type"] != ALLOCATION_CONDITION]
+        conditions.append(allocation_condition(given, "2026-01-01T00:00:00Z"))
 
     def live(self, uid: str) -> bool:
         raw = self.pods.get(uid)
@@ -484,14 +488,10 @@ def test_every_container_gets_its_own_pods_gpu_and_limits_or_a_refusal(
 
     def awaits(uid: str) -> bool:
         """The extender's gate: a live pod it bound whose allocation record is not complete."""
-        notes = api.pods[uid]["metadata"]["annotations"]
         if uid in tenants or not api.live(uid):
             return False
-        given = (
-            decode_allocation(notes[ALLOCATION_ANNOTATION])
-            if ALLOCATION_ANNOTATION in notes
-            else ()
-        )
+        record = allocation_record(api.pods[uid])
+        given = decode_allocation(record) if isinstance(record, str) else ()
         return not admission_complete(shared_containers(api.pods[uid]), given)
 
     def bind_what_may() -> None:
@@ -550,7 +550,8 @@ def test_every_container_gets_its_own_pods_gpu_and_limits_or_a_refusal(
                     notes[ASSIGNMENT_ANNOTATION] = json.dumps(edited)
                 elif how == "record":
                     slots = list(kubelet.slots)
-                    notes[ALLOCATION_ANNOTATION] = encode_allocation(
+                    # The annotation of the record before ADR 034, which nothing reads now.
+                    notes[PLANTED_RECORD] = encode_allocation(
                         tuple(
                             GivenContainer(name, tuple(slots), "GPU-0", GPU_MIB, 100)
                             for name, _, _ in made
