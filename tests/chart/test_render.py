@@ -44,6 +44,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "own-assignment-key": {"assignmentKey.existingSecret": "my-gpupart-key"},
     "no-admission-policies": {"admissionPolicies.enabled": False},
+    "node-agent-writes-as-its-account": {"node.writeAs": "serviceAccount"},
     "no-scheduler": {"scheduler.mode": "none", "extender.enabled": False},
     "simulated-gpus": {"node.simulate": "8xH200-141GB", "node.privileged": False},
     "simulated-shared-gpus": {
@@ -166,15 +167,27 @@ def grants(
 
 def test_each_component_gets_exactly_what_its_code_calls(render: Render) -> None:
     objects = render()
-    assert rules_of(objects, "node") == (
-        grants("", "nodes", "get", "list", "watch", "patch")  # its own Node; state, inventory
+    # The node agent's account reads; it writes as its node (ADR 034), these writes only.
+    writes = (
+        grants("", "nodes", "patch")  # its own Node: state, inventory
         | grants("", "nodes/status", "patch")  # capacity: extender-managed resources, new slices
-        | grants("", "pods", "list", "watch", "patch")  # pods leaving; the allocation record
+        | grants("", "pods/status", "patch")  # the allocation record (a condition)
         | grants("", "events", "create")  # why an Allocate was refused
+        | grants("resource.k8s.io", "resourceslices", "create", "update", "delete")  # its pool
+    )
+    reads = (
+        grants("", "nodes", "get", "list", "watch")
+        | grants("", "pods", "list", "watch")  # pods leaving
         # DRA: its pool's slices (plugin/dra/publisher.py), and the claims allocated from it
-        | grants("resource.k8s.io", "resourceslices", "list", "watch", "create", "update", "delete")
+        | grants("resource.k8s.io", "resourceslices", "list", "watch")
         | grants("resource.k8s.io", "resourceclaims", "get", "list", "watch")
     )
+    as_node = {(g, r, n, f"impersonate-on:associated-node:{v}") for g, r, n, v in writes}
+    assert rules_of(objects, "node") == (
+        reads | as_node | grants("authentication.k8s.io", "nodes", "impersonate:associated-node")
+    )
+    legacy = render({"node.writeAs": "serviceAccount"})
+    assert rules_of(legacy, "node") == reads | writes
     assert rules_of(objects, "extender") == (
         grants("", "nodes", "list", "watch")
         | grants("", "pods", "get", "list", "watch")  # bind re-reads the live pod
@@ -592,9 +605,9 @@ def test_admission_policies_name_the_release_accounts(
     sa = "system:serviceaccount:gpupart-system:"
     owners = expressions(found["annotation-owners"])
     assert f"'gpupart.io/assignment': '{sa}{assigner}'" in owners
-    assert f"'gpupart.io/allocation': '{sa}gp-gpupart-node'" in owners
+    assert "gpupart.io/allocation" not in owners  # nobody's since ADR 034
     assert f"'gpupart.io/desired': '{sa}gp-gpupart-operator'" in owners
-    assert f"'gpupart.io/state': '{sa}gp-gpupart-node'" in owners
+    assert "'gpupart.io/state': 'system:node:' + variables.name" in owners  # the node itself
     agent = found["node-agent"]
     assert agent["matchConditions"] == [
         {
