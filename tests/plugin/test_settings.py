@@ -81,3 +81,15 @@ def test_dra_taint_effect_is_noschedule_unless_told_and_refuses_another_word(
     assert parse("--dra-taint-effect=NoExecute").dra_taint_effect is TaintEffect.NO_EXECUTE
     with pytest.raises(InvalidInput, match="--dra-taint-effect.*NoSchedule, NoExecute"):
         parse("--dra-taint-effect=PreferNoSchedule")
+
+
+def test_the_agent_writes_as_its_node_unless_told_and_refuses_another_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GPUPART_WRITE_AS", raising=False)
+    assert parse().write_as_node is True
+    assert parse("--write-as=service-account").write_as_node is False
+    monkeypatch.setenv("GPUPART_WRITE_AS", "service-account")
+    assert parse().write_as_node is False
+    with pytest.raises(InvalidInput, match="--write-as.*node, service-account"):
+        parse("--write-as=admin")
