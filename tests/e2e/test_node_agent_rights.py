@@ -9,8 +9,8 @@ its pod runs on), the test tries what a compromised agent would:
   allocation record the extender's gate reads;
 - write another Node (its report, a label, its capacity);
 - act as another node;
-- put an assignment on a pod of another node (the agent holds no key that signs one: the
-  extender's key is mounted into the extender only, tests/chart);
+- sign an assignment (it cannot read the extender's private key, and its DaemonSet mounts
+  none) or put one on a pod of another node;
 - take a reservation of another node (its `gpupart.io/mig-plan`, the operator's).
 Each is refused in both installs, and nothing the agent was refused is stored. Its own work
 (its Node's report and capacity, the record on its own node's pod, its pool's slices, Events)
@@ -235,6 +235,28 @@ def test_no_assignment_and_no_reservation_of_another_node(
     for core in (agent.own, agent.node, agent.other_node):
         _refused(lambda core=core: core.patch_node(NODE_B, plan))
     check()
+
+
+def test_it_holds_no_key_that_signs_an_assignment(
+    k8s_control_plane: ControlPlane, install: str, agent: Agent
+) -> None:
+    """An assignment another node's agent believes needs the extender's private key: the
+    agent's token cannot read it, and its DaemonSet mounts no Secret (the agents verify with
+    the public keys the extender publishes in a ConfigMap, which they may only read)."""
+    key = f"{install}-assignment-key"
+    for core in (agent.own, agent.node):
+        _refused(lambda core=core: core.read_namespaced_secret(key, NAMESPACE))
+        _refused(lambda core=core: core.list_namespaced_secret(NAMESPACE))
+    daemonset = client.AppsV1Api(k8s_control_plane.api_client()).read_namespaced_daemon_set(
+        f"{install}-node", NAMESPACE
+    )
+    volumes = daemonset.spec.template.spec.volumes or []
+    assert [v.name for v in volumes if v.secret is not None] == [], volumes
+    public = f"{install}-assignment-public-keys"
+    agent.own.read_namespaced_config_map(public, NAMESPACE)  # its one read there
+    _refused(
+        lambda: agent.own.patch_namespaced_config_map(public, NAMESPACE, {"data": {"keys.pem": ""}})
+    )
 
 
 def test_its_own_work_goes_through(k8s_control_plane: ControlPlane, agent: Agent) -> None:
