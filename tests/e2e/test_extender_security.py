@@ -223,7 +223,7 @@ def extender(k8s_control_plane: ControlPlane) -> Generator[Running, None, None]:
                 "health_port": health_port,
                 "kubeconfig": str(kubeconfig),
                 "assignment_key_file": str(work / "keys"),
-                # "assignment_public_keys": f"{ns}/{PUBLIC_KEYS}",
+                "assignment_public_keys": f"{ns}/{PUBLIC_KEYS}",
             }
         )
     )
