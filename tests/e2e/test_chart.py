@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpupart.signing import private_keys
 from gpupart_testsupport.chart import IMAGE_FLAGS
 from gpupart_testsupport.cluster import REPO, ControlPlane
 
@@ -273,11 +273,33 @@ def test_the_assignment_key_is_made_once_and_kept_across_upgrades(
         return base64.b64decode(data["data"]["keys"]).decode()
 
     before = key()
-    assert re.fullmatch(r"[A-Za-z0-9]{64}", before), before
+    assert len(private_keys(before.encode(), where=name).key_ids()) == 1  # Ed25519, PEM
     cp.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values")
     assert key() == before
+    # A key from before ADR 035 (an HMAC secret) is replaced by an Ed25519 one at upgrade.
+    # As that chart wrote it: applied by Helm (its field manager, so the upgrade may change it).
+    old = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {"keys": base64.b64encode(b"x" * 64).decode()},
+    }
+    managers = json.loads(
+        cp.kubectl(
+            "get", "secret", name, "-n", NAMESPACE, "-o", "json", "--show-managed-fields"
+        ).stdout
+    )["metadata"]["managedFields"]
+    (helm,) = {m["manager"] for m in managers if m["operation"] == "Apply"}
+    cp.kubectl(
+        "apply", "--server-side", "--force-conflicts", f"--field-manager={helm}", "-f", "-",
+        input=json.dumps(old),
+    )  # fmt: skip
+    assert key() == "x" * 64
+    cp.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values")
+    replaced = key()
+    assert replaced != before and len(private_keys(replaced.encode(), where=name).key_ids()) == 1
     status = json.loads(cp.helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
-    assert status["info"]["status"] == "deployed" and status["version"] == 2
+    assert status["info"]["status"] == "deployed" and status["version"] == 3
 
 
 def test_uninstall_removes_everything_but_the_crds(k8s_control_plane: ControlPlane) -> None:
