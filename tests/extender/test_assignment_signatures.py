@@ -13,7 +13,8 @@ We test these aspects:
   keys again at once for a key id it lacks (at most every `min_reread_s`), else after its TTL;
 - key files say what is wrong with them, naming the file: an old HMAC key, an RSA key, stray
   text, too many keys; the PEM Helm's `genPrivateKey "ed25519"` writes is read;
-- `gpupart assignment-keys public` prints the public keys of a private key file.
+- `gpupart assignment-keys public` prints the public keys of a private key file;
+- a node agent reads the public keys from the extender's ConfigMap or from a file, not both.
 """
 
 from __future__ import annotations
@@ -285,3 +286,26 @@ def test_the_cli_prints_the_public_keys(tmp_path: Path, capsys: pytest.CaptureFi
     assert "no private key" in capsys.readouterr().err
     assert gpupart(["assignment-keys", "generate"]) == 0
     assert len(private_keys(capsys.readouterr().out.encode(), where="new").key_ids()) == 1
+
+
+def test_the_node_agent_reads_the_configmap_or_a_file_not_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpupart.cli import build_parser
+    from gpupart_plugin import settings as node_settings
+
+    for var in ("GPUPART_ASSIGNMENT_KEY_FILE", "GPUPART_ASSIGNMENT_PUBLIC_KEYS", "NODE_NAME"):
+        monkeypatch.delenv(var, raising=False)
+
+    def read(*flags: str) -> node_settings.NodeSettings:
+        args = build_parser("node").parse_args(["node", "--node-name=n", *flags])
+        return node_settings.from_args(args)
+
+    chart = read("--assignment-public-keys=gpupart/gp-gpupart-assignment-public-keys")
+    assert chart.assignment_public_keys == "gpupart/gp-gpupart-assignment-public-keys"
+    own = read("--assignment-key-file=/etc/keys.pem")
+    assert (own.assignment_public_keys, str(own.assignment_key_file)) == ("", "/etc/keys.pem")
+    with pytest.raises(InvalidInput, match="give it or --assignment-key-file, not both"):
+        read("--assignment-public-keys=a/b", "--assignment-key-file=/etc/keys.pem")
+    with pytest.raises(InvalidInput, match="'keys' is not NAMESPACE/NAME of a ConfigMap"):
+        read("--assignment-public-keys=keys")
