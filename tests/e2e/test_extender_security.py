@@ -416,7 +416,9 @@ def _send(data: bytes, port: int) -> str:
         with socket.create_connection((LOOPBACK, port), timeout=60) as sock:
             sock.sendall(data)
             answer = b""
-            while chunk := sock.recv(65536):
+            # Up to the status line: a request answered in full may keep its connection open
+            # (keep_alive_timeout_seconds), so the server need not close it.
+            while b"\r\n" not in answer and (chunk := sock.recv(65536)):
                 answer += chunk
             return answer.split(b"\r\n", 1)[0].decode(errors="replace") or "closed"
     except OSError as error:  # the server closed while we were still sending
