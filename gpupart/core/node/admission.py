@@ -10,9 +10,10 @@ Nothing a tenant can write decides an answer (docs/adr-015-tenant-proof-admissio
 paired only if its `gpupart.io/assignment` verifies as the extender's, made for that pod's UID
 and the node it is bound to; what each container got comes from the agent's own records (its
 checkpoint), never from the pod's allocation record (its `gpupart.io/SharedGpuAllocated`
-condition), which the agent writes for the extender's gate only; the GPU is the one the kubelet's slots belong to, and it must be
-the assigned one; and the GPU must have room for the pod's verified amounts next to every pod
-the agent already served there. Anything else is refused with a message naming the pods.
+condition), which the agent writes for the extender's gate only; the GPU is the one the
+kubelet's slots belong to, and it must be the assigned one; and the GPU must have room for
+the pod's verified amounts next to every pod the agent already served there. Anything else
+is refused with a message naming the pods.
 """
 
 from __future__ import annotations
