@@ -185,7 +185,8 @@ def documented_grants(
             continue
         for verb in row.verbs:
             for name in row.names or ("",):
-                grants.add((row.resource.strip("`"), names.get(name, name), verb))
+                named = names.get(name, name).replace("<fullname>", release.fullname)
+                grants.add((row.resource.strip("`"), named, verb))
     return grants
 
 

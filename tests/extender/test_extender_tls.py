@@ -144,9 +144,9 @@ class Extender:
     pki: Pki
 
 
-@pytest.fixture(scope="module")
-def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
-    d = tmp_path_factory.mktemp("extender-tls")
+def start_extender(d: Path, **settings: Any) -> Iterator[Extender]:
+    """A `gpupart extender` process serving HTTPS with client certificates required (the
+    certificates of `write_pki` in `d`), with these settings over the defaults."""
     pki = write_pki(d)
     kubeconfig = d / "kubeconfig"
     kubeconfig.write_text(
@@ -177,6 +177,7 @@ def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
                 "tls_key_file": str(pki.server[1]),
                 "tls_client_ca_file": str(pki.ca),
                 "kubeconfig": str(kubeconfig),
+                **settings,
             }
         )
     )
@@ -193,6 +194,11 @@ def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
         yield Extender(proc, port, health_port, pki)
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
+    yield from start_extender(tmp_path_factory.mktemp("extender-tls"))
 
 
 def tls_answer(port: int, context: ssl.SSLContext, verb: str) -> bytes:

@@ -20,90 +20,33 @@ from __future__ import annotations
 
 import socket
 import ssl
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-import yaml
-from test_extender_tls import Pki, client_context, tls_answer, write_pki
+from test_extender_tls import Extender, client_context, start_extender, tls_answer
 
 from gpupart_testsupport.polling import wait_for
-from gpupart_testsupport.ports import LOOPBACK, free_port
-from gpupart_testsupport.processes import spawn
+from gpupart_testsupport.ports import LOOPBACK
 
 PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 16
 """A TLS record header announcing a 512-byte ClientHello, and its first bytes only."""
 
 
-class Extender:
-    def __init__(self, port: int, pki: Pki) -> None:
-        self.port = port
-        self.pki = pki
-
-    def answer(self, cert: tuple[Path, Path] | None) -> bytes:
-        return tls_answer(self.port, client_context(self.pki, cert), "filter")
-
-    def answered(self) -> bool:
-        """Whether a client with the right certificate gets an HTTP answer (to an empty body)."""
-        return self.answer(self.pki.client).startswith(b"HTTP/1.1 400 ")
+def answer(extender: Extender, cert: tuple[Path, Path] | None) -> bytes:
+    return tls_answer(extender.port, client_context(extender.pki, cert), "filter")
 
 
-def start(d: Path, **settings: Any) -> Iterator[Extender]:
-    pki = write_pki(d)
-    kubeconfig = d / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                # Nothing listens there: the watch fails and retries, the verbs still answer.
-                "clusters": [{"name": "c", "cluster": {"server": f"https://{LOOPBACK}:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    port, health_port = free_port(), free_port()
-    config = d / "extender.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "host": LOOPBACK,
-                "port": port,
-                "health_host": LOOPBACK,
-                "health_port": health_port,
-                "tls_cert_file": str(pki.server[0]),
-                "tls_key_file": str(pki.server[1]),
-                "tls_client_ca_file": str(pki.ca),
-                "kubeconfig": str(kubeconfig),
-                **settings,
-            }
-        )
-    )
-    proc = spawn(
-        "extender", [sys.executable, "-m", "gpupart.cli", "extender", f"--config={config}"], d
-    )
-    try:
-        wait_for(
-            lambda: httpx.get(f"http://{LOOPBACK}:{health_port}/healthz", timeout=2).text == "ok",
-            60,
-            "the extender's health port",
-            detail=proc.tail,
-        )
-        yield Extender(port, pki)
-    finally:
-        proc.stop()
+def answered(extender: Extender) -> bool:
+    """Whether a client with the right certificate gets an HTTP answer (to an empty body)."""
+    return answer(extender, extender.pki.client).startswith(b"HTTP/1.1 400 ")
 
 
 @pytest.fixture(scope="module")
 def brief(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
     """Short bounds: 1 s for a handshake, 1 s of idleness."""
-    yield from start(
+    yield from start_extender(
         tmp_path_factory.mktemp("tls-brief"),
         tls_handshake_timeout_seconds=1,
         keep_alive_timeout_seconds=1,
@@ -113,7 +56,7 @@ def brief(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Extender]:
     """Four connections at most; bounds far longer than any wait here (120 s)."""
-    yield from start(
+    yield from start_extender(
         tmp_path_factory.mktemp("tls-capped"),
         max_connections=4,
         tls_handshake_timeout_seconds=120,
@@ -158,8 +101,8 @@ def established(extender: Extender) -> ssl.SSLSocket:
 
 
 def test_an_anonymous_client_gets_no_answer_and_a_certified_one_does(brief: Extender) -> None:
-    assert brief.answer(None) == b""
-    assert brief.answered()
+    assert answer(brief, None) == b""
+    assert answered(brief)
 
 
 @pytest.mark.parametrize("sent", [b"", PARTIAL_CLIENT_HELLO], ids=["nothing", "half a hello"])
@@ -189,7 +132,7 @@ def test_at_the_cap_half_open_connections_give_way_to_a_certified_client(
 ) -> None:
     with ExitStack() as stack:
         flood = [stack.enter_context(half_open(capped.port)) for _ in range(8)]
-        assert wait_for(capped.answered, 30, "an answer beside 8 half-open connections")
+        assert wait_for(lambda: answered(capped), 30, "an answer beside 8 half-open connections")
         wait_for(lambda: closed(flood[0]), 30, "the oldest half-open connection to be dropped")
         # The newest ones wait for their handshake (120 s): the oldest made room, not these.
         assert not closed(flood[-1])
@@ -200,6 +143,6 @@ def test_at_the_cap_with_every_connection_established_a_new_one_gets_no_answer(
 ) -> None:
     with ExitStack() as stack:
         held = [stack.enter_context(established(capped)) for _ in range(4)]
-        assert capped.answer(capped.pki.client) == b""
+        assert answer(capped, capped.pki.client) == b""
         held.pop().close()
-        assert wait_for(capped.answered, 30, "an answer once a connection closed")
+        assert wait_for(lambda: answered(capped), 30, "an answer once a connection closed")
