@@ -708,7 +708,7 @@ def test_a_real_agent_killed_mid_create_leaks_nothing_and_creates_once(
         )
         claim = _claim(api, namespace, pod, [(names.DRIVER, MIG_3G)], pool=AGENT_NODE)
         probe = _claim(api, namespace, pod, [(names.DRIVER, "gpu-0")], pool=AGENT_NODE)
-        agent = _start_agent(tmp_path, k8s_control_plane.kubeconfig)
+        agent = _start_agent(tmp_path, k8s_control_plane.agent_kubeconfig)
         try:
             wait_for(
                 lambda: (tmp_path / "plugins" / names.DRIVER / "dra.sock").exists(),
@@ -735,7 +735,7 @@ def test_a_real_agent_killed_mid_create_leaks_nothing_and_creates_once(
             assert _instances(tmp_path) == []  # killed before NVML made it: nothing half-made
         finally:
             agent.stop()
-        agent = _start_agent(tmp_path, k8s_control_plane.kubeconfig)
+        agent = _start_agent(tmp_path, k8s_control_plane.agent_kubeconfig)
         try:
             _ready(tmp_path, probe)
             answer = _once(tmp_path, claim)

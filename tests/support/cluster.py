@@ -67,6 +67,19 @@ nodes renew no leases, so it would taint them unreachable and evict their pods."
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 """Its identity, as on a kubeadm cluster: the bootstrap RBAC role of that name lets it read and
 mint each controller's own service-account token (--use-service-account-credentials)."""
+NODE_AGENTS_USER = "gpupart-node-agents"
+"""The identity of the node agents the tests run as processes (`ControlPlane.agent_kubeconfig`):
+what the chart gives an agent's account, but writing as any node (`impersonate:arbitrary-node`),
+since these agents are no pods with a node-bound token. Not the admin: for a superuser the API
+server tries first the impersonation mode that last succeeded for it, so after a test's plain
+(legacy) impersonation the admin's `Impersonate-User: system:node:x` would lose the node's
+group and the Node authorizer would refuse it (k8s.io/apiserver, impersonationModesTracker)."""
+NODE_AGENT_WRITES = (
+    ("", ("nodes", "nodes/status", "pods/status"), ("patch",)),
+    ("", ("events",), ("create",)),
+    ("resource.k8s.io", ("resourceslices",), ("create", "update", "delete")),
+)
+"""What a node agent writes as its node (charts/gpupart/templates/rbac-node.yaml)."""
 
 T = TypeVar("T")
 
@@ -265,6 +278,7 @@ class ControlPlane:
     and pods get their service-account token volume, as on a real cluster."""
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     controller_manager_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    node_agents_token: str = field(default_factory=lambda: secrets.token_hex(16))
     procs: list[Proc] = field(default_factory=list)
     api_port: int = 0
     _stopped: bool = False
@@ -279,6 +293,11 @@ class ControlPlane:
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "kubeconfig"
+
+    @property
+    def agent_kubeconfig(self) -> Path:
+        """The kubeconfig of the node agents run as processes (NODE_AGENTS_USER)."""
+        return self.workdir / "node-agents.kubeconfig"
 
     @property
     def ca_file(self) -> Path:
@@ -359,6 +378,7 @@ class ControlPlane:
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
             self._write_kubeconfig()
+            self._grant_node_agents()
             if self.controller_manager:
                 self._start_controller_manager()
             if scheduler:
@@ -440,6 +460,7 @@ class ControlPlane:
         tokens.write_text(
             f'{self.token},admin,admin-uid,"system:masters"\n'
             f"{self.controller_manager_token},{CONTROLLER_MANAGER_USER},kcm-uid\n"
+            f"{self.node_agents_token},{NODE_AGENTS_USER},node-agents-uid\n"
         )
         tokens.chmod(0o600)
 
@@ -517,7 +538,11 @@ class ControlPlane:
     def _write_kubeconfig(self, path: Path | None = None, user: str = "admin") -> None:
         """A kubeconfig for `user` (admin, or the controller manager's own) at path."""
         ca = base64.b64encode(self.ca_file.read_bytes()).decode()
-        token = self.token if user == "admin" else self.controller_manager_token
+        token = {
+            "admin": self.token,
+            CONTROLLER_MANAGER_USER: self.controller_manager_token,
+            NODE_AGENTS_USER: self.node_agents_token,
+        }[user]
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -534,6 +559,56 @@ class ControlPlane:
         path = path or self.kubeconfig
         path.write_text(yaml.safe_dump(cfg))
         path.chmod(0o600)
+
+    def _grant_node_agents(self) -> None:
+        """NODE_AGENTS_USER's rights (its reads, and its writes as any node), and its kubeconfig."""
+        writes = [
+            {
+                "apiGroups": [group],
+                "resources": list(resources),
+                "verbs": [f"impersonate-on:arbitrary-node:{v}" for v in verbs],
+            }
+            for group, resources, verbs in NODE_AGENT_WRITES
+        ]
+        reads = [
+            {
+                "apiGroups": [""],
+                "resources": ["nodes", "pods", "configmaps"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["resourceslices", "resourceclaims"],
+                "verbs": ["get", "list", "watch"],
+            },
+            {
+                "apiGroups": ["authentication.k8s.io"],
+                "resources": ["nodes"],
+                "verbs": ["impersonate:arbitrary-node"],
+            },
+        ]
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api_client())
+        rbac.create_cluster_role({"metadata": {"name": NODE_AGENTS_USER}, "rules": reads + writes})
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": NODE_AGENTS_USER},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": NODE_AGENTS_USER,
+                },
+                "subjects": [
+                    {
+                        "kind": "User",
+                        "name": NODE_AGENTS_USER,
+                        "apiGroup": "rbac.authorization.k8s.io",
+                    }
+                ],
+            }
+        )
+        self._write_kubeconfig(self.agent_kubeconfig, user=NODE_AGENTS_USER)
 
     def _start_controller_manager(self) -> None:
         """kube-controller-manager as itself (not the admin), then the `default` namespace's

@@ -239,7 +239,7 @@ class Stack:
                 *extra,
             ],
             self.work,
-            env={"KUBECONFIG": str(self.cp.kubeconfig)},
+            env={"KUBECONFIG": str(self.cp.agent_kubeconfig)},
         )  # fmt: skip
         self.processes.append(proc)
 
