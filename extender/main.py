@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from uvicorn.config import create_ssl_context
 
 from gpupart import logs
+from gpupart.core.api.provenance import config_map_ref
 from gpupart.core.errors import InvalidInput
 from gpupart.keyfile import KeyFile, KeyFileUnreadable
 from gpupart.publickeys import ConfigMapKeys, KeyPublisher
@@ -262,7 +263,9 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"{error} (setting assignment_key_file)")
     publisher = None
     if keys is not None and settings.assignment_public_keys is not None:
-        namespace, _, name = settings.assignment_public_keys.partition("/")
+        namespace, name = config_map_ref(
+            settings.assignment_public_keys, where="assignment_public_keys"
+        )
         publisher = KeyPublisher(keys.keys, ConfigMapKeys(api, namespace, name))
     metrics = Metrics()
     # Both listeners first: a port in use or an unreadable certificate is a one-line error.

@@ -18,7 +18,7 @@ DEFAULT_KEY_FILE = "/etc/gpupart/assignment-key/keys"
 K = TypeVar("K", bound=PublicKeys)
 
 
-class KeySource(Protocol):
+class PublicKeySource(Protocol):
     """Where a node agent's public keys come from: a `KeyFile` or the extender's ConfigMap
     (`gpupart.publickeys.PublishedKeys`). `keys()` raises InvalidInput saying why there are
     none."""

@@ -57,7 +57,8 @@ class ConfigMapKeys:
 
     def write(self, pem: str) -> bool:
         """Publish `pem` unless the ConfigMap holds it already (True when written). A missing
-        ConfigMap is created (the chart makes it; the extender's RBAC has no create)."""
+        ConfigMap is created where RBAC allows it (outside the chart); the chart makes it and
+        gives the extender no create, so there a missing one is an error, retried."""
         if self.read_or_none() == pem:
             return False
         body = {"data": {DATA_KEY: pem}}

@@ -14,7 +14,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from gpupart.core.api.provenance import KeyMaterial, key_id, parse_keys, public_pem
+from gpupart.core.api.provenance import key_id, parse_keys, public_pem
 from gpupart.core.errors import InvalidInput
 
 
@@ -93,10 +93,6 @@ def public_keys(text: bytes, *, where: str) -> PublicKeys:
     """A node agent's keys: PEM public keys only. A private key is refused, never used: an
     agent that holds one could sign what every other node believes."""
     material = parse_keys(text, where=where)
-    return _public_only(material, where)
-
-
-def _public_only(material: KeyMaterial, where: str) -> PublicKeys:
     if material.private:
         raise InvalidInput(
             where,

@@ -26,7 +26,7 @@ from gpupart.core.api.wire import (
 )
 from gpupart.core.errors import GpupartError
 from gpupart.core.node.admission import SharedPod, read_shared_pod
-from gpupart.keyfile import KeySource
+from gpupart.keyfile import PublicKeySource
 from gpupart.kubeconfig import describe_api_error
 from gpupart.podevents import warn_pod
 from gpupart.watch import Backoff, Event, Failed, Listed, Resumed, list_watch
@@ -175,7 +175,7 @@ class NodeClient:
         self,
         api: client.ApiClient,
         node: str,
-        keys: KeySource,
+        keys: PublicKeySource,
         *,
         writer: client.ApiClient | None = None,
         timeout_s: float = 10.0,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gpupart import logs
 from gpupart.core.api.provenance import config_map_ref
 from gpupart.core.errors import GpupartError
-from gpupart.keyfile import KeyFile, KeySource
+from gpupart.keyfile import KeyFile, PublicKeySource
 from gpupart.watch import Backoff
 from gpupart_plugin import settings as node_settings
 from gpupart_plugin.actuator import Actuator, NodePass
@@ -154,7 +154,7 @@ def serve(
             log.info("Scheduled retry of waiting GPUs", extra=logs.kv(retryAfter=f"{delay:g}s"))
 
 
-def _public_keys(api: ApiClient, settings: node_settings.NodeSettings) -> KeySource:
+def _public_keys(api: ApiClient, settings: node_settings.NodeSettings) -> PublicKeySource:
     """The extender's public keys: its ConfigMap through the API, else the key file."""
     if not settings.assignment_public_keys:
         return KeyFile.public(settings.assignment_key_file)

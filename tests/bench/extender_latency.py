@@ -45,6 +45,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -310,45 +311,49 @@ SHAPES = [
 
 
 class Http:
-    """A minimal keep-alive HTTP/1.1 client with TCP_NODELAY, one write per request, as Go's.
+    """A minimal keep-alive HTTP/1.1 client with TCP_NODELAY, one write per request, as Go's;
+    over TLS when given a context (extender_tls_flood.py: a client certificate).
 
     httpx writes headers and body separately without TCP_NODELAY; Nagle plus delayed ACK then
     adds ~40 ms per call, which is the client's cost, not the extender's.
     """
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(
+        self, port: int, context: ssl.SSLContext | None = None, *, timeout: float | None = None
+    ) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = (
+            sock if context is None else context.wrap_socket(sock, server_hostname="127.0.0.1")
+        )
         self.reader = self.sock.makefile("rb")
 
-    def post(self, path: str, body: Any) -> Any:
-        data = json.dumps(body).encode()
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        """(status, body) of one request; status 0 when the answer is no HTTP."""
+        data = b"" if body is None else json.dumps(body).encode()
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n\r\n"
         ).encode()
         self.sock.sendall(head + data)
         status = self.reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(f"{path}: {status!r}")
         length = 0
         while (line := self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
             if name.lower() == "content-length":
                 length = int(value)
-        return json.loads(self.reader.read(length))
+        answer = self.reader.read(length)
+        return (int(status.split()[1]) if status.startswith(b"HTTP/") else 0), answer
+
+    def post(self, path: str, body: Any) -> Any:
+        status, answer = self.request("POST", path, body)
+        if status != 200:
+            raise RuntimeError(f"{path}: status {status}")
+        return json.loads(answer)
 
     def get(self, path: str) -> int:
         """The status of a GET (its body read and dropped)."""
-        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-        status = self.reader.readline()
-        length = 0
-        while (line := self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        self.reader.read(length)
-        return int(status.split()[1]) if status.startswith(b"HTTP/") else 0
+        return self.request("GET", path)[0]
 
     def close(self) -> None:
         self.reader.close()

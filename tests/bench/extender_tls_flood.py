@@ -43,7 +43,6 @@ import os
 import random
 import resource
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -54,7 +53,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from extender_latency import KEYS, NoBinder, _asked, _percentiles, cluster
+from extender_latency import KEYS, Http, NoBinder, _asked, _percentiles, cluster
 
 from gpupart_extender.app import create_app
 from gpupart_extender.cache import NAMESPACE, NODE, POD, ClusterCache
@@ -78,37 +77,6 @@ def raise_nofile() -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
-
-
-class Https:
-    """A keep-alive HTTP/1.1 client over TLS with a client certificate, one write per request
-    (as Go's), TCP_NODELAY: extender_latency.Http over an SSL socket."""
-
-    def __init__(self, port: int, context: ssl.SSLContext) -> None:
-        raw = socket.create_connection((LOOPBACK, port), timeout=30)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = context.wrap_socket(raw, server_hostname=LOOPBACK)
-        self.reader = self.sock.makefile("rb")
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
-        data = b"" if body is None else json.dumps(body).encode()
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {LOOPBACK}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n"
-        ).encode()
-        self.sock.sendall(head + data)
-        status = self.reader.readline()
-        length = 0
-        while (line := self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-        answer = self.reader.read(length)
-        return (int(status.split()[1]) if status.startswith(b"HTTP/") else 0), answer
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
 
 
 def serve(nodes: int, pki_dir: Path, port_file: Path) -> None:
@@ -219,7 +187,7 @@ def _read_json(path: Path) -> Any:
 
 
 def filter_calls(
-    http: Https, names: list[str], pods: range, errors: list[str], *, seconds: float = 0
+    http: Http, names: list[str], pods: range, errors: list[str], *, seconds: float = 0
 ) -> list[float]:
     """Milliseconds of each answered filter call, one pod after another: the pods of `pods`,
     and more after them until `seconds` have passed."""
@@ -254,7 +222,7 @@ def new_connections(
     for i in range(NEW_CONNECTIONS):
         started = time.perf_counter()
         try:
-            http = Https(port, context)
+            http = Http(port, context, timeout=30)
         except OSError as error:
             errors.append(f"new connection {i}: {error!r}")
             continue
@@ -300,14 +268,14 @@ def measure(nodes: int, requests: int, half_open: int, seconds: float) -> dict[s
             listening = wait_for(port, 300, "the extender process to write its port")
 
             def ready() -> bool:
-                http = Https(listening, context)
+                http = Http(listening, context, timeout=30)
                 try:
                     return http.request("GET", "/readyz")[0] == 200
                 finally:
                     http.close()
 
             wait_for(ready, 300, "the extender to answer /readyz over TLS")
-            http = Https(listening, context)
+            http = Http(listening, context, timeout=30)
             warm = len(names) // 100 + 8
             filter_calls(http, names, range(warm), errors)  # the memo, one pod of each shape
             quiet = filter_calls(http, names, range(warm, warm + requests), errors, seconds=seconds)

@@ -148,7 +148,11 @@ def test_rbac_has_no_wildcards_and_no_admin_roles(render: Render, combination: s
 
 def rules_of(objects: list[dict[str, Any]], component: str) -> set[tuple[str, str, str, str]]:
     """(group, resource, name or "", verb) of the component's ClusterRole."""
-    role = named(objects, "ClusterRole", f"-{component}")
+    return role_grants(named(objects, "ClusterRole", f"-{component}"))
+
+
+def role_grants(role: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    """(group, resource, name or "", verb) of a Role's or ClusterRole's rules."""
     return {
         (group, resource, name, verb)
         for rule in role["rules"]
@@ -530,14 +534,7 @@ def namespaced_grants(
 ) -> tuple[set[tuple[str, str, str, str]], set[str]]:
     """The Role's (group, resource, name, verb) and the accounts its RoleBinding binds."""
     (found,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == role]
-    rules = {
-        (group, resource, name, verb)
-        for rule in found["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for name in rule.get("resourceNames") or [""]
-        for verb in rule["verbs"]
-    }
+    rules = role_grants(found)
     (binding,) = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role]
     assert binding["metadata"]["namespace"] == found["metadata"]["namespace"]
     return rules, {s["name"] for s in binding["subjects"]}
